@@ -1,0 +1,1 @@
+"""anvil_client."""
