@@ -1,0 +1,46 @@
+# Anvil — one entry point for humans and CI. Every target runs inside the uv workspace.
+UV ?= uv
+PY := $(UV) run --frozen
+PROTO_OUT := libs/core/src/anvil_core/proto_gen
+
+.PHONY: help sync up down status test test-unit test-integration lint proto bench-kernels bench-batching
+
+help:
+	@echo "make up      run the whole stack on this machine (no docker), Ctrl-C stops it"
+	@echo "make test    unit tests of every member + tests/integration"
+	@echo "make lint    ruff, mypy, compose config, hadolint, proto staleness"
+	@echo "make proto   regenerate $(PROTO_OUT) from proto/anvil.fbs"
+
+sync:
+	$(UV) sync --frozen --all-packages
+
+up: sync
+	$(PY) anvil up
+
+down:
+	$(PY) anvil down
+
+status:
+	$(PY) anvil status
+
+test: sync
+	$(PY) pytest libs services tests -q
+
+test-unit: sync
+	$(PY) pytest libs services -q
+
+test-integration: sync
+	$(PY) pytest tests/integration -q
+
+proto:
+	$(PY) flatc --python --gen-onefile --gen-object-api -o $(PROTO_OUT) proto/anvil.fbs
+	@echo "regenerated $(PROTO_OUT)/anvil_generated.py"
+
+lint: sync
+	$(PY) ruff check .
+	$(PY) ruff format --check .
+	$(PY) mypy libs/core/src libs/client/src services/gateway/src services/scheduler/src \
+		services/executor/src services/compiler/src services/qos/src
+	$(PY) python -m anvil_client.lint_compose compose.yaml
+	$(PY) hadolint services/*/Dockerfile
+	$(PY) pytest -q libs/core/tests/test_proto_fresh.py

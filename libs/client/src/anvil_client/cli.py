@@ -1,0 +1,154 @@
+"""The `anvil` command: run the stack locally and talk to it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
+from anvil_client.procs import stop_group
+
+__all__ = ["main"]
+
+CURL_EXAMPLE = (
+    "curl -s -X POST {url}/v2/models/mlp/infer -H 'content-type: application/json' -d "
+    "'{{\"inputs\":[{{\"name\":\"INPUT0\",\"datatype\":\"FP32\",\"shape\":[1,16],\"data\":[{data}]}}]}}'"
+)
+
+
+def _scale(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        name, _, count = item.partition("=")
+        if not count.isdigit() or int(count) < 1:
+            raise SystemExit(f"--scale wants SERVICE=N with N >= 1, got {item!r}")
+        out[name] = int(count)
+    return out
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    compose = Path(args.file)
+    if not compose.is_file():
+        print(f"anvil: {compose} not found (run from the repository root or pass -f)", file=sys.stderr)
+        return 2
+    profiles = set(args.profile) if args.profile else None
+    stack = Stack(compose, profiles=profiles, scale=_scale(args.scale),
+                  restart=not args.no_restart and os.environ.get("ANVIL_RESTART", "1") != "0")
+    stop = threading.Event()
+    install_signal_stop(stop)
+    try:
+        stack.start(timeout_s=args.timeout)
+    except StackError as exc:
+        print(f"anvil: {exc}", file=sys.stderr)
+        return 1
+    url = stack.gateway_url()
+    print("anvil: ready")
+    print(f"  HTTP (KServe v2)   {url}")
+    for proc in stack.procs:
+        port = proc.env.get("ANVIL_METRICS_PORT")
+        if port:
+            print(f"  metrics {proc.name:<10} http://127.0.0.1:{port}/metrics")
+    print(f"  logs               {stack.run_dir}")
+    print("try:")
+    print("  " + CURL_EXAMPLE.format(url=url, data=",".join(["0.5"] * 16)))
+    print("Ctrl-C (or `anvil down`) stops everything.", flush=True)
+    try:
+        stack.supervise(stop)
+    finally:
+        stack.stop()
+    return 0
+
+
+def _state() -> dict[str, object] | None:
+    path = run_root(os.environ) / "current.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def cmd_down(_: argparse.Namespace) -> int:
+    state = _state()
+    if state is None:
+        print("anvil: nothing is running (no state file)")
+        return 0
+    pid = int(state["launcher_pid"])  # type: ignore[call-overload]
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.1)
+    except ProcessLookupError:
+        pass
+    for svc in state.get("services", []):  # type: ignore[union-attr]
+        if svc.get("pid"):
+            stop_group(int(svc["pid"]), grace_s=2)
+    if state.get("redis_pid"):
+        stop_group(int(state["redis_pid"]), grace_s=2)  # type: ignore[call-overload]
+    (run_root(os.environ) / "current.json").unlink(missing_ok=True)
+    print("anvil: stopped")
+    return 0
+
+
+def cmd_status(_: argparse.Namespace) -> int:
+    from anvil_core.registry import connect_redis
+
+    state = _state() or {}
+    url = os.environ.get("ANVIL_REDIS_URL") or state.get("redis_url") or "redis://127.0.0.1:6379/0"
+
+    async def show() -> int:
+        redis = connect_redis(str(url))
+        try:
+            keys = sorted([k async for k in redis.scan_iter(match="anvil:svc:*", count=200)])
+            if not keys:
+                print("no services registered")
+            for key in keys:
+                rec = await redis.hgetall(key)
+                ttl = await redis.pttl(key)
+                extra = {k: v for k, v in rec.items() if k not in ("kind", "id", "started_at", "beat_at")}
+                print(f"{rec.get('kind', '?'):<10} {rec.get('id', '?'):<40} ttl {ttl} ms  {extra}")
+            return 0
+        except OSError as exc:
+            print(f"anvil: registry unreachable: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            await redis.aclose()
+
+    try:
+        return asyncio.run(show())
+    except Exception as exc:  # redis errors of any flavour: say so, not a traceback
+        print(f"anvil: registry unreachable: {exc}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="anvil", description="Anvil inference server")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="run the stack of compose.yaml as local processes")
+    up.add_argument("-f", "--file", default="compose.yaml")
+    up.add_argument("--profile", action="append", default=[], help="compose profile (default: gpu if present, else cpu)")
+    up.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
+    up.add_argument("--no-restart", action="store_true", help="do not restart services that exit")
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health")
+    up.set_defaults(fn=cmd_up)
+    sub.add_parser("down", help="stop what `anvil up` started").set_defaults(fn=cmd_down)
+    sub.add_parser("status", help="list registered services").set_defaults(fn=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""`anvil up`: the stack of compose.yaml as local processes (no docker).
+
+Same commands and environment as the containers; compose host names become 127.0.0.1; an embedded
+Redis when ANVIL_REDIS_URL is unset. Per-service logs and a state file live in a run directory;
+Ctrl-C (or `anvil down`) stops everything that was started, children first, Redis last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from anvil_client.compose_file import ServiceDef, load_services
+from anvil_client.embedded_redis import start_redis, wait_redis
+from anvil_client.procs import spawn, stop_group
+
+__all__ = ["Stack", "StackError", "default_profiles", "run_root"]
+
+EMBEDDED = "redis"  # the compose service replaced by the embedded server
+
+
+class StackError(RuntimeError):
+    """The stack could not start; the message names the service and points at its log."""
+
+
+def run_root(env: Mapping[str, str]) -> Path:
+    return Path(env.get("ANVIL_RUN_ROOT", ".anvil/run")).resolve()
+
+
+def default_profiles(env: Mapping[str, str]) -> set[str]:
+    """ANVIL_PROFILES if set, else `gpu` when nvidia-smi lists a GPU, else `cpu`."""
+    if env.get("ANVIL_PROFILES"):
+        return {p.strip() for p in env["ANVIL_PROFILES"].split(",") if p.strip()}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+            if out.returncode == 0 and "GPU" in out.stdout:
+                return {"gpu"}
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return {"cpu"}
+
+
+@dataclass
+class Proc:
+    name: str                      # service name, with `.N` for replicas after the first
+    service: ServiceDef
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start_s: float = 0.0
+
+
+@dataclass
+class Stack:
+    compose: Path
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    profiles: set[str] | None = None
+    scale: dict[str, int] = field(default_factory=dict)
+    restart: bool = True
+    run_dir: Path | None = None
+    say: Callable[[str], None] = print
+
+    def __post_init__(self) -> None:
+        self.procs: list[Proc] = []
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.redis_port: int | None = None
+        self._stopping = threading.Event()
+        self.lock = threading.Lock()
+
+    # ---- start ------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0) -> None:
+        root = run_root(self.env)
+        self.run_dir = self.run_dir or root / time.strftime("%Y%m%d-%H%M%S")
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env = dict(self.env)
+        if not env.get("ANVIL_REDIS_URL"):
+            self.redis_port = int(env.get("ANVIL_REDIS_PORT", "6379"))
+            self.redis = start_redis(self.redis_port, self.run_dir)
+            if not wait_redis(self.redis_port, 10):
+                self.stop()
+                raise StackError(f"embedded redis did not answer on port {self.redis_port}; see {self.run_dir}/redis.log")
+            env["ANVIL_REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
+            self.say(f"anvil: embedded redis on 127.0.0.1:{self.redis_port}")
+        services = load_services(self.compose, env, self.profiles or default_profiles(env))
+        names = set(services) | {EMBEDDED}
+        for svc in _in_dependency_order(services):
+            if svc.name == EMBEDDED or not svc.command:
+                continue
+            for replica in range(self.scale.get(svc.name, 1)):
+                self.procs.append(self._proc(svc, replica, env, names))
+        for proc in self.procs:
+            self._spawn(proc)
+        self.write_state(ready=False)
+        try:
+            self._wait_healthy(timeout_s)
+        except StackError:
+            self.stop()
+            raise
+        self.write_state(ready=True)
+
+    def _proc(self, svc: ServiceDef, replica: int, base_env: Mapping[str, str], hosts: set[str]) -> Proc:
+        env = dict(base_env)
+        env.update({k: _local_hosts(v, hosts) for k, v in svc.environment.items()})
+        if replica and "ANVIL_METRICS_PORT" in env:  # replicas share a host here: one port each
+            env["ANVIL_METRICS_PORT"] = str(int(env["ANVIL_METRICS_PORT"]) + 100 * replica)
+        name = svc.name if replica == 0 else f"{svc.name}.{replica}"
+        assert self.run_dir is not None
+        if env.get("ANVIL_ARTIFACT_DIR", "").startswith("/var/lib/"):  # the container volume
+            env["ANVIL_ARTIFACT_DIR"] = str(self.run_dir / "artifacts")
+        return Proc(name, svc, _local_argv(svc.command), env, self.run_dir / f"{name}.log")
+
+    def _spawn(self, proc: Proc) -> None:
+        proc.popen = spawn(proc.argv, proc.env, proc.log)
+        self.say(f"anvil: started {proc.name} (pid {proc.popen.pid}), log {proc.log}")
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = [p for p in self.procs if p.service.healthcheck]
+        while pending:
+            for proc in list(pending):
+                assert proc.popen is not None
+                if proc.popen.poll() is not None:
+                    raise StackError(f"{proc.name} exited with code {proc.popen.returncode}; see {proc.log}")
+                if _check(proc):
+                    pending.remove(proc)
+            if time.monotonic() > deadline:
+                raise StackError(f"not healthy after {timeout_s:.0f} s: {[p.name for p in pending]}")
+            if pending:
+                time.sleep(0.2)
+        url = self.gateway_url()
+        while url is not None:
+            try:
+                with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise StackError(f"gateway {url} not ready after {timeout_s:.0f} s; see {self.run_dir}")
+            time.sleep(0.2)
+
+    def gateway_url(self) -> str | None:
+        for proc in self.procs:
+            if proc.service.name == "gateway":
+                return f"http://127.0.0.1:{proc.env.get('ANVIL_HTTP_PORT', '8000')}"
+        return None
+
+    # ---- supervise / stop ---------------------------------------------------------------------
+    def supervise(self, stop: threading.Event) -> None:
+        """Until `stop` is set: restart services that exit, per their compose restart policy."""
+        while not stop.wait(0.2):
+            with self.lock:
+                for proc in self.procs:
+                    self._maybe_restart(proc)
+
+    def _maybe_restart(self, proc: Proc) -> None:
+        if proc.popen is None or proc.popen.poll() is None or self._stopping.is_set():
+            return
+        code = proc.popen.returncode
+        policy = proc.service.restart
+        wanted = self.restart and (policy in ("always", "unless-stopped") or (policy == "on-failure" and code != 0))
+        if not wanted:
+            return
+        now = time.monotonic()
+        if proc.next_start_s == 0.0:
+            proc.next_start_s = now + min(10.0, 0.5 * 2 ** min(proc.restarts, 5))
+            self.say(f"anvil: {proc.name} exited with code {code}; restarting (see {proc.log})")
+        elif now >= proc.next_start_s:
+            proc.restarts += 1
+            proc.next_start_s = 0.0
+            self._spawn(proc)
+            self.write_state(ready=True)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self.lock:
+            for proc in reversed(self.procs):
+                if proc.popen is not None and proc.popen.poll() is None:
+                    stop_group(proc.popen.pid)
+                    proc.popen.wait()
+            if self.redis is not None and self.redis.poll() is None:
+                stop_group(self.redis.pid)
+                self.redis.wait()
+        self.say("anvil: stopped")
+        state = run_root(self.env) / "current.json"
+        if state.exists():
+            state.unlink()
+
+    def write_state(self, ready: bool) -> None:
+        """The state file `anvil down`, `anvil status` and the tests read (0600: it holds the env)."""
+        assert self.run_dir is not None
+        doc = {
+            "launcher_pid": os.getpid(),
+            "ready": ready,
+            "run_dir": str(self.run_dir),
+            "gateway": self.gateway_url(),
+            "redis_url": (f"redis://127.0.0.1:{self.redis_port}/0" if self.redis_port else self.env.get("ANVIL_REDIS_URL")),
+            "redis_pid": self.redis.pid if self.redis else None,
+            "services": [
+                {"name": p.name, "service": p.service.name, "pid": p.popen.pid if p.popen else None,
+                 "argv": p.argv, "env": p.env, "log": str(p.log)}
+                for p in self.procs
+            ],
+        }
+        for path in (self.run_dir / "state.json", run_root(self.env) / "current.json"):
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1)
+            tmp.replace(path)
+
+
+def _check(proc: Proc) -> bool:
+    assert proc.service.healthcheck is not None
+    try:
+        argv = _local_argv(proc.service.healthcheck)
+        return subprocess.run(argv, env=proc.env, capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _local_argv(argv: list[str]) -> list[str]:
+    """`python ...` runs with this interpreter (the workspace's virtual environment)."""
+    if argv and argv[0] in ("python", "python3"):
+        return [sys.executable, *argv[1:]]
+    return list(argv)
+
+
+def _local_hosts(value: str, hosts: set[str]) -> str:
+    """Map compose service host names inside a value to 127.0.0.1."""
+    if value in hosts:
+        return "127.0.0.1"
+    for host in hosts:
+        value = re.sub(rf"(?<=://){re.escape(host)}(?=[:/]|$)|(?<=@){re.escape(host)}(?=[:/]|$)", "127.0.0.1", value)
+    return value
+
+
+def _in_dependency_order(services: dict[str, ServiceDef]) -> list[ServiceDef]:
+    order: list[ServiceDef] = []
+    seen: set[str] = set()
+
+    def visit(name: str, stack: tuple[str, ...]) -> None:
+        if name in seen or name not in services:
+            return
+        if name in stack:
+            raise StackError(f"depends_on cycle: {' -> '.join((*stack, name))}")
+        for dep in services[name].depends_on:
+            visit(dep, (*stack, name))
+        seen.add(name)
+        order.append(services[name])
+
+    for name in services:
+        visit(name, ())
+    return order
+
+
+def install_signal_stop(stop: threading.Event) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())

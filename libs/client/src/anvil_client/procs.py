@@ -1,0 +1,66 @@
+"""Child processes of the launcher: their own session (so Ctrl-C reaches only the launcher, which
+stops them in order) and a parent-death signal (so a killed launcher leaves no orphans)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+__all__ = ["spawn", "stop_group"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new session with stdout+stderr appended to `log_path`."""
+    log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115  (the child keeps it open)
+    try:
+        return subprocess.Popen(
+            list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
+        )
+    finally:
+        log.close()
+
+
+def stop_group(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM the process group of `pid`, then SIGKILL whatever is left after `grace_s`."""
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        try:  # reap if it is our child, so it does not linger as a zombie
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                pass
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,31 @@
+"""Every Redis key Anvil uses, defined once (ARCHITECTURE.md, "Coordination")."""
+
+from __future__ import annotations
+
+__all__ = ["EVENTS", "PREFIX", "model_key", "profile_key", "qos_limits_key", "svc_key", "svc_pattern"]
+
+PREFIX = "anvil:"
+EVENTS = "anvil:events"  # pub/sub channel: JSON {"event": ..., ...}
+
+
+def svc_key(kind: str, service_id: str) -> str:
+    """Hash of one live service; expires unless heartbeated."""
+    return f"anvil:svc:{kind}:{service_id}"
+
+
+def svc_pattern(kind: str) -> str:
+    return f"anvil:svc:{kind}:*"
+
+
+def model_key(name: str) -> str:
+    """Hash of one model: spec (JSON), status."""
+    return f"anvil:model:{name}"
+
+
+def profile_key(model: str, device: str) -> str:
+    """Hash batch size -> latency in µs, learned from executor reports."""
+    return f"anvil:profile:{model}:{device}"
+
+
+def qos_limits_key() -> str:
+    return "anvil:qos:limits"

@@ -1,0 +1,34 @@
+"""Process lifecycle shared by the services: logging, event loop, signals, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+
+from anvil_core.logs import get_logger, setup_logging
+from anvil_core.settings import ServiceSettings
+
+__all__ = ["run_service"]
+
+
+def run_service(kind: str, settings: ServiceSettings, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run `main(stop)` on uvloop (when installed) until SIGTERM/SIGINT sets `stop` and main returns."""
+    setup_logging(kind, settings.log_level)
+    log = get_logger(f"anvil.{kind}")
+
+    async def _wrapper() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("starting", extra={"id": settings.service_id})
+        await main(stop)
+        log.info("stopped", extra={"id": settings.service_id})
+
+    try:
+        import uvloop
+
+        uvloop.run(_wrapper())
+    except ImportError:
+        asyncio.run(_wrapper())

@@ -1,0 +1,159 @@
+"""Flatbuffers codecs for every message between services (schema: proto/anvil.fbs).
+
+Frame layout of one ZeroMQ message (after any ROUTER identity frames)::
+
+    frame 0        Envelope (flatbuffer): protocol version + one Body (InferRequest, Batch, ...)
+    frame 1..n     raw tensor payloads, sent with copy=False; Tensor.frame = i refers to frame 1 + i
+
+Tensor bytes are never inside the flatbuffer and never pickled. A receiver rejects a message whose
+version differs from PROTOCOL_VERSION or that fails to decode, with `ProtocolError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import flatbuffers
+
+from anvil_core.proto_gen import anvil_generated as pb
+from anvil_core.tensors import HostTensor, TensorError
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Body",
+    "Frame",
+    "ProtocolError",
+    "ERROR_NAMES",
+    "decode_tensor",
+    "error",
+    "encode_tensor",
+    "pack",
+    "pb",
+    "text",
+    "unpack",
+]
+
+PROTOCOL_VERSION = 1
+
+Frame: TypeAlias = bytes | memoryview | Any  # Any: zmq.Frame (buffer protocol)
+Body: TypeAlias = (
+    pb.InferRequestT
+    | pb.InferResponseT
+    | pb.BatchT
+    | pb.BatchResultT
+    | pb.RegisterT
+    | pb.HeartbeatT
+    | pb.ErrorT
+)
+
+_BODY_TYPES: dict[type, int] = {
+    pb.InferRequestT: pb.Body.InferRequest,
+    pb.InferResponseT: pb.Body.InferResponse,
+    pb.BatchT: pb.Body.Batch,
+    pb.BatchResultT: pb.Body.BatchResult,
+    pb.RegisterT: pb.Body.Register,
+    pb.HeartbeatT: pb.Body.Heartbeat,
+    pb.ErrorT: pb.Body.Error,
+}
+
+_DTYPE_CODES: dict[str, int] = {
+    "BOOL": pb.DType.BOOL,
+    "UINT8": pb.DType.UINT8,
+    "INT8": pb.DType.INT8,
+    "INT16": pb.DType.INT16,
+    "INT32": pb.DType.INT32,
+    "INT64": pb.DType.INT64,
+    "FP16": pb.DType.FP16,
+    "BF16": pb.DType.BF16,
+    "FP32": pb.DType.FP32,
+    "FP64": pb.DType.FP64,
+    "BYTES": pb.DType.BYTES,
+}
+_DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
+
+
+class ProtocolError(Exception):
+    """A message that cannot be decoded, or one from another protocol version."""
+
+
+def pack(body: Body, frames: Sequence[Frame] = ()) -> list[Frame]:
+    """Envelope `body` and return the parts to send: [envelope, *frames]."""
+    try:
+        body_type = _BODY_TYPES[type(body)]
+    except KeyError:
+        raise TypeError(f"not a wire message: {type(body).__name__}") from None
+    env = pb.EnvelopeT()
+    env.version = PROTOCOL_VERSION
+    env.bodyType = body_type
+    env.body = body
+    builder = flatbuffers.Builder(256)
+    builder.Finish(env.Pack(builder))
+    return [bytes(builder.Output()), *frames]
+
+
+def unpack(parts: Sequence[Frame]) -> tuple[Body, list[Frame]]:
+    """Decode [envelope, *frames] into (body, frames). Raises ProtocolError on anything malformed."""
+    if not parts:
+        raise ProtocolError("empty message")
+    raw = parts[0]
+    buf = raw.buffer if hasattr(raw, "buffer") else raw
+    try:
+        env = pb.Envelope.GetRootAs(bytes(buf), 0)
+        version = env.Version()
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {version} received, this side speaks {PROTOCOL_VERSION}")
+        obj = pb.EnvelopeT.InitFromObj(env)
+    except ProtocolError:
+        raise
+    except Exception as exc:  # flatbuffers raises struct/index errors on garbage
+        raise ProtocolError(f"undecodable envelope ({type(exc).__name__})") from None
+    if obj.body is None:
+        raise ProtocolError(f"envelope carries no known body (type {obj.bodyType})")
+    return obj.body, list(parts[1:])
+
+
+def encode_tensor(tensor: HostTensor, frames: list[Frame]) -> pb.TensorT:
+    """Describe `tensor` and append its payload to `frames` (no copy for fixed-size dtypes)."""
+    t = pb.TensorT()
+    t.name = tensor.name
+    t.dtype = _DTYPE_CODES[tensor.datatype]
+    t.shape = list(tensor.shape)
+    t.frame = len(frames)
+    frames.append(tensor.to_bytes_view())
+    return t
+
+
+def decode_tensor(t: pb.TensorT, frames: Sequence[Frame]) -> HostTensor:
+    """Rebuild a HostTensor from its description and frame; every field is checked."""
+    name = text(t.name)
+    datatype = _DTYPE_NAMES.get(t.dtype)
+    if datatype is None:
+        raise TensorError(f"tensor {name!r}: unknown dtype code {t.dtype}")
+    shape = tuple(int(d) for d in (t.shape if t.shape is not None else []))
+    if t.frame < 0 or t.frame >= len(frames):
+        raise TensorError(f"tensor {name!r}: frame index {t.frame} outside 0..{len(frames) - 1}")
+    raw = frames[t.frame]
+    buf = raw.buffer if hasattr(raw, "buffer") else raw
+    return HostTensor.from_buffer(name, datatype, shape, buf)
+
+
+def text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+
+
+def error(code: int, reason: str) -> pb.ErrorT:
+    """An Error body; `code` is a pb.ErrorCode value and `reason` states the violated constraint."""
+    err = pb.ErrorT()
+    err.code = code
+    err.reason = reason
+    return err
+
+
+ERROR_NAMES: dict[int, str] = {
+    value: name for name, value in vars(pb.ErrorCode).items() if not name.startswith("_")
+}

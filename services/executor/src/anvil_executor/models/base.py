@@ -1,0 +1,30 @@
+"""Contract between the executor loop and a model implementation."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from anvil_core.model_spec import ModelSpec
+
+__all__ = ["Model", "RequestInputs", "RequestOutputs"]
+
+RequestInputs = dict[str, np.ndarray]   # input name -> (batch_i, ...) array of one request
+RequestOutputs = dict[str, np.ndarray]  # output name -> (batch_i, ...) array of one request
+
+
+class Model(ABC):
+    """A loaded model.
+
+    The executor's compute thread calls `run` with the inputs of every request in one batch, already
+    validated against `spec` by the gateway (and re-checked cheaply here); it owns the returned arrays
+    until they are sent. `run` must not keep references to its inputs: their memory belongs to the
+    received ZeroMQ frames and is released after the batch.
+    """
+
+    spec: ModelSpec
+
+    @abstractmethod
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        """One output dict per request, in order."""

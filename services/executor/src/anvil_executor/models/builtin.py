@@ -1,0 +1,78 @@
+"""Built-in CPU models for the foundation: `identity` and a seeded numpy `mlp`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from anvil_core.model_spec import ModelSpec, TensorSpec
+from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
+
+__all__ = ["BUILTIN", "IdentityModel", "MlpModel", "load_builtin", "mlp_reference"]
+
+MLP_SEED = 20261129
+MLP_IN, MLP_HIDDEN, MLP_OUT = 16, 32, 4
+
+
+class IdentityModel(Model):
+    """Returns INPUT0 as OUTPUT0, any FP32 shape per row."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.spec = ModelSpec(
+            name="identity", max_batch=max_batch,
+            inputs=(TensorSpec("INPUT0", "FP32", (-1,)),),
+            outputs=(TensorSpec("OUTPUT0", "FP32", (-1,)),),
+        )
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        return [{"OUTPUT0": np.array(req["INPUT0"], copy=True)} for req in batch]
+
+
+def mlp_weights(seed: int = MLP_SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The fixed weights: anyone (tests, clients) can rebuild them from the seed."""
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((MLP_IN, MLP_HIDDEN)).astype(np.float32) / np.sqrt(MLP_IN)
+    b1 = rng.standard_normal(MLP_HIDDEN).astype(np.float32) * 0.1
+    w2 = rng.standard_normal((MLP_HIDDEN, MLP_OUT)).astype(np.float32) / np.sqrt(MLP_HIDDEN)
+    b2 = rng.standard_normal(MLP_OUT).astype(np.float32) * 0.1
+    return w1, b1, w2, b2
+
+
+def mlp_reference(x: np.ndarray, seed: int = MLP_SEED) -> np.ndarray:
+    """relu(x @ w1 + b1) @ w2 + b2 in float32: the numpy result the server must return."""
+    w1, b1, w2, b2 = mlp_weights(seed)
+    h = np.maximum(x.astype(np.float32) @ w1 + b1, 0.0)
+    return (h @ w2 + b2).astype(np.float32)
+
+
+class MlpModel(Model):
+    """Two-layer ReLU MLP, INPUT0 (B, 16) FP32 -> OUTPUT0 (B, 4) FP32. Rows of a batch are stacked."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.spec = ModelSpec(
+            name="mlp", max_batch=max_batch,
+            inputs=(TensorSpec("INPUT0", "FP32", (MLP_IN,)),),
+            outputs=(TensorSpec("OUTPUT0", "FP32", (MLP_OUT,)),),
+        )
+        self.w1, self.b1, self.w2, self.b2 = mlp_weights()
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        x = np.concatenate([req["INPUT0"] for req in batch], axis=0)  # (sum B_i, 16) fp32
+        h = np.maximum(x @ self.w1 + self.b1, 0.0)                    # (sum B_i, 32)
+        y = (h @ self.w2 + self.b2).astype(np.float32)                # (sum B_i, 4)
+        out: list[RequestOutputs] = []
+        row = 0
+        for req in batch:
+            n = req["INPUT0"].shape[0]
+            out.append({"OUTPUT0": y[row : row + n]})
+            row += n
+        return out
+
+
+BUILTIN = {"identity": IdentityModel, "mlp": MlpModel}
+
+
+def load_builtin(name: str, max_batch: int) -> Model:
+    try:
+        return BUILTIN[name](max_batch)
+    except KeyError:
+        raise ValueError(f"unknown built-in model {name!r}; built-ins: {sorted(BUILTIN)}") from None

@@ -1,0 +1,19 @@
+"""Executor settings (env: ANVIL_<FIELD>)."""
+
+from __future__ import annotations
+
+from anvil_core.settings import ServiceSettings
+
+__all__ = ["ExecutorSettings"]
+
+
+class ExecutorSettings(ServiceSettings):
+    metrics_port: int = 8004
+    device: str = "cpu"
+    # Largest batch this executor accepts; the scheduler never sends more.
+    max_batch: int = 64
+    # Batches in flight at once (flow-control credits): 2 keeps the device busy while the next
+    # batch is received, without queueing work here that the scheduler could still re-order.
+    credits: int = 2
+    # Comma-separated built-in models to load at start-up.
+    models: str = "identity,mlp"

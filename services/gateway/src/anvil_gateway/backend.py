@@ -1,0 +1,88 @@
+"""The gateway's link to the scheduler: one DEALER socket, one future per request id."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from anvil_core import wire
+from anvil_core.logs import get_logger
+from anvil_core.wire import pb
+from anvil_core.zmq_sockets import make_socket
+
+__all__ = ["BackendUnavailable", "SchedulerLink"]
+
+log = get_logger("anvil.gateway.backend")
+
+Reply = tuple[pb.InferResponseT, list[Any]]
+
+
+class BackendUnavailable(Exception):
+    """No scheduler connection can take the request right now."""
+
+
+class SchedulerLink:
+    """Sends InferRequests and matches InferResponses to waiting callers by request id.
+
+    Owned by the gateway's event loop; `infer` is called by request handlers, `follow` by discovery
+    when the scheduler's endpoint appears or moves.
+    """
+
+    def __init__(self, identity: str) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.sock = make_socket(self.ctx, zmq.DEALER, identity=identity, immediate=True)
+        self.endpoint: str | None = None
+        self.pending: dict[str, asyncio.Future[Reply]] = {}
+        self._rx: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._rx = asyncio.create_task(self._rx_loop(), name="scheduler-rx")
+
+    async def stop(self) -> None:
+        if self._rx is not None:
+            self._rx.cancel()
+            await asyncio.gather(self._rx, return_exceptions=True)
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(BackendUnavailable("gateway shutting down"))
+        self.sock.close()
+        self.ctx.term()
+
+    def follow(self, endpoint: str) -> None:
+        if self.endpoint:
+            self.sock.disconnect(self.endpoint)
+        self.sock.connect(endpoint)
+        self.endpoint = endpoint
+
+    async def infer(self, req: pb.InferRequestT, frames: list[Any], timeout_s: float) -> Reply:
+        """Send one request and wait for its answer; raises TimeoutError after `timeout_s`."""
+        if self.endpoint is None:
+            raise BackendUnavailable("no scheduler registered")
+        rid = wire.text(req.requestId)
+        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self.pending[rid] = fut
+        try:
+            try:
+                await self.sock.send_multipart(wire.pack(req, frames), copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                raise BackendUnavailable("scheduler not connected") from None
+            return await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self.pending.pop(rid, None)
+
+    async def _rx_loop(self) -> None:
+        while True:
+            parts = await self.sock.recv_multipart(copy=False)
+            try:
+                body, frames = wire.unpack(parts)
+            except wire.ProtocolError as exc:
+                log.warning("undecodable message from the scheduler", extra={"err": str(exc)})
+                continue
+            if not isinstance(body, pb.InferResponseT):
+                continue
+            fut = self.pending.get(wire.text(body.requestId))
+            if fut is not None and not fut.done():
+                fut.set_result((body, frames))

@@ -1,0 +1,97 @@
+"""What the gateway knows from the registry: the scheduler to talk to and the models' specs.
+
+A background task refreshes a snapshot, so the request path never waits on Redis and keeps working
+through a Redis restart. Readiness is asked of Redis directly (exact, not cached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from anvil_core import keys
+from anvil_core.logs import get_logger
+from anvil_core.model_spec import ModelSpec
+from anvil_core.registry import Registry
+
+__all__ = ["Discovery"]
+
+log = get_logger("anvil.gateway.discovery")
+
+
+class Discovery:
+    def __init__(self, registry: Registry, interval_s: float, on_scheduler: Callable[[str], None]) -> None:
+        self.registry = registry
+        self.interval_s = interval_s
+        self.on_scheduler = on_scheduler
+        self.scheduler_endpoint: str | None = None
+        self.models: dict[str, ModelSpec] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.create_task(self._loop(), name="discovery")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.refresh()
+
+    async def refresh(self) -> None:
+        try:
+            schedulers = await self.registry.services("scheduler")
+            models = await self._load_models()
+        except (RedisError, OSError):
+            return  # keep the last snapshot; the registry logs the outage once
+        self.models = models
+        endpoint = schedulers[0].get("gateway_endpoint") if schedulers else None
+        if endpoint and endpoint != self.scheduler_endpoint:
+            self.scheduler_endpoint = endpoint
+            log.info("scheduler found", extra={"endpoint": endpoint})
+            self.on_scheduler(endpoint)
+
+    async def _load_models(self) -> dict[str, ModelSpec]:
+        out: dict[str, ModelSpec] = {}
+        redis = self.registry.redis
+        async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
+            raw = await redis.hget(key, "spec")
+            if raw:
+                try:
+                    spec = ModelSpec.from_json(raw)
+                except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+                    continue
+                out[spec.name] = spec
+        return out
+
+    async def ready(self, model: str | None = None) -> tuple[bool, str]:
+        """(ready, why-not): a scheduler and an executor (serving `model`, if given) are registered."""
+        try:
+            schedulers = await self.registry.services("scheduler")
+            executors = await self.registry.services("executor")
+        except (RedisError, OSError):
+            return False, "registry (redis) unreachable"
+        if not schedulers:
+            return False, "no scheduler registered"
+        if model is not None:
+            executors = [e for e in executors if model in _json_list(e.get("models", "[]"))]
+            if not executors:
+                return False, f"no executor serving model {model!r}"
+        elif not executors:
+            return False, "no executor registered"
+        return True, ""
+
+
+def _json_list(raw: str) -> list[str]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []

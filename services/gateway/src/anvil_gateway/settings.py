@@ -1,0 +1,24 @@
+"""Gateway settings (env: ANVIL_<FIELD>)."""
+
+from __future__ import annotations
+
+from anvil_core.settings import ServiceSettings
+
+__all__ = ["GatewaySettings"]
+
+
+class GatewaySettings(ServiceSettings):
+    http_port: int = 8000          # KServe v2 HTTP, Triton's default
+    metrics_port: int = 8002       # Prometheus, Triton's default
+    # Largest request body accepted; larger ones get 413 before being read whole.
+    max_body_bytes: int = 64 * 1024 * 1024
+    # Priority classes: deadline = arrival + SLO of the class (a request's timeout may only tighten it).
+    slo_p1_ms: int = 50            # interactive
+    slo_p2_ms: int = 200           # standard (the default class)
+    slo_p3_ms: int = 2000          # batch
+    default_priority: int = 2
+    # How often the registry snapshot (scheduler endpoint, model specs) is refreshed.
+    discovery_interval_ms: int = 250
+
+    def slo_ms(self, priority: int) -> int:
+        return {1: self.slo_p1_ms, 2: self.slo_p2_ms, 3: self.slo_p3_ms}[priority]

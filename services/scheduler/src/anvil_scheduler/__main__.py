@@ -1,0 +1,14 @@
+"""`python -m anvil_scheduler`: run one scheduler process."""
+
+from anvil_core.runtime import run_service
+from anvil_scheduler.service import Scheduler
+from anvil_scheduler.settings import SchedulerSettings
+
+
+def main() -> None:
+    settings = SchedulerSettings()
+    run_service("scheduler", settings, lambda stop: Scheduler(settings).run(stop))
+
+
+if __name__ == "__main__":
+    main()
