@@ -11,15 +11,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
-from anvil_client.procs import stop_group
+from anvil_client.procs import running, stop_group
 
 __all__ = ["main"]
 
 CURL_EXAMPLE = (
     "curl -s -X POST {url}/v2/models/mlp/infer -H 'content-type: application/json' -d "
-    "'{{\"inputs\":[{{\"name\":\"INPUT0\",\"datatype\":\"FP32\",\"shape\":[1,16],\"data\":[{data}]}}]}}'"
+    '\'{{"inputs":[{{"name":"INPUT0","datatype":"FP32","shape":[1,16],"data":[{data}]}}]}}\''
 )
 
 
@@ -39,8 +40,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"anvil: {compose} not found (run from the repository root or pass -f)", file=sys.stderr)
         return 2
     profiles = set(args.profile) if args.profile else None
-    stack = Stack(compose, profiles=profiles, scale=_scale(args.scale),
-                  restart=not args.no_restart and os.environ.get("ANVIL_RESTART", "1") != "0")
+    stack = Stack(
+        compose,
+        profiles=profiles,
+        scale=_scale(args.scale),
+        restart=not args.no_restart and os.environ.get("ANVIL_RESTART", "1") != "0",
+    )
     stop = threading.Event()
     install_signal_stop(stop)
     try:
@@ -66,7 +71,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _state() -> dict[str, object] | None:
+def _state() -> dict[str, Any] | None:
     path = run_root(os.environ) / "current.json"
     try:
         doc = json.loads(path.read_text())
@@ -80,20 +85,19 @@ def cmd_down(_: argparse.Namespace) -> int:
     if state is None:
         print("anvil: nothing is running (no state file)")
         return 0
-    pid = int(state["launcher_pid"])  # type: ignore[call-overload]
+    pid = int(state["launcher_pid"])
     try:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            os.kill(pid, 0)
-            time.sleep(0.1)
+        os.kill(pid, signal.SIGTERM)  # the launcher stops its children in order
     except ProcessLookupError:
         pass
-    for svc in state.get("services", []):  # type: ignore[union-attr]
+    deadline = time.monotonic() + 15
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for svc in state.get("services", []):
         if svc.get("pid"):
             stop_group(int(svc["pid"]), grace_s=2)
     if state.get("redis_pid"):
-        stop_group(int(state["redis_pid"]), grace_s=2)  # type: ignore[call-overload]
+        stop_group(int(state["redis_pid"]), grace_s=2)
     (run_root(os.environ) / "current.json").unlink(missing_ok=True)
     print("anvil: stopped")
     return 0
@@ -112,7 +116,7 @@ def cmd_status(_: argparse.Namespace) -> int:
             if not keys:
                 print("no services registered")
             for key in keys:
-                rec = await redis.hgetall(key)
+                rec = {str(k): str(v) for k, v in (await redis.hgetall(key)).items()}
                 ttl = await redis.pttl(key)
                 extra = {k: v for k, v in rec.items() if k not in ("kind", "id", "started_at", "beat_at")}
                 print(f"{rec.get('kind', '?'):<10} {rec.get('id', '?'):<40} ttl {ttl} ms  {extra}")
@@ -135,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="run the stack of compose.yaml as local processes")
     up.add_argument("-f", "--file", default="compose.yaml")
-    up.add_argument("--profile", action="append", default=[], help="compose profile (default: gpu if present, else cpu)")
+    up.add_argument(
+        "--profile", action="append", default=[], help="compose profile (default: gpu if present, else cpu)"
+    )
     up.add_argument("--scale", action="append", default=[], metavar="SERVICE=N")
     up.add_argument("--no-restart", action="store_true", help="do not restart services that exit")
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health")

@@ -30,7 +30,7 @@ class ServiceDef:
     name: str
     command: list[str]
     environment: dict[str, str]
-    healthcheck: list[str] | None = None       # the argv of a CMD healthcheck, or None
+    healthcheck: list[str] | None = None  # the argv of a CMD healthcheck, or None
     restart: str = "no"
     depends_on: tuple[str, ...] = ()
     image: str = ""
@@ -40,6 +40,7 @@ class ServiceDef:
 def interpolate(value: Any, env: Mapping[str, str]) -> Any:
     """Apply compose-style variable substitution to every string inside `value`."""
     if isinstance(value, str):
+
         def sub(match: re.Match[str]) -> str:
             if match.group(0) == "$$":
                 return "$"

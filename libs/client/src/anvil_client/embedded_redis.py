@@ -31,8 +31,19 @@ def find_redis_server() -> str:
 
 def start_redis(port: int, run_dir: Path) -> subprocess.Popen[bytes]:
     argv = [
-        find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly", "no", "--dir", str(run_dir), "--protected-mode", "yes",
+        find_redis_server(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(run_dir),
+        "--protected-mode",
+        "yes",
     ]
     return spawn(argv, {"PATH": "/usr/bin:/bin"}, run_dir / "redis.log")
 

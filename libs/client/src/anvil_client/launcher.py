@@ -55,7 +55,7 @@ def default_profiles(env: Mapping[str, str]) -> set[str]:
 
 @dataclass
 class Proc:
-    name: str                      # service name, with `.N` for replicas after the first
+    name: str  # service name, with `.N` for replicas after the first
     service: ServiceDef
     argv: list[str]
     env: dict[str, str]
@@ -93,7 +93,9 @@ class Stack:
             self.redis = start_redis(self.redis_port, self.run_dir)
             if not wait_redis(self.redis_port, 10):
                 self.stop()
-                raise StackError(f"embedded redis did not answer on port {self.redis_port}; see {self.run_dir}/redis.log")
+                raise StackError(
+                    f"embedded redis did not answer on port {self.redis_port}; see {self.run_dir}/redis.log"
+                )
             env["ANVIL_REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
             self.say(f"anvil: embedded redis on 127.0.0.1:{self.redis_port}")
         services = load_services(self.compose, env, self.profiles or default_profiles(env))
@@ -173,7 +175,9 @@ class Stack:
             return
         code = proc.popen.returncode
         policy = proc.service.restart
-        wanted = self.restart and (policy in ("always", "unless-stopped") or (policy == "on-failure" and code != 0))
+        wanted = self.restart and (
+            policy in ("always", "unless-stopped") or (policy == "on-failure" and code != 0)
+        )
         if not wanted:
             return
         now = time.monotonic()
@@ -209,11 +213,21 @@ class Stack:
             "ready": ready,
             "run_dir": str(self.run_dir),
             "gateway": self.gateway_url(),
-            "redis_url": (f"redis://127.0.0.1:{self.redis_port}/0" if self.redis_port else self.env.get("ANVIL_REDIS_URL")),
+            "redis_url": (
+                f"redis://127.0.0.1:{self.redis_port}/0"
+                if self.redis_port
+                else self.env.get("ANVIL_REDIS_URL")
+            ),
             "redis_pid": self.redis.pid if self.redis else None,
             "services": [
-                {"name": p.name, "service": p.service.name, "pid": p.popen.pid if p.popen else None,
-                 "argv": p.argv, "env": p.env, "log": str(p.log)}
+                {
+                    "name": p.name,
+                    "service": p.service.name,
+                    "pid": p.popen.pid if p.popen else None,
+                    "argv": p.argv,
+                    "env": p.env,
+                    "log": str(p.log),
+                }
                 for p in self.procs
             ],
         }
@@ -246,7 +260,9 @@ def _local_hosts(value: str, hosts: set[str]) -> str:
     if value in hosts:
         return "127.0.0.1"
     for host in hosts:
-        value = re.sub(rf"(?<=://){re.escape(host)}(?=[:/]|$)|(?<=@){re.escape(host)}(?=[:/]|$)", "127.0.0.1", value)
+        value = re.sub(
+            rf"(?<=://){re.escape(host)}(?=[:/]|$)|(?<=@){re.escape(host)}(?=[:/]|$)", "127.0.0.1", value
+        )
     return value
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["spawn", "stop_group"]
+__all__ = ["running", "spawn", "stop_group"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -26,13 +26,21 @@ def _die_with_parent() -> None:
             pass
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+def spawn(
+    argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
     """Start `argv` in a new session with stdout+stderr appended to `log_path`."""
     log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115  (the child keeps it open)
     try:
         return subprocess.Popen(
-            list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
+            list(argv),
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     finally:
         log.close()
@@ -64,3 +72,18 @@ def stop_group(pid: int, grace_s: float = 5.0) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def running(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie waiting for its parent to reap it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True

@@ -58,9 +58,7 @@ class ModelSpec:
         for spec in self.inputs:
             if spec.name == name:
                 return spec
-        raise SpecError(
-            f"model {self.name!r} has no input {name!r}; inputs: {[t.name for t in self.inputs]}"
-        )
+        raise SpecError(f"model {self.name!r} has no input {name!r}; inputs: {[t.name for t in self.inputs]}")
 
     def check_shape(self, spec: TensorSpec, datatype: str, shape: tuple[int, ...]) -> None:
         """Raise SpecError unless a tensor of `datatype` and `shape` fits input `spec`."""
@@ -74,9 +72,7 @@ class ModelSpec:
                 raise SpecError(f"input {spec.name!r}: shape [] has no batch dimension")
             batch, dims = dims[0], dims[1:]
             if not 1 <= batch <= self.max_batch:
-                raise SpecError(
-                    f"input {spec.name!r}: batch dimension {batch} outside 1..{self.max_batch}"
-                )
+                raise SpecError(f"input {spec.name!r}: batch dimension {batch} outside 1..{self.max_batch}")
         if len(dims) != len(spec.dims) or any(
             want != -1 and want != got for want, got in zip(spec.dims, dims, strict=True)
         ):

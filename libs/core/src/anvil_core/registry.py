@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -106,7 +106,7 @@ class Registry:
         )
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.hset(self.key, mapping=record)
+                pipe.hset(self.key, mapping=cast(Any, record))
                 pipe.pexpire(self.key, self._ttl_ms)
                 await pipe.execute()
             if self._on_beat is not None:
@@ -115,7 +115,9 @@ class Registry:
                     await result
         except (RedisError, OSError) as exc:
             if self._healthy is not False:
-                log.warning("redis unreachable; will keep retrying", extra={"redis": self._url, "err": str(exc)})
+                log.warning(
+                    "redis unreachable; will keep retrying", extra={"redis": self._url, "err": str(exc)}
+                )
             self._healthy = False
             return False
         if self._healthy is not True:
@@ -143,6 +145,10 @@ class Registry:
         async for key in self.redis.scan_iter(match=keys.svc_pattern(kind), count=200):
             record = await self.redis.hgetall(key)
             if record:
-                found.append(record)
+                found.append({_str(k): _str(v) for k, v in record.items()})
         found.sort(key=lambda r: r.get("id", ""))
         return found
+
+
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

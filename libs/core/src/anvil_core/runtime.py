@@ -12,7 +12,9 @@ from anvil_core.settings import ServiceSettings
 __all__ = ["run_service"]
 
 
-def run_service(kind: str, settings: ServiceSettings, main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+def run_service(
+    kind: str, settings: ServiceSettings, main: Callable[[asyncio.Event], Awaitable[None]]
+) -> None:
     """Run `main(stop)` on uvloop (when installed) until SIGTERM/SIGINT sets `stop` and main returns."""
     setup_logging(kind, settings.log_level)
     log = get_logger(f"anvil.{kind}")

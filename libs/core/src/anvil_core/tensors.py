@@ -51,9 +51,7 @@ def numpy_dtype(datatype: str) -> np.dtype | None:
     try:
         return DATATYPES[datatype]
     except KeyError:
-        raise TensorError(
-            f"unsupported datatype {datatype!r}; supported: {', '.join(DATATYPES)}"
-        ) from None
+        raise TensorError(f"unsupported datatype {datatype!r}; supported: {', '.join(DATATYPES)}") from None
 
 
 def element_count(shape: tuple[int, ...]) -> int:
@@ -82,7 +80,9 @@ class HostTensor:
         return cls(name, datatype, tuple(int(d) for d in arr.shape), arr)
 
     @classmethod
-    def from_buffer(cls, name: str, datatype: str, shape: tuple[int, ...], buf: memoryview | bytes) -> HostTensor:
+    def from_buffer(
+        cls, name: str, datatype: str, shape: tuple[int, ...], buf: memoryview | bytes
+    ) -> HostTensor:
         """Wrap raw bytes without copying (fixed-size dtypes) after checking the byte count."""
         dtype = numpy_dtype(datatype)
         count = element_count(shape)
@@ -102,7 +102,7 @@ class HostTensor:
         """The raw payload: a view of the array's memory, or the length-prefixed BYTES encoding."""
         if self.datatype == "BYTES":
             return encode_bytes_elements(self.data)
-        return memoryview(np.ascontiguousarray(self.data)).cast("B")
+        return np.ascontiguousarray(self.data).data.cast("B")
 
     @property
     def nbytes(self) -> int:

@@ -20,14 +20,14 @@ from anvil_core.proto_gen import anvil_generated as pb
 from anvil_core.tensors import HostTensor, TensorError
 
 __all__ = [
+    "ERROR_NAMES",
     "PROTOCOL_VERSION",
     "Body",
     "Frame",
     "ProtocolError",
-    "ERROR_NAMES",
     "decode_tensor",
-    "error",
     "encode_tensor",
+    "error",
     "pack",
     "pb",
     "text",
@@ -142,8 +142,6 @@ def text(value: bytes | str | None) -> str:
     if value is None:
         return ""
     return value.decode() if isinstance(value, bytes) else value
-
-
 
 
 def error(code: int, reason: str) -> pb.ErrorT:

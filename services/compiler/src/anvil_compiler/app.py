@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from anvil_core.registry import Registry
 from fastapi import FastAPI
 
 from anvil_compiler.settings import CompilerSettings
-from anvil_core.registry import Registry
 
 __all__ = ["create_app"]
 
@@ -19,8 +19,11 @@ __all__ = ["create_app"]
 def create_app(settings: CompilerSettings) -> FastAPI:
     artifacts = Path(settings.artifact_dir)
     registry = Registry(
-        settings.redis_url, "compiler", settings.service_id,
-        settings.heartbeat_ttl_s, settings.heartbeat_interval_s,
+        settings.redis_url,
+        "compiler",
+        settings.service_id,
+        settings.heartbeat_ttl_s,
+        settings.heartbeat_interval_s,
         fields=lambda: {"http_port": settings.http_port, "host": settings.advertise_host},
     )
 

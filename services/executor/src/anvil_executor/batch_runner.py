@@ -9,6 +9,7 @@ from anvil_core import wire
 from anvil_core.model_spec import SpecError
 from anvil_core.tensors import HostTensor, TensorError
 from anvil_core.wire import pb
+
 from anvil_executor.models import Model, RequestInputs
 
 __all__ = ["run_batch"]
@@ -35,36 +36,45 @@ def run_batch(
         result.error = wire.error(pb.ErrorCode.NOT_FOUND, f"model {model_name!r} is not loaded here")
         return result, out_frames
 
-    runnable: list[tuple[pb.InferRequestT, RequestInputs]] = []
-    for req in batch.requests or []:
+    requests = list(batch.requests or [])
+    responses: list[pb.InferResponseT | None] = [None] * len(requests)  # batch order is kept
+    runnable: list[tuple[int, pb.InferRequestT, RequestInputs]] = []
+    for i, req in enumerate(requests):
         try:
             tensors = [wire.decode_tensor(t, frames) for t in req.inputs or []]
             model.spec.validate(tensors)
         except (TensorError, SpecError) as exc:
-            result.responses.append(_response(req, error=wire.error(pb.ErrorCode.BAD_REQUEST, str(exc))))
+            responses[i] = _response(req, error=wire.error(pb.ErrorCode.BAD_REQUEST, str(exc)))
             continue
-        runnable.append((req, {t.name: t.data for t in tensors}))
+        runnable.append((i, req, {t.name: t.data for t in tensors}))
 
     if runnable:
         try:
-            outputs = model.run([inputs for _, inputs in runnable])
+            outputs = model.run([inputs for _, _, inputs in runnable])
         except Exception as exc:  # a model bug must not kill the executor; every request hears it
             result.error = wire.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
             result.responses = []
             return result, []
         specs = {s.name: s for s in model.spec.outputs}
-        for (req, _), produced in zip(runnable, outputs, strict=True):
+        for (i, req, _), produced in zip(runnable, outputs, strict=True):
             wanted = [wire.text(n) for n in (req.outputs or [])] or list(produced)
             resp = _response(req)
-            resp.outputs = []
+            encoded: list[pb.TensorT] = []
             for name in wanted:
                 if name not in produced:
-                    resp = _response(req, error=wire.error(
-                        pb.ErrorCode.BAD_REQUEST, f"model {model_name!r} has no output {name!r}"))
+                    resp = _response(
+                        req,
+                        error=wire.error(
+                            pb.ErrorCode.BAD_REQUEST, f"model {model_name!r} has no output {name!r}"
+                        ),
+                    )
                     break
                 tensor = HostTensor.from_array(name, specs[name].datatype, produced[name])
-                resp.outputs.append(wire.encode_tensor(tensor, out_frames))
-            result.responses.append(resp)
+                encoded.append(wire.encode_tensor(tensor, out_frames))
+            else:
+                resp.outputs = encoded
+            responses[i] = resp
+    result.responses = [r for r in responses if r is not None]
     result.computeUs = int((time.perf_counter() - t0) * 1e6)
     return result, out_frames
 

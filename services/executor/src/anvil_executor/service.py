@@ -7,6 +7,7 @@ so heartbeats keep flowing while a long batch runs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,13 +15,13 @@ from typing import Any
 import redis.asyncio as aioredis
 import zmq
 import zmq.asyncio
-
 from anvil_core import keys, wire
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
 from anvil_core.wire import pb
 from anvil_core.zmq_sockets import make_socket
+
 from anvil_executor import metrics as m
 from anvil_executor.batch_runner import run_batch
 from anvil_executor.models import Model, load_builtin
@@ -43,9 +44,13 @@ class Executor:
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._beat_seq = 0
         self.registry = Registry(
-            settings.redis_url, "executor", settings.service_id,
-            settings.heartbeat_ttl_s, settings.heartbeat_interval_s,
-            fields=self._fields, on_beat=self._on_beat,
+            settings.redis_url,
+            "executor",
+            settings.service_id,
+            settings.heartbeat_ttl_s,
+            settings.heartbeat_interval_s,
+            fields=self._fields,
+            on_beat=self._on_beat,
         )
 
     def _fields(self) -> dict[str, Any]:
@@ -137,9 +142,11 @@ class Executor:
                 fut = loop.run_in_executor(
                     self._compute, run_batch, self.models, body, frames, self.s.service_id, self.s.device
                 )
-                fut.add_done_callback(lambda f, b=body, t0=time.perf_counter(): self._on_done(f, b, t0))
+                fut.add_done_callback(functools.partial(self._on_done, batch=body, t0=time.perf_counter()))
 
-    def _on_done(self, fut: asyncio.Future[tuple[pb.BatchResultT, list[Any]]], batch: pb.BatchT, t0: float) -> None:
+    def _on_done(
+        self, fut: asyncio.Future[tuple[pb.BatchResultT, list[Any]]], batch: pb.BatchT, t0: float
+    ) -> None:
         self.inflight -= 1
         m.inflight.set(self.inflight)
         model = wire.text(batch.model)
@@ -154,4 +161,7 @@ class Executor:
         outcome = "error" if result.error is not None else "success"
         m.batches.labels(model=model, outcome=outcome).inc()
         m.compute_us.labels(model=model).observe((time.perf_counter() - t0) * 1e6)
-        asyncio.get_running_loop().create_task(self.sock.send_multipart(wire.pack(result, frames), copy=False))
+        asyncio.get_running_loop().create_task(self._send(wire.pack(result, frames)))
+
+    async def _send(self, parts: list[Any]) -> None:
+        await self.sock.send_multipart(parts, copy=False)

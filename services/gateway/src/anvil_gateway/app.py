@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import asynccontextmanager
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from anvil_core import wire
 from anvil_core.model_spec import ModelSpec, SpecError
 from anvil_core.registry import Registry
 from anvil_core.tensors import TensorError
 from anvil_core.wire import pb
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from anvil_gateway import metrics as m
 from anvil_gateway.backend import BackendUnavailable, SchedulerLink
 from anvil_gateway.discovery import Discovery
@@ -71,8 +71,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def create_app(settings: GatewaySettings) -> FastAPI:
     registry = Registry(
-        settings.redis_url, "gateway", settings.service_id,
-        settings.heartbeat_ttl_s, settings.heartbeat_interval_s,
+        settings.redis_url,
+        "gateway",
+        settings.service_id,
+        settings.heartbeat_ttl_s,
+        settings.heartbeat_interval_s,
         fields=lambda: {"http_port": settings.http_port, "host": settings.advertise_host},
     )
     link = SchedulerLink(identity=f"gw-{settings.service_id}")
@@ -133,10 +136,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             "name": spec.name,
             "versions": [spec.version],
             "platform": spec.platform,
-            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": t.full_shape(spec.max_batch)}
-                       for t in spec.inputs],
-            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": t.full_shape(spec.max_batch)}
-                        for t in spec.outputs],
+            "inputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": t.full_shape(spec.max_batch)}
+                for t in spec.inputs
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": t.full_shape(spec.max_batch)}
+                for t in spec.outputs
+            ],
         }
 
     @app.get("/v2/models/{name}/ready", response_model=None)
@@ -158,14 +165,17 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         finally:
             m.inflight.dec()
         outcome = "success" if status == 200 else "error"
-        m.requests.labels(model=name if name in discovery.models else "_unknown", outcome=outcome,
-                          reason=str(status)).inc()
+        m.requests.labels(
+            model=name if name in discovery.models else "_unknown", outcome=outcome, reason=str(status)
+        ).inc()
         if status == 200:
             m.request_us.labels(model=name).observe((time.perf_counter() - t0) * 1e6)
             return JSONResponse(doc, headers=hdr)
         return error(status, doc["error"], headers=hdr)
 
-    async def _infer(name: str, version: str | None, request: Request, trace_id: str) -> tuple[int, dict[str, Any]]:
+    async def _infer(
+        name: str, version: str | None, request: Request, trace_id: str
+    ) -> tuple[int, dict[str, Any]]:
         try:
             body = await read_body(request, settings.max_body_bytes)
         except TooLarge:
@@ -190,7 +200,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         req.modelVersion = spec.version
         req.priority = priority
         req.deadlineUnixNs = time.time_ns() + int(timeout_s * 1e9)
-        req.outputs = parsed.outputs
+        req.outputs = list[str | None](parsed.outputs)
         frames: list[Any] = []
         req.inputs = [wire.encode_tensor(t, frames) for t in parsed.inputs]
         try:
@@ -200,9 +210,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         except TimeoutError:
             return 504, {"error": f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)"}
         if resp.error is not None and resp.error.code != pb.ErrorCode.OK:
-            return _HTTP_STATUS.get(resp.error.code, 500), {
-                "error": f"{wire.ERROR_NAMES.get(resp.error.code, 'ERROR').lower()}: {wire.text(resp.error.reason)}"
-            }
+            kind = wire.ERROR_NAMES.get(resp.error.code, "ERROR").lower()
+            reason = wire.text(resp.error.reason)
+            return _HTTP_STATUS.get(resp.error.code, 500), {"error": f"{kind}: {reason}"}
         m.queue_us.labels(model=name).observe(resp.queueUs)
         m.compute_us.labels(model=name).observe(resp.computeUs)
         outputs = [wire.decode_tensor(t, out_frames) for t in resp.outputs or []]

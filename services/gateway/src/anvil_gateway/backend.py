@@ -7,7 +7,6 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-
 from anvil_core import wire
 from anvil_core.logs import get_logger
 from anvil_core.wire import pb

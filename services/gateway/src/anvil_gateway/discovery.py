@@ -10,12 +10,11 @@ import asyncio
 import json
 from collections.abc import Callable
 
-from redis.exceptions import RedisError
-
 from anvil_core import keys
 from anvil_core.logs import get_logger
 from anvil_core.model_spec import ModelSpec
 from anvil_core.registry import Registry
+from redis.exceptions import RedisError
 
 __all__ = ["Discovery"]
 
@@ -65,7 +64,7 @@ class Discovery:
             raw = await redis.hget(key, "spec")
             if raw:
                 try:
-                    spec = ModelSpec.from_json(raw)
+                    spec = ModelSpec.from_json(raw if isinstance(raw, str) else raw.decode())
                 except (ValueError, KeyError, TypeError, json.JSONDecodeError):
                     continue
                 out[spec.name] = spec

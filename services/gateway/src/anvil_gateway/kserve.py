@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from anvil_core.tensors import DATATYPES, HostTensor, TensorError, element_count
 
 __all__ = ["BadRequest", "ParsedRequest", "encode_response", "parse_json_request", "tensor_to_json"]
@@ -103,7 +102,9 @@ def _parse_input(i: int, raw: Any) -> HostTensor:
     return json_data_to_tensor(name, datatype, shape, raw["data"], where)
 
 
-def json_data_to_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any, where: str) -> HostTensor:
+def json_data_to_tensor(
+    name: str, datatype: str, shape: tuple[int, ...], data: Any, where: str
+) -> HostTensor:
     """Turn a JSON 'data' list (flat or nested, row-major) into a tensor of `shape`."""
     count = element_count(shape)
     flat = _flatten(data, where)
@@ -130,7 +131,9 @@ def json_data_to_tensor(name: str, datatype: str, shape: tuple[int, ...], data: 
                 if dtype.kind in "iu":
                     info = np.iinfo(dtype)
                     if any(not float(v).is_integer() or v < info.min or v > info.max for v in flat):
-                        raise BadRequest(f"{where} ({name}): values must be integers within {datatype}'s range")
+                        raise BadRequest(
+                            f"{where} ({name}): values must be integers within {datatype}'s range"
+                        )
                 arr = np.array(flat, dtype=dtype).reshape(shape)
     except (OverflowError, ValueError, TypeError) as exc:
         if isinstance(exc, BadRequest):
@@ -159,7 +162,9 @@ def _flatten(data: Any, where: str) -> list[Any]:
 
 def tensor_to_json(t: HostTensor) -> dict[str, Any]:
     if t.datatype == "BYTES":
-        data: list[Any] = [v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in t.data.reshape(-1)]
+        data: list[Any] = [
+            v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in t.data.reshape(-1)
+        ]
     elif t.datatype == "BF16":
         data = (t.data.astype(np.uint32) << 16).view(np.float32).reshape(-1).tolist()
     else:
@@ -167,7 +172,9 @@ def tensor_to_json(t: HostTensor) -> dict[str, Any]:
     return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "data": data}
 
 
-def encode_response(model: str, version: str, req_id: str | None, outputs: list[HostTensor]) -> dict[str, Any]:
+def encode_response(
+    model: str, version: str, req_id: str | None, outputs: list[HostTensor]
+) -> dict[str, Any]:
     doc: dict[str, Any] = {"model_name": model, "model_version": version or "1"}
     if req_id is not None:
         doc["id"] = req_id

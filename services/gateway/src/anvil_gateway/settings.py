@@ -8,14 +8,14 @@ __all__ = ["GatewaySettings"]
 
 
 class GatewaySettings(ServiceSettings):
-    http_port: int = 8000          # KServe v2 HTTP, Triton's default
-    metrics_port: int = 8002       # Prometheus, Triton's default
+    http_port: int = 8000  # KServe v2 HTTP, Triton's default
+    metrics_port: int = 8002  # Prometheus, Triton's default
     # Largest request body accepted; larger ones get 413 before being read whole.
     max_body_bytes: int = 64 * 1024 * 1024
     # Priority classes: deadline = arrival + SLO of the class (a request's timeout may only tighten it).
-    slo_p1_ms: int = 50            # interactive
-    slo_p2_ms: int = 200           # standard (the default class)
-    slo_p3_ms: int = 2000          # batch
+    slo_p1_ms: int = 50  # interactive
+    slo_p2_ms: int = 200  # standard (the default class)
+    slo_p3_ms: int = 2000  # batch
     default_priority: int = 2
     # How often the registry snapshot (scheduler endpoint, model specs) is refreshed.
     discovery_interval_ms: int = 250

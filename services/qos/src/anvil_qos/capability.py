@@ -11,8 +11,8 @@ __all__ = ["Capability", "detect"]
 
 @dataclass(frozen=True)
 class Capability:
-    mode: str      # "ebpf" or "procfs"
-    reason: str    # why eBPF is not available, empty in ebpf mode
+    mode: str  # "ebpf" or "procfs"
+    reason: str  # why eBPF is not available, empty in ebpf mode
 
 
 def detect() -> Capability:
@@ -21,7 +21,10 @@ def detect() -> Capability:
         missing.append("not root")
     if not Path("/sys/kernel/btf/vmlinux").exists():
         missing.append("no BTF (/sys/kernel/btf/vmlinux)")
-    if not Path("/sys/kernel/tracing/events").is_dir() and not Path("/sys/kernel/debug/tracing/events").is_dir():
+    if (
+        not Path("/sys/kernel/tracing/events").is_dir()
+        and not Path("/sys/kernel/debug/tracing/events").is_dir()
+    ):
         missing.append("tracefs not mounted")
     if missing:
         return Capability("procfs", "; ".join(missing))

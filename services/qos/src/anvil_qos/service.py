@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from prometheus_client import Gauge
-
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
+from prometheus_client import Gauge
+
 from anvil_qos.capability import detect
 from anvil_qos.settings import QosSettings
 
@@ -24,8 +24,11 @@ class Qos:
         self.s = settings
         self.capability = detect()
         self.registry = Registry(
-            settings.redis_url, "qos", settings.service_id,
-            settings.heartbeat_ttl_s, settings.heartbeat_interval_s,
+            settings.redis_url,
+            "qos",
+            settings.service_id,
+            settings.heartbeat_ttl_s,
+            settings.heartbeat_interval_s,
             fields=lambda: {"mode": self.capability.mode, "reason": self.capability.reason},
         )
 

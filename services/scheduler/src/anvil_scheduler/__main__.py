@@ -1,6 +1,7 @@
 """`python -m anvil_scheduler`: run one scheduler process."""
 
 from anvil_core.runtime import run_service
+
 from anvil_scheduler.service import Scheduler
 from anvil_scheduler.settings import SchedulerSettings
 

@@ -11,11 +11,11 @@ __all__ = ["ExecutorPool", "ExecutorState"]
 
 @dataclass
 class ExecutorState:
-    identity: bytes               # ROUTER identity (the executor's service id)
+    identity: bytes  # ROUTER identity (the executor's service id)
     service_id: str
     device: str
     max_batch: int
-    credits: int                  # max batches in flight (flow control)
+    credits: int  # max batches in flight (flow control)
     models: set[str]
     last_seen_s: float
     inflight: dict[str, list[Pending]] = field(default_factory=dict)  # batch_id -> requests
@@ -47,8 +47,10 @@ class ExecutorPool:
         """The executor serving `model` with the most free credits (least loaded); None if all busy."""
         best: ExecutorState | None = None
         for ex in self.executors.values():
-            if model in ex.models and ex.free_credits > 0 and (
-                best is None or ex.free_credits > best.free_credits
+            if (
+                model in ex.models
+                and ex.free_credits > 0
+                and (best is None or ex.free_credits > best.free_credits)
             ):
                 best = ex
         return best

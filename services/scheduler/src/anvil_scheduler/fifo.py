@@ -18,11 +18,11 @@ class Pending:
 
     request_id: str
     model: str
-    gateway: bytes                # ROUTER identity of the gateway that sent it
-    request: Any                  # pb.InferRequestT
-    frames: list[Any]             # zmq.Frame payloads referenced by request.inputs[*].frame
-    arrival_s: float              # monotonic
-    deadline_s: float             # monotonic
+    gateway: bytes  # ROUTER identity of the gateway that sent it
+    request: Any  # pb.InferRequestT
+    frames: list[Any]  # zmq.Frame payloads referenced by request.inputs[*].frame
+    arrival_s: float  # monotonic
+    deadline_s: float  # monotonic
     attempts: int = 0
 
 

@@ -8,13 +8,17 @@ queue_depth = Gauge("anvil_scheduler_queue_depth", "Requests waiting", ["model"]
 executors = Gauge("anvil_scheduler_executors", "Executors connected")
 batches = Counter("anvil_scheduler_batches_total", "Batches dispatched", ["model"])
 batch_size = Histogram(
-    "anvil_scheduler_batch_size", "Requests per dispatched batch", ["model"],
+    "anvil_scheduler_batch_size",
+    "Requests per dispatched batch",
+    ["model"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 requests = Counter("anvil_scheduler_requests_total", "Requests answered", ["model", "outcome"])
 redispatched = Counter("anvil_scheduler_redispatched_total", "Requests re-queued after executor loss")
 duplicates = Counter("anvil_scheduler_duplicates_total", "Messages dropped as duplicates", ["what"])
 queue_us = Histogram(
-    "anvil_scheduler_queue_duration_us", "Arrival to dispatch, µs", ["model"],
+    "anvil_scheduler_queue_duration_us",
+    "Arrival to dispatch, µs",
+    ["model"],
     buckets=(50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000),
 )

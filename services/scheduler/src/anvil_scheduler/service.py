@@ -13,13 +13,13 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-
 from anvil_core import wire
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
 from anvil_core.wire import pb
 from anvil_core.zmq_sockets import make_socket, tcp_endpoint
+
 from anvil_scheduler import metrics as m
 from anvil_scheduler.executors import ExecutorPool, ExecutorState
 from anvil_scheduler.fifo import FifoQueues, Pending
@@ -35,16 +35,24 @@ class Scheduler:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.s = settings
         self.ctx = zmq.asyncio.Context()
-        self.gw = make_socket(self.ctx, zmq.ROUTER, bind=tcp_endpoint(settings.bind_host, settings.gateway_port))
-        self.ex = make_socket(self.ctx, zmq.ROUTER, bind=tcp_endpoint(settings.bind_host, settings.executor_port))
+        self.gw = make_socket(
+            self.ctx, zmq.ROUTER, bind=tcp_endpoint(settings.bind_host, settings.gateway_port)
+        )
+        self.ex = make_socket(
+            self.ctx, zmq.ROUTER, bind=tcp_endpoint(settings.bind_host, settings.executor_port)
+        )
         self.queues = FifoQueues(settings.max_queue_per_model)
         self.pool = ExecutorPool()
         self.active: dict[str, Pending] = {}
         self.answered: OrderedDict[str, None] = OrderedDict()
         self._batch_seq = 0
         self.registry = Registry(
-            settings.redis_url, "scheduler", settings.service_id,
-            settings.heartbeat_ttl_s, settings.heartbeat_interval_s, fields=self._fields,
+            settings.redis_url,
+            "scheduler",
+            settings.service_id,
+            settings.heartbeat_ttl_s,
+            settings.heartbeat_interval_s,
+            fields=self._fields,
         )
 
     def _fields(self) -> dict[str, Any]:
@@ -101,7 +109,11 @@ class Scheduler:
             self._fail(p, pb.ErrorCode.DEADLINE, "deadline already passed on arrival at the scheduler")
             return
         if not self.queues.push(p):
-            self._fail(p, pb.ErrorCode.OVERLOAD, f"queue of model {model!r} holds {self.s.max_queue_per_model} requests")
+            self._fail(
+                p,
+                pb.ErrorCode.OVERLOAD,
+                f"queue of model {model!r} holds {self.s.max_queue_per_model} requests",
+            )
             return
         self.active[rid] = p
         m.queue_depth.labels(model=model).set(self.queues.depth(model))
@@ -149,7 +161,9 @@ class Scheduler:
                 self._register(ident, body, now)
             elif isinstance(body, pb.HeartbeatT):
                 if self.pool.seen(ident, now) is None:
-                    self._send_executor(ident, wire.pack(wire.error(pb.ErrorCode.UNAVAILABLE, "unregistered")))
+                    self._send_executor(
+                        ident, wire.pack(wire.error(pb.ErrorCode.UNAVAILABLE, "unregistered"))
+                    )
             elif isinstance(body, pb.BatchResultT):
                 self.pool.seen(ident, now)
                 self._complete(ident, body, frames)
@@ -158,8 +172,13 @@ class Scheduler:
     def _register(self, ident: bytes, reg: pb.RegisterT, now: float) -> None:
         models = {wire.text(ms.name) for ms in (reg.models or [])}
         state = ExecutorState(
-            identity=ident, service_id=wire.text(reg.serviceId), device=wire.text(reg.device),
-            max_batch=max(1, reg.maxBatch), credits=max(1, reg.credits), models=models, last_seen_s=now,
+            identity=ident,
+            service_id=wire.text(reg.serviceId),
+            device=wire.text(reg.device),
+            max_batch=max(1, reg.maxBatch),
+            credits=max(1, reg.credits),
+            models=models,
+            last_seen_s=now,
         )
         known = ident in self.pool.executors
         self.pool.upsert(state)
@@ -237,8 +256,10 @@ class Scheduler:
     def _lose_executor(self, ident: bytes, why: str) -> None:
         orphans = self.pool.remove(ident)
         m.executors.set(len(self.pool.executors))
-        log.warning("executor lost", extra={"executor": ident.decode(errors="replace"), "why": why,
-                                            "requeued": len(orphans)})
+        log.warning(
+            "executor lost",
+            extra={"executor": ident.decode(errors="replace"), "why": why, "requeued": len(orphans)},
+        )
         live = [p for p in orphans if p.request_id not in self.answered]
         m.redispatched.inc(len(live))
         self.queues.push_front(live)

@@ -5,12 +5,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import numpy as np
-
 from anvil_core.model_spec import ModelSpec
 
 __all__ = ["Model", "RequestInputs", "RequestOutputs"]
 
-RequestInputs = dict[str, np.ndarray]   # input name -> (batch_i, ...) array of one request
+RequestInputs = dict[str, np.ndarray]  # input name -> (batch_i, ...) array of one request
 RequestOutputs = dict[str, np.ndarray]  # output name -> (batch_i, ...) array of one request
 
 

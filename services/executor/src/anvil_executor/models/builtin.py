@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-
 from anvil_core.model_spec import ModelSpec, TensorSpec
+
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
 
 __all__ = ["BUILTIN", "IdentityModel", "MlpModel", "load_builtin", "mlp_reference"]
@@ -18,7 +18,8 @@ class IdentityModel(Model):
 
     def __init__(self, max_batch: int) -> None:
         self.spec = ModelSpec(
-            name="identity", max_batch=max_batch,
+            name="identity",
+            max_batch=max_batch,
             inputs=(TensorSpec("INPUT0", "FP32", (-1,)),),
             outputs=(TensorSpec("OUTPUT0", "FP32", (-1,)),),
         )
@@ -49,7 +50,8 @@ class MlpModel(Model):
 
     def __init__(self, max_batch: int) -> None:
         self.spec = ModelSpec(
-            name="mlp", max_batch=max_batch,
+            name="mlp",
+            max_batch=max_batch,
             inputs=(TensorSpec("INPUT0", "FP32", (MLP_IN,)),),
             outputs=(TensorSpec("OUTPUT0", "FP32", (MLP_OUT,)),),
         )
@@ -57,8 +59,8 @@ class MlpModel(Model):
 
     def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
         x = np.concatenate([req["INPUT0"] for req in batch], axis=0)  # (sum B_i, 16) fp32
-        h = np.maximum(x @ self.w1 + self.b1, 0.0)                    # (sum B_i, 32)
-        y = (h @ self.w2 + self.b2).astype(np.float32)                # (sum B_i, 4)
+        h = np.maximum(x @ self.w1 + self.b1, 0.0)  # (sum B_i, 32)
+        y = (h @ self.w2 + self.b2).astype(np.float32)  # (sum B_i, 4)
         out: list[RequestOutputs] = []
         row = 0
         for req in batch:

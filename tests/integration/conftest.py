@@ -1,0 +1,209 @@
+"""The stack under test, started through the same launcher as `make up` (or, with
+ANVIL_STACK=docker, as containers through the docker SDK), on free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT_VARS = (
+    "ANVIL_HTTP_PORT",
+    "ANVIL_GATEWAY_METRICS_PORT",
+    "ANVIL_SCHEDULER_GATEWAY_PORT",
+    "ANVIL_SCHEDULER_EXECUTOR_PORT",
+    "ANVIL_SCHEDULER_METRICS_PORT",
+    "ANVIL_EXECUTOR_METRICS_PORT",
+    "ANVIL_COMPILER_PORT",
+    "ANVIL_COMPILER_METRICS_PORT",
+    "ANVIL_QOS_METRICS_PORT",
+    "ANVIL_REDIS_PORT",
+)
+HEARTBEAT_TTL_S = 1.5
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.05) -> float:
+    """Poll a condition of another process until it holds; returns the seconds it took."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(every_s)
+    return time.monotonic() - t0
+
+
+class LocalStack:
+    """`anvil up` in a subprocess; exposes the launcher's state file for pids and environments."""
+
+    def __init__(
+        self, tmp: Path, extra_env: dict[str, str] | None = None, scale: dict[str, int] | None = None
+    ) -> None:
+        ports = dict(zip(PORT_VARS, map(str, _free_ports(len(PORT_VARS))), strict=True))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_")}
+        self.env.update(ports)
+        self.env.update(
+            {
+                "ANVIL_RUN_ROOT": str(tmp / "run"),
+                "ANVIL_PROFILES": "cpu",
+                "ANVIL_HEARTBEAT_INTERVAL_MS": "300",
+                "ANVIL_HEARTBEAT_TTL_MS": str(int(HEARTBEAT_TTL_S * 1000)),
+                "ANVIL_EXECUTOR_TIMEOUT_MS": str(int(HEARTBEAT_TTL_S * 1000)),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        self.env.update(extra_env or {})
+        self.url = f"http://127.0.0.1:{ports['ANVIL_HTTP_PORT']}"
+        self.redis_port = int(ports["ANVIL_REDIS_PORT"])
+        argv = [sys.executable, "-m", "anvil_client.cli", "up", "--no-restart", "--timeout", "90"]
+        for name, n in (scale or {}).items():
+            argv += ["--scale", f"{name}={n}"]
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        self._await_line("anvil: ready", 120)
+        self.extra: list[subprocess.Popen[bytes]] = []
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            self.lines.put(line)
+        self.lines.put("<eof>")
+
+    def _await_line(self, marker: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"launcher never printed {marker!r}:\n{''.join(self.output)}") from None
+            if line.startswith(marker):
+                return
+            if line == "<eof>":
+                raise AssertionError(f"launcher exited before {marker!r}:\n{''.join(self.output)}")
+
+    @property
+    def state(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((Path(self.env["ANVIL_RUN_ROOT"]) / "current.json").read_text())
+        return doc
+
+    def service(self, name: str) -> dict[str, Any]:
+        for svc in self.state["services"]:
+            if svc["name"] == name:
+                return dict(svc)
+        raise KeyError(name)
+
+    def kill(self, name: str) -> int:
+        pid = int(self.service(name)["pid"])
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def start_again(self, name: str) -> subprocess.Popen[bytes]:
+        """Start a replacement for a killed service with its recorded command and environment."""
+        svc = self.service(name)
+        log = open(svc["log"], "ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            svc["argv"], env=svc["env"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        self.extra.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        for proc in self.extra:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+
+
+def _docker_stack(tmp: Path) -> Any:
+    from anvil_client.docker_stack import DockerStack, DockerUnavailable
+
+    port = _free_ports(1)[0]
+    stack = DockerStack(
+        ROOT / "compose.yaml", project=f"anvil-test-{os.getpid()}", env=dict(os.environ), http_port=port
+    )
+    try:
+        stack.start()
+    except DockerUnavailable as exc:
+        pytest.fail(f"ANVIL_STACK=docker was asked for, but no Docker engine is usable here: {exc}")
+    return stack
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    tmp = tmp_path_factory.mktemp("stack")
+    mode = os.environ.get("ANVIL_STACK", "local")
+    if mode == "docker":
+        s = _docker_stack(tmp)
+        yield s
+        s.stop()
+        return
+    if mode != "local":
+        pytest.fail(f"ANVIL_STACK must be 'local' or 'docker', got {mode!r}")
+    local = LocalStack(tmp)
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def http(stack: Any) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=stack.url if hasattr(stack, "url") else stack.gateway_url, timeout=10
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+def waiter() -> Callable[..., float]:
+    """`wait_for(predicate, timeout_s, what)` for conditions of other processes."""
+    return wait_for
+
+
+@pytest.fixture
+def new_local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], LocalStack]]:
+    """Start extra, private stacks (stopped at teardown if the test did not)."""
+    made: list[LocalStack] = []
+
+    def make() -> LocalStack:
+        s = LocalStack(tmp_path_factory.mktemp("extra"))
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()

@@ -1,0 +1,120 @@
+"""One request, for real: HTTP -> gateway -> scheduler -> executor -> back, and bad input."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from anvil_executor.models.builtin import mlp_reference
+
+pytestmark = pytest.mark.integration
+
+
+def _mlp_body(x: np.ndarray, **params: object) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "id": "req-1",
+        "inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": list(x.shape), "data": x.reshape(-1).tolist()}
+        ],
+    }
+    if params:
+        doc["parameters"] = params
+    return doc
+
+
+def test_health_and_metadata(http: httpx.Client) -> None:
+    assert http.get("/v2/health/live").status_code == 200
+    assert http.get("/v2/health/ready").status_code == 200
+    meta = http.get("/v2/models/mlp").json()
+    assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]}]
+    assert http.get("/v2/models/mlp/ready").status_code == 200
+    assert http.get("/v2/models/mlp/versions/1").status_code == 200
+
+
+def test_mlp_returns_the_numpy_result(http: httpx.Client) -> None:
+    x = np.random.default_rng(7).standard_normal((3, 16)).astype(np.float32)
+    r = http.post("/v2/models/mlp/infer", json=_mlp_body(x, priority=3))
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["id"] == "req-1" and doc["model_name"] == "mlp"
+    out = doc["outputs"][0]
+    assert out["shape"] == [3, 4] and out["datatype"] == "FP32"
+    np.testing.assert_allclose(
+        np.array(out["data"], np.float32).reshape(3, 4), mlp_reference(x), rtol=1e-5, atol=1e-6
+    )
+    assert len(r.headers["x-anvil-trace-id"]) >= 16
+
+
+def test_identity_round_trips_many_concurrent_requests(http: httpx.Client, stack: object) -> None:
+    import concurrent.futures as cf
+
+    def one(i: int) -> bool:
+        data = [float(i), float(i) + 0.5]
+        body = {
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": data}],
+            "parameters": {"priority": 3},
+        }
+        r = http.post("/v2/models/identity/infer", json=body)
+        return r.status_code == 200 and r.json()["outputs"][0]["data"] == data
+
+    with cf.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(one, range(200)))
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "says"),
+    [
+        ("/v2/models/mlp/infer", b"{not json", 400, "not valid JSON"),
+        ("/v2/models/nope/infer", b"{}", 404, "unknown model 'nope'"),
+        ("/v2/models/mlp/versions/7/infer", b"{}", 404, "no version '7'"),
+        (
+            "/v2/models/mlp/infer",
+            b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,3],"data":[1,2,3]}]}',
+            400,
+            "does not match",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            b'{"inputs":[{"name":"INPUT0","datatype":"INT32","shape":[1,16],"data":[' + b"1," * 15 + b"1]}]}",
+            400,
+            "datatype INT32 given",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],"data":[1]}]}',
+            400,
+            "1 values given",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],"data":[' + b"1," * 15 + b"1]}],"
+            b'"parameters":{"priority":9}}',
+            400,
+            "priority must be",
+        ),
+        ("/v2/nothing-here", b"", 404, "Not Found"),
+    ],
+)
+def test_bad_input_is_a_clear_4xx_and_the_gateway_keeps_serving(
+    http: httpx.Client, path: str, body: bytes, status: int, says: str
+) -> None:
+    r = http.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert says in r.json()["error"]
+    assert http.get("/v2/health/ready").status_code == 200
+
+
+def test_body_over_the_limit_is_413(http: httpx.Client) -> None:
+    big = b"x" * (64 * 1024 * 1024 + 1)
+    r = http.post("/v2/models/mlp/infer", content=big)
+    assert r.status_code == 413
+    assert "exceeds the limit" in r.json()["error"]
+
+
+def test_every_service_serves_prometheus_metrics(stack: object) -> None:
+    if not hasattr(stack, "service"):
+        pytest.skip("metrics ports are per-process in local mode only")
+    for name in ("gateway", "scheduler", "executor", "compiler", "qos"):
+        port = stack.service(name)["env"]["ANVIL_METRICS_PORT"]  # type: ignore[attr-defined]
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        assert "anvil_service_up" in text, name
