@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["EVENTS", "PREFIX", "model_key", "profile_key", "qos_limits_key", "svc_key", "svc_pattern"]
+__all__ = [
+    "EVENTS",
+    "PREFIX",
+    "model_key",
+    "profile_key",
+    "qos_limits_key",
+    "slo_key",
+    "svc_key",
+    "svc_pattern",
+]
 
 PREFIX = "anvil:"
 EVENTS = "anvil:events"  # pub/sub channel: JSON {"event": ..., ...}
@@ -28,4 +37,13 @@ def profile_key(model: str, device: str) -> str:
 
 
 def qos_limits_key() -> str:
+    """Hash: field "{tenant}:{priority}" (or "{tenant}:*" or "*:{priority}") -> JSON
+    {"rate_rps": float, "burst": int, "reason": str, "ts": float}. Written by qos (and `anvil qos set`),
+    read by every gateway's token buckets; a missing field means unlimited."""
     return "anvil:qos:limits"
+
+
+def slo_key() -> str:
+    """Hash: field "{priority}" -> JSON {"attainment": float 0..1, "p99_ms": float, "requests": int,
+    "window_s": float, "ts": float}. Written by the scheduler every second, read by qos."""
+    return "anvil:slo"
