@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
@@ -101,6 +103,8 @@ class Registry:
         record.update(
             kind=self.kind,
             id=self.service_id,
+            pid=str(os.getpid()),
+            host=socket.gethostname(),
             started_at=f"{self.started_at:.3f}",
             beat_at=f"{time.time():.3f}",
         )

@@ -284,6 +284,6 @@ def _rebased(p: Pending, offset: int) -> pb.InferRequestT:
     for t in p.request.inputs or []:
         c = pb.TensorT()
         vars(c).update(vars(t))
-        c.frame = t.frame + offset
+        c.frame = t.frame + offset if t.frame >= 0 else t.frame  # -1: bytes live in shared memory
         req.inputs.append(c)
     return req
