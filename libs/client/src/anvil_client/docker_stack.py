@@ -1,0 +1,304 @@
+"""`ANVIL_STACK=docker`: the services of compose.yaml as containers, through the Docker SDK.
+
+What `docker compose --profile cpu up` does, reduced to what the integration tests need: images built
+from the repo root, one user network where each container answers to its service name, every service
+started once its dependencies are healthy (Redis first), only the gateway's HTTP port published (on
+127.0.0.1:<http_port>). All it creates is labelled `io.anvil.project=<project>`; `stop()` removes it,
+`start()` first removes what a crashed run left. Restart policies stay off unless asked for, so
+`kill(service)` leaves the service dead until `restart(service)`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from anvil_client.compose_file import ServiceDef, interpolate, load_services
+
+__all__ = ["DockerStack", "DockerStackError", "DockerUnavailable"]
+
+LABEL = "io.anvil.project"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|ms|s|m|h)")
+_NS_PER = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+
+
+class DockerUnavailable(RuntimeError):
+    """No Docker engine answered; the message names the endpoint tried and the error it gave."""
+
+
+class DockerStackError(RuntimeError):
+    """The engine answered but the stack did not come up; the message names the service."""
+
+
+def _duration_ns(value: str) -> int:
+    """A compose duration (`5s`, `1m30s`, `500ms`) in nanoseconds, as the Engine API wants it."""
+    parts = _DURATION.findall(value)
+    if not parts or "".join(n + u for n, u in parts) != value:
+        raise DockerStackError(f"not a compose duration: {value!r}")
+    return sum(int(float(n) * _NS_PER[u]) for n, u in parts)
+
+
+def _container_port(spec: Any) -> int:
+    """The container side of a `ports` entry: `8000:8000`, `127.0.0.1:80:8000/tcp`, `{target: 8000}`."""
+    return int(spec["target"]) if isinstance(spec, dict) else int(str(spec).split("/")[0].rsplit(":", 1)[-1])
+
+
+def _healthcheck(raw: Mapping[str, Any]) -> dict[str, Any]:
+    health = raw.get("healthcheck") or {}
+    if not health.get("test") or health.get("disable"):
+        return {}
+    check = {"test": health["test"], "retries": int(health.get("retries", 3))}
+    check.update({k: _duration_ns(health[k]) for k in ("interval", "timeout", "start_period") if k in health})
+    return {"healthcheck": check}
+
+
+def _gpus(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`deploy.resources.reservations.devices` as Engine device requests (the nvidia runtime)."""
+    import docker
+
+    devices = (((raw.get("deploy") or {}).get("resources") or {}).get("reservations") or {}).get("devices")
+    requests = [
+        docker.types.DeviceRequest(
+            driver=d.get("driver", ""),
+            count=d.get("count"),
+            device_ids=d.get("device_ids"),
+            capabilities=[d.get("capabilities", ["gpu"])],
+        )
+        for d in devices or []
+    ]
+    return {"device_requests": requests} if requests else {}
+
+
+def _ordered(services: Mapping[str, ServiceDef]) -> list[ServiceDef]:
+    """Dependencies first; a dependency outside the enabled profiles is ignored, as compose does."""
+    done: list[str] = []
+    while len(done) < len(services):
+        ready = [
+            n for n, s in services.items() if n not in done and set(s.depends_on) & set(services) <= set(done)
+        ]
+        if not ready:
+            raise DockerStackError(f"depends_on cycle among {sorted(set(services) - set(done))}")
+        done += ready
+    return [services[n] for n in done]
+
+
+class DockerStack:
+    def __init__(
+        self,
+        compose: Path,
+        project: str,
+        env: Mapping[str, str],
+        http_port: int,
+        *,
+        profiles: set[str] | None = None,
+        build: bool = True,
+        restart_policies: bool = False,
+        ready_timeout_s: float = 180.0,  # after the builds: pulls, start-up, first registration
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.compose = compose.resolve()
+        self.project = project
+        self.env = {**os.environ, **env}  # interpolation and DOCKER_HOST, like the compose CLI
+        self.http_port = http_port
+        self.profiles = profiles or {"cpu"}
+        self.build = build
+        self.restart_policies = restart_policies
+        self.ready_timeout_s = ready_timeout_s
+        self.say = say
+        self._client: Any = None
+        self._containers: dict[str, Any] = {}
+        self._network = f"{project}_default"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self) -> None:
+        """Build, create the network, run every service in dependency order, wait for the gateway.
+
+        Raises DockerUnavailable when no engine answers, DockerStackError when the stack does not
+        come up (everything already created is removed first)."""
+        self._client = self._connect()
+        doc = yaml.safe_load(self.compose.read_text()) or {}
+        raw: dict[str, dict[str, Any]] = interpolate(doc.get("services") or {}, self.env)
+        services = load_services(self.compose, self.env, self.profiles)
+        self._teardown()
+        try:
+            if self.build:
+                self._build_images(services.values(), raw)
+            self._client.networks.create(self._network, driver="bridge", labels={LABEL: self.project})
+            for name in doc.get("volumes") or {}:
+                self._client.volumes.create(f"{self.project}_{name}", labels={LABEL: self.project})
+            deadline = time.monotonic() + self.ready_timeout_s
+            for svc in _ordered(services):
+                for dep in svc.depends_on:
+                    if dep in self._containers:
+                        self._wait_healthy(dep, deadline)
+                self._run(svc, raw[svc.name])
+            self._wait_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _connect(self) -> Any:
+        try:
+            import docker
+        except ImportError:
+            raise DockerUnavailable("the `docker` Python package is not installed (root dev group)") from None
+        host = self.env.get("DOCKER_HOST")
+        where = f"DOCKER_HOST={host}" if host else "DOCKER_HOST unset: unix:///var/run/docker.sock"
+        try:
+            client = docker.from_env(environment=self.env, timeout=30)
+            client.ping()
+        except (docker.errors.DockerException, OSError) as exc:
+            raise DockerUnavailable(
+                f"no Docker engine reachable ({where}): {exc}. docker-py does not follow "
+                "`docker context`; set DOCKER_HOST to the engine's socket"
+            ) from None
+        return client
+
+    def _build_images(self, services: Iterable[ServiceDef], raw: Mapping[str, dict[str, Any]]) -> None:
+        import docker
+
+        built: set[str] = set()
+        for svc in services:
+            spec = raw[svc.name].get("build")
+            if not spec or svc.image in built:
+                continue
+            spec = {"context": spec} if isinstance(spec, str) else spec
+            dockerfile = spec.get("dockerfile", "Dockerfile")
+            context = self.compose.parent / spec.get("context", ".")
+            self.say(f"anvil: building {svc.image} from {dockerfile} (context {context})")
+            try:
+                args = {"dockerfile": dockerfile, "tag": svc.image, "buildargs": spec.get("args")}
+                self._client.images.build(path=str(context), rm=True, forcerm=True, **args)
+            except docker.errors.BuildError as exc:
+                log = "".join(str(c.get("stream") or c.get("error") or "") for c in list(exc.build_log)[-30:])
+                raise DockerStackError(f"building {svc.image} ({dockerfile}): {exc.msg}\n{log}") from None
+            built.add(svc.image)
+
+    def _run(self, svc: ServiceDef, raw: Mapping[str, Any]) -> None:
+        import docker
+
+        api = self._client.api
+        kwargs: dict[str, Any] = {
+            "name": f"{self.project}-{svc.name}-1",
+            "command": svc.command or None,
+            "environment": svc.environment,
+            "labels": {LABEL: self.project, f"{LABEL}.service": svc.name},
+            "network": self._network,
+            "networking_config": {self._network: api.create_endpoint_config(aliases=[svc.name])},
+            "privileged": bool(raw.get("privileged", False)),
+            "detach": True,
+        }
+        kwargs.update(_healthcheck(raw), **self._mounts(svc.name, raw), **_gpus(raw))
+        if raw.get("pid") == "host":
+            kwargs["pid_mode"] = "host"
+        if self.restart_policies and svc.restart != "no":
+            kwargs["restart_policy"] = {"Name": svc.restart}
+        if svc.name == "gateway":
+            port = int(svc.environment.get("ANVIL_HTTP_PORT") or _container_port(raw["ports"][0]))
+            kwargs["ports"] = {f"{port}/tcp": ("127.0.0.1", self.http_port)}
+        self.say(f"anvil: starting {svc.name} ({svc.image})")
+        try:
+            self._containers[svc.name] = self._client.containers.run(svc.image, **kwargs)
+        except docker.errors.DockerException as exc:
+            raise DockerStackError(f"{svc.name}: could not start a container of {svc.image}: {exc}") from None
+
+    def _mounts(self, service: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """Short-syntax `volumes`: a named volume (project-prefixed, created in start()) or a bind."""
+        volumes: dict[str, dict[str, str]] = {}
+        for entry in raw.get("volumes") or []:
+            if not isinstance(entry, str):
+                raise DockerStackError(f"{service}: only the short volume syntax is supported: {entry!r}")
+            source, target, *mode = entry.split(":")
+            if source.startswith("."):
+                source = str(self.compose.parent / source)
+            elif not source.startswith("/"):
+                source = f"{self.project}_{source}"
+            volumes[source] = {"bind": target, "mode": mode[0] if mode else "rw"}
+        return {"volumes": volumes}
+
+    def _logs(self, service: str) -> str:
+        try:
+            return bytes(self._containers[service].logs(tail=40)).decode(errors="replace")
+        except Exception as exc:  # the logs only decorate an error that is already being raised
+            return f"(no logs: {exc})"
+
+    def _wait_healthy(self, service: str, deadline: float) -> None:
+        container = self._containers[service]
+        while True:
+            container.reload()
+            state = container.attrs["State"]
+            health = (state.get("Health") or {}).get("Status")
+            if state.get("Status") in ("exited", "dead"):
+                code = state.get("ExitCode")
+                raise DockerStackError(f"{service} exited with code {code}; its log:\n{self._logs(service)}")
+            if state.get("Status") == "running" and health in (None, "healthy"):
+                return
+            if time.monotonic() > deadline:
+                raise DockerStackError(
+                    f"{service} not healthy in time ({health}); log:\n{self._logs(service)}"
+                )
+            time.sleep(0.5)
+
+    def _wait_ready(self, deadline: float) -> None:
+        url = f"{self.gateway_url}/v2/health/ready"
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if "gateway" in self._containers:
+                self._wait_healthy("gateway", deadline)  # raises if it exited or the time is up
+            if time.monotonic() > deadline:
+                raise DockerStackError(f"{url} did not answer 200 within {self.ready_timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def kill(self, service: str) -> None:
+        """SIGKILL the service's container (no graceful shutdown, no restart unless policies are on)."""
+        self._containers[service].kill(signal="SIGKILL")
+
+    def restart(self, service: str, timeout_s: float = 60.0) -> None:
+        """Start the service's container again (killed or not) and wait until it is healthy."""
+        self._containers[service].restart(timeout=10)
+        self._wait_healthy(service, time.monotonic() + timeout_s)
+
+    def stop(self) -> None:
+        """Remove every container, the network and the volumes of this project."""
+        if self._client is not None:
+            self._teardown()
+        self._containers.clear()
+
+    def _teardown(self) -> None:
+        """Remove what carries this project's label. Never raises (it also runs while a start-up
+        error propagates): what cannot be removed is said."""
+        import docker
+
+        label = {"label": f"{LABEL}={self.project}"}
+        try:
+            containers = self._client.containers.list(all=True, filters=label)
+            found = [
+                *containers,
+                *self._client.networks.list(filters=label),
+                *self._client.volumes.list(filters=label),
+            ]
+        except docker.errors.DockerException as exc:
+            self.say(f"anvil: could not list what {self.project} created: {exc}")
+            return
+        for obj in found:
+            try:
+                obj.remove() if isinstance(obj, docker.models.networks.Network) else obj.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.DockerException as exc:
+                self.say(f"anvil: could not remove {obj!r}: {exc}")
