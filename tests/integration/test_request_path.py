@@ -55,7 +55,9 @@ def test_identity_round_trips_many_concurrent_requests(http: httpx.Client, stack
             "parameters": {"priority": 3},
         }
         r = http.post("/v2/models/identity/infer", json=body)
-        return r.status_code == 200 and r.json()["outputs"][0]["data"] == data
+        ok = r.status_code == 200 and r.json()["outputs"][0]["data"] == data
+        assert ok, (r.status_code, r.text)
+        return ok
 
     with cf.ThreadPoolExecutor(16) as pool:
         assert all(pool.map(one, range(200)))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
+from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.tensors import HostTensor
 from anvil_core.wire import pb
@@ -13,31 +16,45 @@ from anvil_executor.models.builtin import mlp_reference
 
 
 def _batch(
-    model: str, rows: list[np.ndarray], name: str = "INPUT0", dtype: str = "FP32"
+    model: str, rows: list[np.ndarray], deadline_ns: int | None = None
 ) -> tuple[pb.BatchT, list[object]]:
     frames: list[object] = []
     batch = pb.BatchT()
     batch.batchId = "b1"
     batch.model = model
-    batch.requests = []
+    batch.frameCounts = []
     for i, x in enumerate(rows):
-        req = pb.InferRequestT()
-        req.requestId = f"r{i}"
-        req.model = model
-        req.inputs = [wire.encode_tensor(HostTensor.from_array(name, dtype, x), frames)]
-        batch.requests.append(req)
+        payloads: list[object] = []
+        inputs = codec.tensor_frames([HostTensor.from_array("INPUT0", "FP32", x)], payloads)
+        env = codec.build_request(
+            request_id=f"r{i}",
+            trace_id="t",
+            model=model,
+            version="1",
+            priority=2,
+            deadline_unix_ns=deadline_ns if deadline_ns is not None else time.time_ns() + 10**10,
+            tenant="default",
+            inputs=inputs,
+        )
+        frames += [env, *payloads]
+        batch.frameCounts.append(1 + len(payloads))
     return batch, frames
+
+
+def _answers(frames: list[object], counts: list[int]) -> list[tuple[pb.InferResponse, list[object]]]:
+    return [(codec.open_response(g[0]), g[1:]) for g in codec.split_groups(frames, counts)]
 
 
 def test_mlp_batches_rows_of_several_requests_and_matches_numpy() -> None:
     rng = np.random.default_rng(1)
     rows = [rng.standard_normal((n, 16)).astype(np.float32) for n in (1, 3, 2)]
     batch, frames = _batch("mlp", rows)
-    models = {"mlp": load_builtin("mlp", 64)}
-    result, out = run_batch(models, batch, frames, "ex", "cpu")
+    result, out = run_batch({"mlp": load_builtin("mlp", 64)}, batch, frames, "ex", "cpu")
     assert result.error is None
-    for x, resp in zip(rows, result.responses, strict=True):
-        got = wire.decode_tensor(resp.outputs[0], out).data
+    answers = _answers(out, result.frameCounts)
+    assert [a.RequestId() for a, _ in answers] == [b"r0", b"r1", b"r2"]
+    for x, (resp, payloads) in zip(rows, answers, strict=True):
+        got = codec.request_tensor(resp.Outputs(0), payloads).data
         np.testing.assert_allclose(got, mlp_reference(x), rtol=1e-6, atol=1e-6)
 
 
@@ -45,16 +62,25 @@ def test_identity_returns_its_input() -> None:
     x = np.arange(7, dtype=np.float32).reshape(1, 7)
     batch, frames = _batch("identity", [x])
     result, out = run_batch({"identity": load_builtin("identity", 8)}, batch, frames, "ex", "cpu")
-    np.testing.assert_array_equal(wire.decode_tensor(result.responses[0].outputs[0], out).data, x)
+    resp, payloads = _answers(out, result.frameCounts)[0]
+    np.testing.assert_array_equal(codec.request_tensor(resp.Outputs(0), payloads).data, x)
 
 
 def test_a_bad_request_fails_alone_and_the_rest_of_the_batch_runs() -> None:
     good = np.zeros((1, 16), np.float32)
     batch, frames = _batch("mlp", [good, np.zeros((1, 3), np.float32)])
-    result, _ = run_batch({"mlp": load_builtin("mlp", 8)}, batch, frames, "ex", "cpu")
-    assert result.responses[0].error is None
-    assert result.responses[1].error.code == pb.ErrorCode.BAD_REQUEST
-    assert "does not match" in wire.text(result.responses[1].error.reason)
+    result, out = run_batch({"mlp": load_builtin("mlp", 8)}, batch, frames, "ex", "cpu")
+    (ok, _), (bad, _) = _answers(out, result.frameCounts)
+    assert ok.Error() is None and ok.OutputsLength() == 1
+    assert bad.Error().Code() == pb.ErrorCode.BAD_REQUEST
+    assert b"does not match" in bad.Error().Reason()
+
+
+def test_an_expired_request_is_not_executed() -> None:
+    batch, frames = _batch("mlp", [np.zeros((1, 16), np.float32)], deadline_ns=time.time_ns() - 1)
+    result, out = run_batch({"mlp": load_builtin("mlp", 8)}, batch, frames, "ex", "cpu")
+    resp, _ = _answers(out, result.frameCounts)[0]
+    assert resp.Error().Code() == pb.ErrorCode.DEADLINE
 
 
 class _Broken(Model):
@@ -67,8 +93,8 @@ class _Broken(Model):
 
 def test_a_model_failure_fails_the_whole_batch_with_the_reason() -> None:
     batch, frames = _batch("identity", [np.zeros((1, 2), np.float32)] * 3)
-    result, _ = run_batch({"identity": _Broken()}, batch, frames, "ex", "cpu")
-    assert result.error.code == pb.ErrorCode.INTERNAL
+    result, out = run_batch({"identity": _Broken()}, batch, frames, "ex", "cpu")
+    assert result.error.code == pb.ErrorCode.INTERNAL and out == []
     assert "kaboom" in wire.text(result.error.reason)
 
 
@@ -76,6 +102,13 @@ def test_unknown_model_is_not_found() -> None:
     batch, frames = _batch("nope", [np.zeros((1, 2), np.float32)])
     result, _ = run_batch({}, batch, frames, "ex", "cpu")
     assert result.error.code == pb.ErrorCode.NOT_FOUND
+
+
+def test_frame_counts_that_do_not_add_up_are_a_protocol_error() -> None:
+    batch, frames = _batch("identity", [np.zeros((1, 2), np.float32)])
+    batch.frameCounts = [5]
+    result, _ = run_batch({"identity": load_builtin("identity", 8)}, batch, frames, "ex", "cpu")
+    assert result.error.code == pb.ErrorCode.PROTOCOL
 
 
 def test_unknown_builtin_names_the_builtins() -> None:

@@ -20,6 +20,7 @@ from anvil_core.proto_gen import anvil_generated as pb
 from anvil_core.tensors import HostTensor, TensorError
 
 __all__ = [
+    "DTYPE_CODES",
     "ERROR_NAMES",
     "PROTOCOL_VERSION",
     "Body",
@@ -28,6 +29,7 @@ __all__ = [
     "decode_tensor",
     "encode_tensor",
     "error",
+    "ints",
     "pack",
     "pb",
     "text",
@@ -57,7 +59,7 @@ _BODY_TYPES: dict[type, int] = {
     pb.ErrorT: pb.Body.Error,
 }
 
-_DTYPE_CODES: dict[str, int] = {
+DTYPE_CODES: dict[str, int] = {
     "BOOL": pb.DType.BOOL,
     "UINT8": pb.DType.UINT8,
     "INT8": pb.DType.INT8,
@@ -70,7 +72,7 @@ _DTYPE_CODES: dict[str, int] = {
     "FP64": pb.DType.FP64,
     "BYTES": pb.DType.BYTES,
 }
-_DTYPE_NAMES = {code: name for name, code in _DTYPE_CODES.items()}
+_DTYPE_NAMES = {code: name for name, code in DTYPE_CODES.items()}
 
 
 class ProtocolError(Exception):
@@ -117,7 +119,7 @@ def encode_tensor(tensor: HostTensor, frames: list[Frame]) -> pb.TensorT:
     """Describe `tensor` and append its payload to `frames` (no copy for fixed-size dtypes)."""
     t = pb.TensorT()
     t.name = tensor.name
-    t.dtype = _DTYPE_CODES[tensor.datatype]
+    t.dtype = DTYPE_CODES[tensor.datatype]
     t.shape = list(tensor.shape)
     t.frame = len(frames)
     frames.append(tensor.to_bytes_view())
@@ -155,3 +157,8 @@ def error(code: int, reason: str) -> pb.ErrorT:
 ERROR_NAMES: dict[int, str] = {
     value: name for name, value in vars(pb.ErrorCode).items() if not name.startswith("_")
 }
+
+
+def ints(vector: Any) -> list[int]:
+    """An object-API vector field (None, a list or a numpy array) as a list of ints."""
+    return [] if vector is None else [int(v) for v in vector]

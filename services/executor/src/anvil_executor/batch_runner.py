@@ -1,10 +1,16 @@
-"""Turns a wire Batch into model calls and a wire BatchResult. Runs on the compute thread: no sockets."""
+"""Turns a wire Batch into model calls and a wire BatchResult. Runs on the compute thread: no sockets.
+
+Input framing: per request, its InferRequest envelope then its payload frames (infer_codec).
+Output framing: per answered request, its InferResponse envelope then its output payloads.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.model_spec import SpecError
 from anvil_core.tensors import HostTensor, TensorError
@@ -12,78 +18,114 @@ from anvil_core.wire import pb
 
 from anvil_executor.models import Model, RequestInputs
 
-__all__ = ["run_batch"]
+__all__ = ["ShmResolver", "run_batch"]
+
+# Resolves a Tensor whose bytes live in shared memory (frame = -1) into a HostTensor view.
+ShmResolver = Callable[[pb.Tensor], HostTensor]
+
+
+def _no_shm(t: pb.Tensor) -> HostTensor:
+    raise TensorError("shared-memory inputs are not enabled on this executor")
+
+
+def _inputs(req: pb.InferRequest, payloads: Sequence[Any], shm: ShmResolver) -> list[HostTensor]:
+    out = []
+    for j in range(req.InputsLength()):
+        t = req.Inputs(j)
+        out.append(shm(t) if t.Frame() < 0 else codec.request_tensor(t, payloads))
+    return out
 
 
 def run_batch(
-    models: dict[str, Model], batch: pb.BatchT, frames: list[Any], executor_id: str, device: str
+    models: dict[str, Model],
+    batch: pb.BatchT,
+    frames: list[Any],
+    executor_id: str,
+    device: str,
+    shm: ShmResolver = _no_shm,
 ) -> tuple[pb.BatchResultT, list[Any]]:
-    """Run every request of `batch`; returns the result and its output frames.
+    """Run every request of `batch`; returns the result header and its frames.
 
-    A request whose tensors do not decode or fit the spec gets its own BAD_REQUEST; the rest of the
-    batch still runs. A model failure fails the whole batch (every request gets the error).
+    A request whose tensors do not decode or fit the spec, or whose deadline has passed, gets its
+    own error; the rest of the batch still runs. A model failure fails the whole batch.
     """
     t0 = time.perf_counter()
     result = pb.BatchResultT()
     result.batchId = batch.batchId
     result.executorId = executor_id
     result.device = device
-    result.responses = []
-    out_frames: list[Any] = []
     model_name = wire.text(batch.model)
     model = models.get(model_name)
     if model is None:
         result.error = wire.error(pb.ErrorCode.NOT_FOUND, f"model {model_name!r} is not loaded here")
-        return result, out_frames
+        return result, []
+    try:
+        groups = list(codec.split_groups(frames, wire.ints(batch.frameCounts)))
+        requests = [codec.open_request(g[0]) for g in groups]
+    except wire.ProtocolError as exc:
+        result.error = wire.error(pb.ErrorCode.PROTOCOL, f"malformed batch: {exc}")
+        return result, []
+    queue_us = wire.ints(batch.queueUs)
 
-    requests = list(batch.requests or [])
-    responses: list[pb.InferResponseT | None] = [None] * len(requests)  # batch order is kept
-    runnable: list[tuple[int, pb.InferRequestT, RequestInputs]] = []
-    for i, req in enumerate(requests):
+    answers: list[tuple[bytes, list[Any]] | None] = [None] * len(requests)
+    runnable: list[tuple[int, RequestInputs]] = []
+    now_ns = time.time_ns()
+    for i, (req, group) in enumerate(zip(requests, groups, strict=True)):
         try:
-            tensors = [wire.decode_tensor(t, frames) for t in req.inputs or []]
+            if req.DeadlineUnixNs() and req.DeadlineUnixNs() <= now_ns:
+                answers[i] = (_error(req, pb.ErrorCode.DEADLINE, "deadline passed before execution"), [])
+                continue
+            tensors = _inputs(req, group[1:], shm)
             model.spec.validate(tensors)
         except (TensorError, SpecError) as exc:
-            responses[i] = _response(req, error=wire.error(pb.ErrorCode.BAD_REQUEST, str(exc)))
+            answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, str(exc)), [])
             continue
-        runnable.append((i, req, {t.name: t.data for t in tensors}))
+        runnable.append((i, {t.name: t.data for t in tensors}))
 
     if runnable:
         try:
-            outputs = model.run([inputs for _, _, inputs in runnable])
+            produced_all = model.run([inputs for _, inputs in runnable])
         except Exception as exc:  # a model bug must not kill the executor; every request hears it
             result.error = wire.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
-            result.responses = []
             return result, []
+        compute_us = int((time.perf_counter() - t0) * 1e6)
         specs = {s.name: s for s in model.spec.outputs}
-        for (i, req, _), produced in zip(runnable, outputs, strict=True):
-            wanted = [wire.text(n) for n in (req.outputs or [])] or list(produced)
-            resp = _response(req)
-            encoded: list[pb.TensorT] = []
-            for name in wanted:
-                if name not in produced:
-                    resp = _response(
-                        req,
-                        error=wire.error(
-                            pb.ErrorCode.BAD_REQUEST, f"model {model_name!r} has no output {name!r}"
-                        ),
-                    )
-                    break
-                tensor = HostTensor.from_array(name, specs[name].datatype, produced[name])
-                encoded.append(wire.encode_tensor(tensor, out_frames))
-            else:
-                resp.outputs = encoded
-            responses[i] = resp
-    result.responses = [r for r in responses if r is not None]
+        for (i, _), produced in zip(runnable, produced_all, strict=True):
+            req = requests[i]
+            wanted = [(req.Outputs(k) or b"").decode() for k in range(req.OutputsLength())] or list(produced)
+            missing = [n for n in wanted if n not in produced]
+            if missing:
+                answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, f"model has no outputs {missing}"), [])
+                continue
+            payloads: list[Any] = []
+            tensors = [HostTensor.from_array(n, specs[n].datatype, produced[n]) for n in wanted]
+            env = codec.build_response(
+                request_id=req.RequestId() or b"",
+                trace_id=req.TraceId() or b"",
+                model=req.Model() or b"",
+                version=req.ModelVersion() or b"",
+                outputs=codec.tensor_frames(tensors, payloads),
+                queue_us=queue_us[i] if i < len(queue_us) else 0,
+                compute_us=compute_us,
+            )
+            answers[i] = (env, payloads)
+
+    out: list[Any] = []
+    counts: list[int] = []
+    for answer in answers:
+        if answer is not None:
+            out.append(answer[0])
+            out.extend(answer[1])
+            counts.append(1 + len(answer[1]))
+    result.frameCounts = counts
     result.computeUs = int((time.perf_counter() - t0) * 1e6)
-    return result, out_frames
+    return result, out
 
 
-def _response(req: pb.InferRequestT, error: pb.ErrorT | None = None) -> pb.InferResponseT:
-    resp = pb.InferResponseT()
-    resp.requestId = req.requestId
-    resp.traceId = req.traceId
-    resp.model = req.model
-    resp.modelVersion = req.modelVersion
-    resp.error = error
-    return resp
+def _error(req: pb.InferRequest, code: int, reason: str) -> bytes:
+    return codec.build_response(
+        request_id=req.RequestId() or b"",
+        trace_id=req.TraceId() or b"",
+        model=req.Model() or b"",
+        error=(code, reason),
+    )

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.model_spec import ModelSpec, SpecError
 from anvil_core.registry import Registry
@@ -193,29 +194,33 @@ def create_app(settings: GatewaySettings) -> FastAPI:
                 raise BadRequest(f"model {name!r} has no outputs {unknown}")
         except (BadRequest, SpecError, TensorError) as exc:
             return 400, {"error": str(exc)}
-        req = pb.InferRequestT()
-        req.requestId = uuid.uuid4().hex
-        req.traceId = trace_id
-        req.model = name
-        req.modelVersion = spec.version
-        req.priority = priority
-        req.deadlineUnixNs = time.time_ns() + int(timeout_s * 1e9)
-        req.outputs = list[str | None](parsed.outputs)
-        frames: list[Any] = []
-        req.inputs = [wire.encode_tensor(t, frames) for t in parsed.inputs]
+        request_id = uuid.uuid4().hex
+        payloads: list[Any] = []
+        envelope = codec.build_request(
+            request_id=request_id,
+            trace_id=trace_id,
+            model=name,
+            version=spec.version,
+            priority=priority,
+            deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
+            tenant="default",
+            inputs=codec.tensor_frames(parsed.inputs, payloads),
+            outputs=parsed.outputs,
+        )
         try:
-            resp, out_frames = await link.infer(req, frames, timeout_s + 0.05)
+            resp, out_frames = await link.infer(request_id, [envelope, *payloads], timeout_s + 0.05)
         except BackendUnavailable as exc:
             return 503, {"error": f"model {name!r} unavailable: {exc}"}
         except TimeoutError:
             return 504, {"error": f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)"}
-        if resp.error is not None and resp.error.code != pb.ErrorCode.OK:
-            kind = wire.ERROR_NAMES.get(resp.error.code, "ERROR").lower()
-            reason = wire.text(resp.error.reason)
-            return _HTTP_STATUS.get(resp.error.code, 500), {"error": f"{kind}: {reason}"}
-        m.queue_us.labels(model=name).observe(resp.queueUs)
-        m.compute_us.labels(model=name).observe(resp.computeUs)
-        outputs = [wire.decode_tensor(t, out_frames) for t in resp.outputs or []]
+        err = resp.Error()
+        if err is not None and err.Code() != pb.ErrorCode.OK:
+            kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
+            reason = (err.Reason() or b"").decode(errors="replace")
+            return _HTTP_STATUS.get(err.Code(), 500), {"error": f"{kind}: {reason}"}
+        m.queue_us.labels(model=name).observe(resp.QueueUs())
+        m.compute_us.labels(model=name).observe(resp.ComputeUs())
+        outputs = [codec.request_tensor(resp.Outputs(j), out_frames) for j in range(resp.OutputsLength())]
         return 200, encode_response(name, spec.version, parsed.id, outputs)
 
     return app

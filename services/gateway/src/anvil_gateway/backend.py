@@ -7,6 +7,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.logs import get_logger
 from anvil_core.wire import pb
@@ -16,7 +17,7 @@ __all__ = ["BackendUnavailable", "SchedulerLink"]
 
 log = get_logger("anvil.gateway.backend")
 
-Reply = tuple[pb.InferResponseT, list[Any]]
+Reply = tuple[pb.InferResponse, list[Any]]  # lazy response view, its output payload frames
 
 
 class BackendUnavailable(Exception):
@@ -56,32 +57,29 @@ class SchedulerLink:
         self.sock.connect(endpoint)
         self.endpoint = endpoint
 
-    async def infer(self, req: pb.InferRequestT, frames: list[Any], timeout_s: float) -> Reply:
-        """Send one request and wait for its answer; raises TimeoutError after `timeout_s`."""
+    async def infer(self, request_id: str, parts: list[Any], timeout_s: float) -> Reply:
+        """Send [envelope, *payloads] and wait for the answer; raises TimeoutError after `timeout_s`."""
         if self.endpoint is None:
             raise BackendUnavailable("no scheduler registered")
-        rid = wire.text(req.requestId)
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self.pending[rid] = fut
+        self.pending[request_id] = fut
         try:
             try:
-                await self.sock.send_multipart(wire.pack(req, frames), copy=False, flags=zmq.NOBLOCK)
+                await self.sock.send_multipart(parts, copy=False, flags=zmq.NOBLOCK)
             except zmq.Again:
                 raise BackendUnavailable("scheduler not connected") from None
             return await asyncio.wait_for(fut, timeout_s)
         finally:
-            self.pending.pop(rid, None)
+            self.pending.pop(request_id, None)
 
     async def _rx_loop(self) -> None:
         while True:
             parts = await self.sock.recv_multipart(copy=False)
             try:
-                body, frames = wire.unpack(parts)
+                resp = codec.open_response(parts[0])
             except wire.ProtocolError as exc:
                 log.warning("undecodable message from the scheduler", extra={"err": str(exc)})
                 continue
-            if not isinstance(body, pb.InferResponseT):
-                continue
-            fut = self.pending.get(wire.text(body.requestId))
+            fut = self.pending.get((resp.RequestId() or b"").decode())
             if fut is not None and not fut.done():
-                fut.set_result((body, frames))
+                fut.set_result((resp, parts[1:]))

@@ -14,15 +14,17 @@ __all__ = ["FifoQueues", "Pending"]
 
 @dataclass(slots=True)
 class Pending:
-    """One request waiting in the scheduler; owns its tensor frames until answered."""
+    """One request waiting in the scheduler; owns its frames until answered."""
 
     request_id: str
     model: str
     gateway: bytes  # ROUTER identity of the gateway that sent it
-    request: Any  # pb.InferRequestT
-    frames: list[Any]  # zmq.Frame payloads referenced by request.inputs[*].frame
+    envelope: Any  # the InferRequest envelope frame, forwarded to the executor unchanged
+    frames: list[Any]  # its tensor payload frames
     arrival_s: float  # monotonic
     deadline_s: float  # monotonic
+    trace_id: str = ""
+    priority: int = 2
     attempts: int = 0
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
@@ -86,34 +87,41 @@ class Scheduler:
     async def _gateway_loop(self) -> None:
         while True:
             parts = await self.gw.recv_multipart(copy=False)
-            gateway, payload = parts[0].bytes, parts[1:]
+            if len(parts) < 2:
+                continue
             try:
-                body, frames = wire.unpack(payload)
+                self._admit(parts[0].bytes, parts[1], parts[2:])
             except wire.ProtocolError as exc:
                 log.warning("undecodable message from a gateway", extra={"err": str(exc)})
                 continue
-            if isinstance(body, pb.InferRequestT):
-                self._admit(gateway, body, frames)
-                self._dispatch()
+            self._dispatch()
 
-    def _admit(self, gateway: bytes, req: pb.InferRequestT, frames: list[Any]) -> None:
-        rid = wire.text(req.requestId)
-        model = wire.text(req.model)
+    def _admit(self, gateway: bytes, envelope: Any, frames: list[Any]) -> None:
+        req = codec.open_request(envelope)
+        rid = (req.RequestId() or b"").decode()
+        model = (req.Model() or b"").decode()
         if rid in self.active or rid in self.answered:
             m.duplicates.labels(what="request").inc()
             return
         now = time.monotonic()
-        remaining_s = (req.deadlineUnixNs - time.time_ns()) / 1e9
-        p = Pending(rid, model, gateway, req, frames, now, now + remaining_s)
+        remaining_s = (req.DeadlineUnixNs() - time.time_ns()) / 1e9
+        p = Pending(
+            rid,
+            model,
+            gateway,
+            envelope,
+            frames,
+            now,
+            now + remaining_s,
+            trace_id=(req.TraceId() or b"").decode(),
+            priority=req.Priority(),
+        )
         if remaining_s <= 0:
             self._fail(p, pb.ErrorCode.DEADLINE, "deadline already passed on arrival at the scheduler")
             return
         if not self.queues.push(p):
-            self._fail(
-                p,
-                pb.ErrorCode.OVERLOAD,
-                f"queue of model {model!r} holds {self.s.max_queue_per_model} requests",
-            )
+            limit = self.s.max_queue_per_model
+            self._fail(p, pb.ErrorCode.OVERLOAD, f"queue of model {model!r} holds {limit} requests")
             return
         self.active[rid] = p
         m.queue_depth.labels(model=model).set(self.queues.depth(model))
@@ -139,12 +147,10 @@ class Scheduler:
     def _fail(self, p: Pending, code: int, reason: str) -> None:
         if not self._finish(p, wire.ERROR_NAMES.get(code, "error").lower()):
             return
-        resp = pb.InferResponseT()
-        resp.requestId = p.request_id
-        resp.traceId = p.request.traceId
-        resp.model = p.model
-        resp.error = wire.error(code, reason)
-        self._send_gateway(p.gateway, wire.pack(resp))
+        resp = codec.build_response(
+            request_id=p.request_id, trace_id=p.trace_id, model=p.model, error=(code, reason)
+        )
+        self._send_gateway(p.gateway, [resp])
 
     # ---- executors ------------------------------------------------------------------------
     async def _executor_loop(self) -> None:
@@ -204,21 +210,21 @@ class Scheduler:
             m.queue_depth.labels(model=model).set(self.queues.depth(model))
 
     def _send_batch(self, ex: ExecutorState, model: str, batch: list[Pending]) -> None:
-        """Frames: [Batch envelope, *every request's input payloads]; indices are rebased per request."""
+        """Frames: [Batch envelope, then per request its envelope and payloads] (see infer_codec)."""
         self._batch_seq += 1
         batch_id = f"{self.s.service_id}-{self._batch_seq}"
+        now = time.monotonic()
         msg = pb.BatchT()
         msg.batchId = batch_id
         msg.model = model
-        msg.requests = []
+        msg.frameCounts = [1 + len(p.frames) for p in batch]
+        msg.queueUs = [int((now - p.arrival_s) * 1e6) for p in batch]
         frames: list[Any] = []
-        now = time.monotonic()
-        for p in batch:
-            req = _rebased(p, len(frames))
+        for p, waited_us in zip(batch, msg.queueUs, strict=True):
+            frames.append(p.envelope)
             frames.extend(p.frames)
-            msg.requests.append(req)
             p.attempts += 1
-            m.queue_us.labels(model=model).observe((now - p.arrival_s) * 1e6)
+            m.queue_us.labels(model=model).observe(waited_us)
         ex.inflight[batch_id] = batch
         m.batches.labels(model=model).inc()
         m.batch_size.labels(model=model).observe(len(batch))
@@ -230,28 +236,29 @@ class Scheduler:
         batch_id = wire.text(result.batchId)
         batch = ex.inflight.pop(batch_id, None) if ex is not None else None
         if batch is None:
-            m.duplicates.labels(what="batch_result").inc()  # re-dispatched already; answer elsewhere
+            m.duplicates.labels(what="batch_result").inc()  # re-dispatched already; answered elsewhere
             return
         if result.error is not None and result.error.code != pb.ErrorCode.OK:
             for p in batch:
                 self._fail(p, result.error.code, wire.text(result.error.reason))
             return
-        by_id = {wire.text(r.requestId): r for r in (result.responses or [])}
-        for p in batch:
-            resp = by_id.get(p.request_id)
-            if resp is None:
-                self._fail(p, pb.ErrorCode.INTERNAL, "executor returned no result for this request")
-                continue
-            if not self._finish(p, "success" if resp.error is None else "error"):
-                continue
-            resp.traceId = p.request.traceId
-            resp.queueUs = int((time.monotonic() - p.arrival_s) * 1e6) - int(result.computeUs)
-            resp.computeUs = result.computeUs
-            own: list[Any] = []
-            for t in resp.outputs or []:
-                own.append(frames[t.frame])
-                t.frame = len(own) - 1
-            self._send_gateway(p.gateway, wire.pack(resp, own))
+        by_id = {p.request_id: p for p in batch}
+        try:
+            groups = list(codec.split_groups(frames, wire.ints(result.frameCounts)))
+            for group in groups:
+                rid = (codec.open_response(group[0]).RequestId() or b"").decode()
+                found = by_id.pop(rid, None)
+                if found is None:
+                    m.duplicates.labels(what="response").inc()
+                    continue
+                if self._finish(found, "answered"):
+                    self._send_gateway(found.gateway, group)  # forwarded unchanged
+        except wire.ProtocolError as exc:
+            log.warning(
+                "malformed batch result", extra={"executor": ex.service_id if ex else "?", "err": str(exc)}
+            )
+        for p in by_id.values():
+            self._fail(p, pb.ErrorCode.INTERNAL, "executor returned no result for this request")
 
     def _lose_executor(self, ident: bytes, why: str) -> None:
         orphans = self.pool.remove(ident)
@@ -274,16 +281,3 @@ class Scheduler:
             for p in self.queues.expired(now):
                 self._fail(p, pb.ErrorCode.DEADLINE, "deadline passed while queued")
             self._dispatch()
-
-
-def _rebased(p: Pending, offset: int) -> pb.InferRequestT:
-    """A shallow copy of the request whose input frame indices point into the batch's frames."""
-    req = pb.InferRequestT()
-    vars(req).update(vars(p.request))
-    req.inputs = []
-    for t in p.request.inputs or []:
-        c = pb.TensorT()
-        vars(c).update(vars(t))
-        c.frame = t.frame + offset if t.frame >= 0 else t.frame  # -1: bytes live in shared memory
-        req.inputs.append(c)
-    return req

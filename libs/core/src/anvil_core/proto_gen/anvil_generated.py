@@ -993,31 +993,61 @@ class Batch(object):
         return None
 
     # Batch
-    def Requests(self, j):
+    def FrameCounts(self, j):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         if o != 0:
-            x = self._tab.Vector(o)
-            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
-            x = self._tab.Indirect(x)
-            obj = InferRequest()
-            obj.Init(self._tab.Bytes, x)
-            return obj
-        return None
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
 
     # Batch
-    def RequestsLength(self):
+    def FrameCountsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint32Flags, o)
+        return 0
+
+    # Batch
+    def FrameCountsLength(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         if o != 0:
             return self._tab.VectorLen(o)
         return 0
 
     # Batch
-    def RequestsIsNone(self):
+    def FrameCountsIsNone(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         return o == 0
 
+    # Batch
+    def QueueUs(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # Batch
+    def QueueUsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint32Flags, o)
+        return 0
+
+    # Batch
+    def QueueUsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Batch
+    def QueueUsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
+        return o == 0
+
 def BatchStart(builder):
-    builder.StartObject(3)
+    builder.StartObject(4)
 
 def BatchAddBatchId(builder, batchId):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(batchId), 0)
@@ -1025,10 +1055,16 @@ def BatchAddBatchId(builder, batchId):
 def BatchAddModel(builder, model):
     builder.PrependUOffsetTRelativeSlot(1, flatbuffers.number_types.UOffsetTFlags.py_type(model), 0)
 
-def BatchAddRequests(builder, requests):
-    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(requests), 0)
+def BatchAddFrameCounts(builder, frameCounts):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(frameCounts), 0)
 
-def BatchStartRequestsVector(builder, numElems):
+def BatchStartFrameCountsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
+def BatchAddQueueUs(builder, queueUs):
+    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(queueUs), 0)
+
+def BatchStartQueueUsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
 def BatchEnd(builder):
@@ -1047,11 +1083,13 @@ class BatchT(object):
         self,
         batchId = None,
         model = None,
-        requests = None,
+        frameCounts = None,
+        queueUs = None,
     ):
         self.batchId = batchId  # type: Optional[str]
         self.model = model  # type: Optional[str]
-        self.requests = requests  # type: Optional[List[InferRequestT]]
+        self.frameCounts = frameCounts  # type: Optional[List[int]]
+        self.queueUs = queueUs  # type: Optional[List[int]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -1076,14 +1114,20 @@ class BatchT(object):
             return
         self.batchId = batch.BatchId()
         self.model = batch.Model()
-        if not batch.RequestsIsNone():
-            self.requests = []
-            for i in range(batch.RequestsLength()):
-                if batch.Requests(i) is None:
-                    self.requests.append(None)
-                else:
-                    inferRequest_ = InferRequestT.InitFromObj(batch.Requests(i))
-                    self.requests.append(inferRequest_)
+        if not batch.FrameCountsIsNone():
+            if np is None:
+                self.frameCounts = []
+                for i in range(batch.FrameCountsLength()):
+                    self.frameCounts.append(batch.FrameCounts(i))
+            else:
+                self.frameCounts = batch.FrameCountsAsNumpy()
+        if not batch.QueueUsIsNone():
+            if np is None:
+                self.queueUs = []
+                for i in range(batch.QueueUsLength()):
+                    self.queueUs.append(batch.QueueUs(i))
+            else:
+                self.queueUs = batch.QueueUsAsNumpy()
 
     # BatchT
     def Pack(self, builder):
@@ -1091,21 +1135,31 @@ class BatchT(object):
             batchId = builder.CreateString(self.batchId)
         if self.model is not None:
             model = builder.CreateString(self.model)
-        if self.requests is not None:
-            requestslist = []
-            for i in range(len(self.requests)):
-                requestslist.append(self.requests[i].Pack(builder))
-            BatchStartRequestsVector(builder, len(self.requests))
-            for i in reversed(range(len(self.requests))):
-                builder.PrependUOffsetTRelative(requestslist[i])
-            requests = builder.EndVector()
+        if self.frameCounts is not None:
+            if np is not None and type(self.frameCounts) is np.ndarray:
+                frameCounts = builder.CreateNumpyVector(self.frameCounts)
+            else:
+                BatchStartFrameCountsVector(builder, len(self.frameCounts))
+                for i in reversed(range(len(self.frameCounts))):
+                    builder.PrependUint32(self.frameCounts[i])
+                frameCounts = builder.EndVector()
+        if self.queueUs is not None:
+            if np is not None and type(self.queueUs) is np.ndarray:
+                queueUs = builder.CreateNumpyVector(self.queueUs)
+            else:
+                BatchStartQueueUsVector(builder, len(self.queueUs))
+                for i in reversed(range(len(self.queueUs))):
+                    builder.PrependUint32(self.queueUs[i])
+                queueUs = builder.EndVector()
         BatchStart(builder)
         if self.batchId is not None:
             BatchAddBatchId(builder, batchId)
         if self.model is not None:
             BatchAddModel(builder, model)
-        if self.requests is not None:
-            BatchAddRequests(builder, requests)
+        if self.frameCounts is not None:
+            BatchAddFrameCounts(builder, frameCounts)
+        if self.queueUs is not None:
+            BatchAddQueueUs(builder, queueUs)
         batch = BatchEnd(builder)
         return batch
 
@@ -1150,45 +1204,48 @@ class BatchResult(object):
         return None
 
     # BatchResult
-    def Responses(self, j):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        if o != 0:
-            x = self._tab.Vector(o)
-            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
-            x = self._tab.Indirect(x)
-            obj = InferResponse()
-            obj.Init(self._tab.Bytes, x)
-            return obj
-        return None
-
-    # BatchResult
-    def ResponsesLength(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        if o != 0:
-            return self._tab.VectorLen(o)
-        return 0
-
-    # BatchResult
-    def ResponsesIsNone(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
-        return o == 0
-
-    # BatchResult
     def ComputeUs(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
         if o != 0:
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
     # BatchResult
     def Error(self):
-        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
         if o != 0:
             x = self._tab.Indirect(o + self._tab.Pos)
             obj = Error()
             obj.Init(self._tab.Bytes, x)
             return obj
         return None
+
+    # BatchResult
+    def FrameCounts(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return 0
+
+    # BatchResult
+    def FrameCountsAsNumpy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.GetVectorAsNumpy(flatbuffers.number_types.Uint32Flags, o)
+        return 0
+
+    # BatchResult
+    def FrameCountsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # BatchResult
+    def FrameCountsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        return o == 0
 
 def BatchResultStart(builder):
     builder.StartObject(6)
@@ -1202,17 +1259,17 @@ def BatchResultAddExecutorId(builder, executorId):
 def BatchResultAddDevice(builder, device):
     builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(device), 0)
 
-def BatchResultAddResponses(builder, responses):
-    builder.PrependUOffsetTRelativeSlot(3, flatbuffers.number_types.UOffsetTFlags.py_type(responses), 0)
-
-def BatchResultStartResponsesVector(builder, numElems):
-    return builder.StartVector(4, numElems, 4)
-
 def BatchResultAddComputeUs(builder, computeUs):
-    builder.PrependUint32Slot(4, computeUs, 0)
+    builder.PrependUint32Slot(3, computeUs, 0)
 
 def BatchResultAddError(builder, error):
-    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(error), 0)
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(error), 0)
+
+def BatchResultAddFrameCounts(builder, frameCounts):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(frameCounts), 0)
+
+def BatchResultStartFrameCountsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
 
 def BatchResultEnd(builder):
     return builder.EndObject()
@@ -1231,16 +1288,16 @@ class BatchResultT(object):
         batchId = None,
         executorId = None,
         device = None,
-        responses = None,
         computeUs = 0,
         error = None,
+        frameCounts = None,
     ):
         self.batchId = batchId  # type: Optional[str]
         self.executorId = executorId  # type: Optional[str]
         self.device = device  # type: Optional[str]
-        self.responses = responses  # type: Optional[List[InferResponseT]]
         self.computeUs = computeUs  # type: int
         self.error = error  # type: Optional[ErrorT]
+        self.frameCounts = frameCounts  # type: Optional[List[int]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -1266,17 +1323,16 @@ class BatchResultT(object):
         self.batchId = batchResult.BatchId()
         self.executorId = batchResult.ExecutorId()
         self.device = batchResult.Device()
-        if not batchResult.ResponsesIsNone():
-            self.responses = []
-            for i in range(batchResult.ResponsesLength()):
-                if batchResult.Responses(i) is None:
-                    self.responses.append(None)
-                else:
-                    inferResponse_ = InferResponseT.InitFromObj(batchResult.Responses(i))
-                    self.responses.append(inferResponse_)
         self.computeUs = batchResult.ComputeUs()
         if batchResult.Error() is not None:
             self.error = ErrorT.InitFromObj(batchResult.Error())
+        if not batchResult.FrameCountsIsNone():
+            if np is None:
+                self.frameCounts = []
+                for i in range(batchResult.FrameCountsLength()):
+                    self.frameCounts.append(batchResult.FrameCounts(i))
+            else:
+                self.frameCounts = batchResult.FrameCountsAsNumpy()
 
     # BatchResultT
     def Pack(self, builder):
@@ -1286,16 +1342,16 @@ class BatchResultT(object):
             executorId = builder.CreateString(self.executorId)
         if self.device is not None:
             device = builder.CreateString(self.device)
-        if self.responses is not None:
-            responseslist = []
-            for i in range(len(self.responses)):
-                responseslist.append(self.responses[i].Pack(builder))
-            BatchResultStartResponsesVector(builder, len(self.responses))
-            for i in reversed(range(len(self.responses))):
-                builder.PrependUOffsetTRelative(responseslist[i])
-            responses = builder.EndVector()
         if self.error is not None:
             error = self.error.Pack(builder)
+        if self.frameCounts is not None:
+            if np is not None and type(self.frameCounts) is np.ndarray:
+                frameCounts = builder.CreateNumpyVector(self.frameCounts)
+            else:
+                BatchResultStartFrameCountsVector(builder, len(self.frameCounts))
+                for i in reversed(range(len(self.frameCounts))):
+                    builder.PrependUint32(self.frameCounts[i])
+                frameCounts = builder.EndVector()
         BatchResultStart(builder)
         if self.batchId is not None:
             BatchResultAddBatchId(builder, batchId)
@@ -1303,11 +1359,11 @@ class BatchResultT(object):
             BatchResultAddExecutorId(builder, executorId)
         if self.device is not None:
             BatchResultAddDevice(builder, device)
-        if self.responses is not None:
-            BatchResultAddResponses(builder, responses)
         BatchResultAddComputeUs(builder, self.computeUs)
         if self.error is not None:
             BatchResultAddError(builder, error)
+        if self.frameCounts is not None:
+            BatchResultAddFrameCounts(builder, frameCounts)
         batchResult = BatchResultEnd(builder)
         return batchResult
 
