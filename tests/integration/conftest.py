@@ -73,6 +73,7 @@ class LocalStack:
                 "ANVIL_HEARTBEAT_INTERVAL_MS": "300",
                 "ANVIL_HEARTBEAT_TTL_MS": str(int(HEARTBEAT_TTL_S * 1000)),
                 "ANVIL_EXECUTOR_TIMEOUT_MS": str(int(HEARTBEAT_TTL_S * 1000)),
+            "ANVIL_ALLOW_CLIENT_SHM": "1",
                 "PYTHONUNBUFFERED": "1",
             }
         )

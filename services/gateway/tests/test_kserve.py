@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from anvil_gateway.kserve import BadRequest, encode_response, parse_json_request
+from anvil_gateway.kserve import BadRequest, parse_json_request, parse_request
 
 
 def _body(**inp: object) -> bytes:
@@ -87,14 +87,89 @@ def test_deeply_nested_data_is_refused() -> None:
         parse_json_request(_body(shape=[1], data=data))
 
 
-def test_response_encoding_is_kserve_shaped() -> None:
+def test_json_response_is_kserve_shaped() -> None:
     from anvil_core.tensors import HostTensor
+    from anvil_gateway.responses import infer_response
 
+    parsed = parse_json_request(_body())
+    parsed.id = "abc"
     out = HostTensor.from_array("y", "FP32", np.array([[1.5, 2.5]]))
-    doc = encode_response("m", "1", "abc", [out])
-    assert doc == {
+    resp = infer_response("m", "1", parsed, [out], None, {})
+    assert json.loads(resp.body) == {
         "model_name": "m",
         "model_version": "1",
         "id": "abc",
         "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.5]}],
     }
+
+
+def _binary_body(tensors: list[tuple[str, str, list[int], bytes]], extra: dict[str, object] | None = None):
+    head = {
+        "inputs": [
+            {"name": n, "datatype": d, "shape": s, "parameters": {"binary_data_size": len(b)}}
+            for n, d, s, b in tensors
+        ],
+        **(extra or {}),
+    }
+    raw = json.dumps(head).encode()
+    return raw + b"".join(b for *_, b in tensors), str(len(raw))
+
+
+def test_binary_inputs_are_views_of_the_body() -> None:
+    x = np.arange(6, dtype=np.float32)
+    y = np.array([b"ab", b"c"], dtype=object)
+    from anvil_core.tensors import encode_bytes_elements
+
+    body, hlen = _binary_body(
+        [("x", "FP32", [2, 3], x.tobytes()), ("y", "BYTES", [2], encode_bytes_elements(y))]
+    )
+    parsed = parse_request(body, hlen, None)
+    np.testing.assert_array_equal(parsed.inputs[0].data, x.reshape(2, 3))
+    assert list(parsed.inputs[1].data) == [b"ab", b"c"]
+
+
+@pytest.mark.parametrize(
+    ("hlen", "match"),
+    [("abc", "must be an integer"), ("999999", "must be an integer within"), ("-1", "must be an integer")],
+)
+def test_bad_header_length(hlen: str, match: str) -> None:
+    body, _ = _binary_body([("x", "FP32", [1], b"\x00" * 4)])
+    with pytest.raises(BadRequest, match=match):
+        parse_request(body, hlen, None)
+
+
+def test_header_length_cutting_the_json_is_rejected() -> None:
+    body, hlen = _binary_body([("x", "FP32", [1], b"\x00" * 4)])
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        parse_request(body, str(int(hlen) - 3), None)
+
+
+@pytest.mark.parametrize(
+    ("declared", "actual", "match"),
+    [(8, 4, "exceeds the 4 bytes left"), (4, 8, "binary section holds 8 bytes"), (2, 2, "needs 4")],
+)
+def test_binary_size_mismatch(declared: int, actual: int, match: str) -> None:
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [1], "parameters": {"binary_data_size": declared}}
+            ]
+        }
+    ).encode()
+    with pytest.raises(BadRequest, match=match):
+        parse_request(head + b"\x00" * actual, str(len(head)), None)
+
+
+def test_shared_memory_is_refused_where_not_enabled() -> None:
+    doc = {
+        "inputs": [
+            {
+                "name": "x",
+                "datatype": "FP32",
+                "shape": [1],
+                "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4},
+            }
+        ]
+    }
+    with pytest.raises(BadRequest, match="shared memory is not accepted"):
+        parse_request(json.dumps(doc).encode(), None, None)

@@ -9,6 +9,7 @@ __all__ = [
     "profile_key",
     "qos_limits_key",
     "slo_key",
+    "tenants_key",
     "svc_key",
     "svc_pattern",
 ]
@@ -41,6 +42,11 @@ def qos_limits_key() -> str:
     {"rate_rps": float, "burst": int, "reason": str, "ts": float}. Written by qos (and `anvil qos set`),
     read by every gateway's token buckets; a missing field means unlimited."""
     return "anvil:qos:limits"
+
+
+def tenants_key() -> str:
+    """Hash: sha256 hex of an API key -> tenant name (`anvil tenant add`)."""
+    return "anvil:tenants"
 
 
 def slo_key() -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from typing import Any
 
 from anvil_core import keys
 from anvil_core.logs import get_logger
@@ -22,8 +23,15 @@ log = get_logger("anvil.gateway.discovery")
 
 
 class Discovery:
-    def __init__(self, registry: Registry, interval_s: float, on_scheduler: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        interval_s: float,
+        on_scheduler: Callable[[str], None],
+        on_limits: Callable[[dict[str, str], dict[str, str]], None] | None = None,
+    ) -> None:
         self.registry = registry
+        self.on_limits = on_limits
         self.interval_s = interval_s
         self.on_scheduler = on_scheduler
         self.scheduler_endpoint: str | None = None
@@ -48,6 +56,10 @@ class Discovery:
         try:
             schedulers = await self.registry.services("scheduler")
             models = await self._load_models()
+            if self.on_limits is not None:
+                limits = await self.registry.redis.hgetall(keys.qos_limits_key())
+                tenants = await self.registry.redis.hgetall(keys.tenants_key())
+                self.on_limits(_strs(limits), _strs(tenants))
         except (RedisError, OSError):
             return  # keep the last snapshot; the registry logs the outage once
         self.models = models
@@ -94,3 +106,10 @@ def _json_list(raw: str) -> list[str]:
     except json.JSONDecodeError:
         return []
     return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _strs(raw: dict[Any, Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
+        for k, v in raw.items()
+    }

@@ -1,7 +1,8 @@
-"""KServe v2 / Open Inference Protocol JSON: request parsing and response encoding.
+"""KServe v2 / Open Inference Protocol requests: JSON data, binary tensors, shared-memory references.
 
-Everything a client sends is checked here, before it reaches a queue: types of every field, the
-datatype, the element count against the shape. Errors raise `BadRequest` with the constraint.
+Everything a client sends is checked here, before it reaches a queue: the type of every field, the
+datatype, byte counts against shapes, binary section sizes, shared-memory bounds. Errors raise
+`BadRequest` (or `ShmError`) with the constraint; regions pinned so far are released first.
 """
 
 from __future__ import annotations
@@ -10,30 +11,49 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-from anvil_core.tensors import DATATYPES, HostTensor, TensorError, element_count
+from anvil_core.tensors import DATATYPES, HostTensor, TensorError
 
-__all__ = ["BadRequest", "ParsedRequest", "encode_response", "parse_json_request", "tensor_to_json"]
+from anvil_gateway.json_tensors import MAX_RANK, BadRequest, json_data_to_tensor
+from anvil_gateway.sysshm import Region, SystemShm
+
+__all__ = [
+    "BadRequest",
+    "OutputRequest",
+    "ParsedRequest",
+    "parse_json_document",
+    "parse_json_request",
+    "parse_request",
+    "release_all",
+]
 
 MAX_TENSORS = 64
-MAX_RANK = 16
 
 
-class BadRequest(ValueError):
-    """The request breaks the protocol or the model's contract; the message states the constraint."""
+@dataclass
+class OutputRequest:
+    """What the client asked of one output: binary or JSON data, or a shared-memory destination."""
+
+    name: str
+    binary: bool | None = None  # None: follow the request's binary_data_output
+    shm: tuple[str, int, int] | None = None  # (region, offset, byte_size)
 
 
 @dataclass
 class ParsedRequest:
     id: str | None
     inputs: list[HostTensor]
-    outputs: list[str]
+    outputs: list[OutputRequest]
     parameters: dict[str, Any] = field(default_factory=dict)
+    regions: list[Region] = field(default_factory=list)  # pinned; release after the answer
+
+    @property
+    def binary_output(self) -> bool:
+        return self.parameters.get("binary_data_output") is True
 
 
-def parse_json_document(body: bytes) -> dict[str, Any]:
+def parse_json_document(body: bytes | memoryview) -> dict[str, Any]:
     try:
-        doc = json.loads(body)
+        doc = json.loads(bytes(body))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -43,27 +63,60 @@ def parse_json_document(body: bytes) -> dict[str, Any]:
     return doc
 
 
+def split_body(body: bytes, header_length: str | None) -> tuple[memoryview, memoryview]:
+    """The JSON header and the binary section, per `Inference-Header-Content-Length`."""
+    view = memoryview(body)
+    if header_length is None:
+        return view, view[len(view) :]
+    text = header_length.strip()
+    if not text.isdigit() or int(text) > len(body):
+        raise BadRequest(
+            f"Inference-Header-Content-Length must be an integer within the body's {len(body)} bytes, "
+            f"got {header_length[:32]!r}"
+        )
+    n = int(text)
+    return view[:n], view[n:]
+
+
 def parse_json_request(body: bytes) -> ParsedRequest:
-    doc = parse_json_document(body)
+    """A request with JSON data only (no binary section, no shared memory)."""
+    return parse_request(body, None, None)
+
+
+def parse_request(body: bytes, header_length: str | None, shm: SystemShm | None) -> ParsedRequest:
+    head, binary = split_body(body, header_length)
+    doc = parse_json_document(head)
     req_id = doc.get("id")
     if req_id is not None and not isinstance(req_id, str):
         raise BadRequest("'id' must be a string")
-    params = _params(doc.get("parameters"), "parameters")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("'inputs' must be a non-empty list")
     if len(raw_inputs) > MAX_TENSORS:
         raise BadRequest(f"at most {MAX_TENSORS} inputs per request")
-    inputs = [_parse_input(i, raw) for i, raw in enumerate(raw_inputs)]
-    outputs: list[str] = []
-    raw_outputs = doc.get("outputs", [])
-    if not isinstance(raw_outputs, list):
-        raise BadRequest("'outputs' must be a list")
-    for i, out in enumerate(raw_outputs):
-        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
-            raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
-        outputs.append(out["name"])
-    return ParsedRequest(req_id, inputs, outputs, params)
+    parsed = ParsedRequest(req_id, [], [], _params(doc.get("parameters"), "parameters"))
+    try:
+        pos = 0
+        for i, raw in enumerate(raw_inputs):
+            tensor, used = _parse_input(i, raw, binary[pos:], shm, parsed)
+            parsed.inputs.append(tensor)
+            pos += used
+        if pos != len(binary):
+            raise BadRequest(
+                f"binary section holds {len(binary)} bytes but the inputs' binary_data_size add up to {pos}"
+            )
+        parsed.outputs = _parse_outputs(doc.get("outputs", []), shm, parsed)
+    except BaseException:
+        release_all(parsed, shm)
+        raise
+    return parsed
+
+
+def release_all(parsed: ParsedRequest, shm: SystemShm | None) -> None:
+    if shm is not None:
+        for region in parsed.regions:
+            shm.release(region)
+    parsed.regions.clear()
 
 
 def _params(raw: Any, where: str) -> dict[str, Any]:
@@ -74,10 +127,14 @@ def _params(raw: Any, where: str) -> dict[str, Any]:
     return raw
 
 
+def _nonneg_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def parse_shape(raw: Any, where: str) -> tuple[int, ...]:
     if not isinstance(raw, list) or len(raw) > MAX_RANK:
         raise BadRequest(f"{where}.shape must be a list of at most {MAX_RANK} integers")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw):
+    if not all(_nonneg_int(d) for d in raw):
         raise BadRequest(f"{where}.shape must hold non-negative integers, got {raw}")
     return tuple(raw)
 
@@ -91,96 +148,74 @@ def parse_tensor_header(raw: Any, where: str) -> tuple[str, str, tuple[int, ...]
     datatype = raw.get("datatype")
     if datatype not in DATATYPES:
         raise BadRequest(f"{where}.datatype must be one of {', '.join(DATATYPES)}, got {datatype!r}")
-    return name, datatype, parse_shape(raw.get("shape"), where)
+    return name, str(datatype), parse_shape(raw.get("shape"), where)
 
 
-def _parse_input(i: int, raw: Any) -> HostTensor:
+def _parse_input(
+    i: int, raw: Any, binary: memoryview, shm: SystemShm | None, parsed: ParsedRequest
+) -> tuple[HostTensor, int]:
+    """One input tensor and how many bytes of the binary section it consumed."""
     where = f"inputs[{i}]"
     name, datatype, shape = parse_tensor_header(raw, where)
+    params = _params(raw.get("parameters"), f"{where}.parameters")
+    size = params.get("binary_data_size")
+    if size is not None:
+        if not _nonneg_int(size):
+            raise BadRequest(f"{where}.parameters.binary_data_size must be a non-negative integer")
+        if size > len(binary):
+            raise BadRequest(
+                f"{where} ({name}): binary_data_size {size} exceeds the {len(binary)} bytes left"
+            )
+        return _from_bytes(name, datatype, shape, binary[:size], where), size
+    ref = _shm_ref(params, where, shm, parsed)
+    if ref is not None:
+        view = parsed.regions[-1].span(ref[1], ref[2], where)
+        return _from_bytes(name, datatype, shape, view, where), 0
     if "data" not in raw:
-        raise BadRequest(f"{where} ({name}) has no 'data'")
-    return json_data_to_tensor(name, datatype, shape, raw["data"], where)
+        raise BadRequest(f"{where} ({name}) has no 'data', binary_data_size or shared_memory_region")
+    return json_data_to_tensor(name, datatype, shape, raw["data"], where), 0
 
 
-def json_data_to_tensor(
-    name: str, datatype: str, shape: tuple[int, ...], data: Any, where: str
-) -> HostTensor:
-    """Turn a JSON 'data' list (flat or nested, row-major) into a tensor of `shape`."""
-    count = element_count(shape)
-    flat = _flatten(data, where)
-    if len(flat) != count:
-        raise BadRequest(f"{where} ({name}): {len(flat)} values given, shape {list(shape)} needs {count}")
+def _from_bytes(name: str, datatype: str, shape: tuple[int, ...], raw: memoryview, where: str) -> HostTensor:
     try:
-        if datatype == "BYTES":
-            if not all(isinstance(v, str) for v in flat):
-                raise BadRequest(f"{where} ({name}): BYTES data must be strings")
-            arr = np.array([v.encode() for v in flat], dtype=object).reshape(shape)
-        elif datatype == "BOOL":
-            if not all(isinstance(v, bool) for v in flat):
-                raise BadRequest(f"{where} ({name}): BOOL data must be true/false")
-            arr = np.array(flat, dtype=np.bool_).reshape(shape)
-        else:
-            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in flat):
-                raise BadRequest(f"{where} ({name}): {datatype} data must be numbers")
-            if datatype == "BF16":
-                f32 = np.array(flat, dtype=np.float32).reshape(shape)
-                arr = (f32.view(np.uint32) >> 16).astype(np.uint16)  # truncate to bf16 bits
-            else:
-                dtype = DATATYPES[datatype]
-                assert dtype is not None
-                if dtype.kind in "iu":
-                    info = np.iinfo(dtype)
-                    if any(not float(v).is_integer() or v < info.min or v > info.max for v in flat):
-                        raise BadRequest(
-                            f"{where} ({name}): values must be integers within {datatype}'s range"
-                        )
-                arr = np.array(flat, dtype=dtype).reshape(shape)
-    except (OverflowError, ValueError, TypeError) as exc:
-        if isinstance(exc, BadRequest):
-            raise
-        raise BadRequest(f"{where} ({name}): data does not convert to {datatype}: {exc}") from None
-    return HostTensor(name, datatype, shape, arr)
+        return HostTensor.from_buffer(name, datatype, shape, raw)
+    except TensorError as exc:
+        raise BadRequest(f"{where}: {exc}") from None
 
 
-def _flatten(data: Any, where: str) -> list[Any]:
-    if not isinstance(data, list):
-        raise BadRequest(f"{where}.data must be a list")
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                if len(stack) > MAX_RANK:
-                    raise BadRequest(f"{where}.data nested deeper than {MAX_RANK}")
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
+def _parse_outputs(raw_outputs: Any, shm: SystemShm | None, parsed: ParsedRequest) -> list[OutputRequest]:
+    if not isinstance(raw_outputs, list) or len(raw_outputs) > MAX_TENSORS:
+        raise BadRequest(f"'outputs' must be a list of at most {MAX_TENSORS} objects")
+    outputs = []
+    for i, out in enumerate(raw_outputs):
+        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+            raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
+        params = _params(out.get("parameters"), f"outputs[{i}].parameters")
+        binary = params.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise BadRequest(f"outputs[{i}].parameters.binary_data must be true or false")
+        outputs.append(OutputRequest(out["name"], binary, _shm_ref(params, f"outputs[{i}]", shm, parsed)))
+    return outputs
 
 
-def tensor_to_json(t: HostTensor) -> dict[str, Any]:
-    if t.datatype == "BYTES":
-        data: list[Any] = [
-            v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in t.data.reshape(-1)
-        ]
-    elif t.datatype == "BF16":
-        data = (t.data.astype(np.uint32) << 16).view(np.float32).reshape(-1).tolist()
-    else:
-        data = t.data.reshape(-1).tolist()
-    return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "data": data}
-
-
-def encode_response(
-    model: str, version: str, req_id: str | None, outputs: list[HostTensor]
-) -> dict[str, Any]:
-    doc: dict[str, Any] = {"model_name": model, "model_version": version or "1"}
-    if req_id is not None:
-        doc["id"] = req_id
-    doc["outputs"] = [tensor_to_json(t) for t in outputs]
-    return doc
-
-
-def tensor_error(exc: TensorError) -> BadRequest:
-    return BadRequest(str(exc))
+def _shm_ref(
+    params: dict[str, Any], where: str, shm: SystemShm | None, parsed: ParsedRequest
+) -> tuple[str, int, int] | None:
+    """(region, offset, size) of a shared-memory reference, pinned and bounds-checked; None if absent."""
+    region_name = params.get("shared_memory_region")
+    if region_name is None:
+        return None
+    if shm is None:
+        raise BadRequest(f"{where}: shared memory is not accepted here")
+    size: Any = params.get("shared_memory_byte_size")
+    offset: Any = params.get("shared_memory_offset", 0)
+    if not isinstance(region_name, str):
+        raise BadRequest(f"{where}.parameters.shared_memory_region must be a string")
+    if not _nonneg_int(size) or not _nonneg_int(offset):
+        raise BadRequest(
+            f"{where}: shared_memory_byte_size and shared_memory_offset must be non-negative integers"
+        )
+    region = shm.acquire(region_name)
+    parsed.regions.append(region)
+    region.span(int(offset), int(size), where)  # bounds check now, before anything is queued
+    return region_name, int(offset), int(size)

@@ -17,8 +17,15 @@ class GatewaySettings(ServiceSettings):
     slo_p2_ms: int = 200  # standard (the default class)
     slo_p3_ms: int = 2000  # batch
     default_priority: int = 2
-    # How often the registry snapshot (scheduler endpoint, model specs) is refreshed.
+    # How often the registry snapshot (scheduler endpoint, model specs, rate limits) is refreshed.
     discovery_interval_ms: int = 250
+    # KServe system shared memory maps client-named /dev/shm objects into the gateway: off unless
+    # the operator opts in (ANVIL_ALLOW_CLIENT_SHM=1).
+    allow_client_shm: bool = False
+    # Refuse requests without a known API key (tenants: `anvil tenant add`).
+    require_api_key: bool = False
+    # Requests in flight per model at this gateway before new ones get 429 + Retry-After.
+    max_inflight_per_model: int = 4096
 
     def slo_ms(self, priority: int) -> int:
         return {1: self.slo_p1_ms, 2: self.slo_p2_ms, 3: self.slo_p3_ms}[priority]

@@ -1,0 +1,126 @@
+"""Admission control: API keys per tenant, token buckets per (tenant, priority), bounded in-flight.
+
+Rates live in Redis (`anvil:qos:limits`, written by the qos service or `anvil qos set`); tenants
+and their hashed API keys in `anvil:tenants` (sha256 hex of the key -> tenant). Both are loaded by
+the discovery loop, so the request path never waits on Redis.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Admission", "Rejected", "TokenBucket", "hash_key"]
+
+
+def hash_key(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+class Rejected(Exception):
+    """Not admitted: `status` (401/429), and `retry_after_s` for 429."""
+
+    def __init__(self, status: int, message: str, retry_after_s: float = 0.0, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+
+
+@dataclass
+class TokenBucket:
+    rate_rps: float  # tokens added per second
+    burst: float  # capacity
+    tokens: float
+    at_s: float  # monotonic time of the last refill
+
+    def take(self, now_s: float) -> float:
+        """Take one token; returns 0.0 on success, else the seconds until one is available."""
+        self.tokens = min(self.burst, self.tokens + (now_s - self.at_s) * self.rate_rps)
+        self.at_s = now_s
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate_rps if self.rate_rps > 0 else 60.0
+
+
+class Admission:
+    """Owned by the gateway's event loop. `refresh` is called by discovery, `admit` per request."""
+
+    def __init__(self, require_api_key: bool, max_inflight_per_model: int) -> None:
+        self.require_api_key = require_api_key
+        self.max_inflight_per_model = max_inflight_per_model
+        self.limits: dict[str, tuple[float, float]] = {}  # "tenant:priority" -> (rate, burst)
+        self.tenants: dict[str, str] = {}  # sha256(api key) -> tenant
+        self.buckets: dict[tuple[str, int], TokenBucket] = {}
+        self.inflight: dict[str, int] = {}
+
+    def load(self, limits: dict[str, str], tenants: dict[str, str]) -> None:
+        parsed: dict[str, tuple[float, float]] = {}
+        for key, raw in limits.items():
+            try:
+                doc: dict[str, Any] = json.loads(raw)
+                rate = float(doc["rate_rps"])
+                burst = float(doc.get("burst", max(1.0, rate)))
+            except (ValueError, KeyError, TypeError):
+                continue  # a malformed entry is ignored, not fatal
+            parsed[key] = (max(0.0, rate), max(1.0, burst))
+        self.limits = parsed
+        self.tenants = dict(tenants)
+        for (tenant, priority), bucket in list(self.buckets.items()):
+            limit = self._limit(tenant, priority)
+            if limit is None:
+                del self.buckets[(tenant, priority)]
+            else:
+                bucket.rate_rps, bucket.burst = limit
+                bucket.tokens = min(bucket.tokens, bucket.burst)
+
+    def tenant(self, headers: Any) -> str:
+        """The caller's tenant from `Authorization: Bearer <key>` or `x-api-key`; raises Rejected(401)."""
+        auth = headers.get("authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
+        if key:
+            tenant = self.tenants.get(hash_key(key))
+            if tenant is None:
+                raise Rejected(401, "unknown API key", reason="auth")
+            return tenant
+        if self.require_api_key:
+            raise Rejected(
+                401, "an API key is required (Authorization: Bearer <key> or x-api-key)", reason="auth"
+            )
+        return "default"
+
+    def _limit(self, tenant: str, priority: int) -> tuple[float, float] | None:
+        for key in (f"{tenant}:{priority}", f"{tenant}:*", f"*:{priority}"):
+            if key in self.limits:
+                return self.limits[key]
+        return None
+
+    def admit(self, model: str, tenant: str, priority: int, now_s: float) -> None:
+        """Take a token and an in-flight slot, or raise Rejected(429) with a Retry-After."""
+        limit = self._limit(tenant, priority)
+        if limit is not None:
+            bucket = self.buckets.get((tenant, priority))
+            if bucket is None:
+                bucket = self.buckets[(tenant, priority)] = TokenBucket(limit[0], limit[1], limit[1], now_s)
+            wait_s = bucket.take(now_s)
+            if wait_s > 0:
+                raise Rejected(
+                    429,
+                    f"tenant {tenant!r} priority {priority} is over its rate of {limit[0]:g} req/s",
+                    retry_after_s=wait_s,
+                    reason="rate",
+                )
+        if self.inflight.get(model, 0) >= self.max_inflight_per_model:
+            raise Rejected(
+                429,
+                f"model {model!r} has {self.max_inflight_per_model} requests in flight (the bound)",
+                retry_after_s=1.0,
+                reason="queue",
+            )
+        self.inflight[model] = self.inflight.get(model, 0) + 1
+
+    def done(self, model: str) -> None:
+        self.inflight[model] -= 1

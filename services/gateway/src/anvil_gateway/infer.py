@@ -1,0 +1,214 @@
+"""POST /v2/models/{m}/infer: parse, validate, admit, forward to the scheduler, encode the answer.
+
+Bad input is a 4xx with `{"error": ...}` stating the constraint; the gateway never 5xxes on it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import uuid
+from typing import Any
+
+from anvil_core import infer_codec as codec
+from anvil_core import wire
+from anvil_core.model_spec import ModelSpec, SpecError
+from anvil_core.tensors import TensorError
+from anvil_core.wire import pb
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from anvil_gateway import metrics as m
+from anvil_gateway.admission import Rejected
+from anvil_gateway.backend import BackendUnavailable
+from anvil_gateway.json_tensors import BadRequest
+from anvil_gateway.kserve import ParsedRequest, parse_request, release_all
+from anvil_gateway.responses import HEADER_LENGTH, infer_response
+from anvil_gateway.settings import GatewaySettings
+from anvil_gateway.state import GatewayState, NotFound, error, state_of
+from anvil_gateway.sysshm import ShmError
+
+__all__ = ["TRACE_HEADER", "router"]
+
+router = APIRouter()
+TRACE_HEADER = "x-anvil-trace-id"
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+_HTTP_STATUS = {
+    pb.ErrorCode.BAD_REQUEST: 400,
+    pb.ErrorCode.NOT_FOUND: 404,
+    pb.ErrorCode.OVERLOAD: 429,
+    pb.ErrorCode.UNAVAILABLE: 503,
+    pb.ErrorCode.DEADLINE: 504,
+    pb.ErrorCode.CANCELLED: 499,
+    pb.ErrorCode.PROTOCOL: 502,
+    pb.ErrorCode.INTERNAL: 500,
+}
+
+
+class Failed(Exception):
+    def __init__(self, status: int, message: str, reason: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.headers = headers or {}
+
+
+def trace_id(headers: Any) -> str:
+    """W3C traceparent's trace id, else our own header, else a new id."""
+    match = _TRACEPARENT.match(headers.get("traceparent", ""))
+    if match:
+        return match.group(1)
+    given = headers.get(TRACE_HEADER, "")
+    return given if re.fullmatch(r"[0-9A-Za-z-]{8,64}", given) else uuid.uuid4().hex
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """Read the body, refusing (413) as soon as it exceeds `limit` bytes."""
+    declared = request.headers.get("content-length")
+    too_big = Failed(413, f"request body exceeds the limit of {limit} bytes", "too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def qos_params(parsed: ParsedRequest, settings: GatewaySettings) -> tuple[int, float]:
+    """Priority class and time budget in s: the class SLO, tightened (never loosened) by `timeout` µs."""
+    priority = parsed.parameters.get("priority", settings.default_priority)
+    if priority == 0:  # tritonclient's "not set"
+        priority = settings.default_priority
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority not in (1, 2, 3):
+        raise BadRequest("parameters.priority must be 1 (interactive), 2 (standard) or 3 (batch)")
+    budget_s = settings.slo_ms(priority) / 1000
+    timeout = parsed.parameters.get("timeout")
+    if timeout is not None:
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout <= 0:
+            raise BadRequest("parameters.timeout must be a positive integer (µs)")
+        budget_s = min(budget_s, timeout / 1e6)
+    return priority, budget_s
+
+
+@router.post("/v2/models/{name}/infer", response_model=None)
+@router.post("/v2/models/{name}/versions/{version}/infer", response_model=None)
+async def infer(request: Request, name: str, version: str | None = None) -> Response:
+    st = state_of(request)
+    t0 = time.perf_counter_ns()
+    hdr = {TRACE_HEADER: trace_id(request.headers)}
+    m.inflight.inc()
+    try:
+        return await _infer(st, request, name, version, hdr, t0)
+    except Failed as exc:
+        label = name if name in st.discovery.models else "_unknown"
+        m.failure.labels(model=label, version=version or "", reason=exc.reason).inc()
+        if label != "_unknown":
+            st.stats.failure(name, version or st.discovery.models[name].version, time.perf_counter_ns() - t0)
+        return error(exc.status, str(exc), headers={**hdr, **exc.headers})
+    finally:
+        m.inflight.dec()
+
+
+async def _infer(
+    st: GatewayState, request: Request, name: str, version: str | None, hdr: dict[str, str], t0: int
+) -> Response:
+    try:
+        tenant = st.admission.tenant(request.headers)
+    except Rejected as exc:
+        raise Failed(exc.status, str(exc), exc.reason) from None
+    body = await read_body(request, st.settings.max_body_bytes)
+    try:
+        spec = st.lookup(name, version)
+    except NotFound as exc:
+        raise Failed(404, str(exc), "not_found") from None
+    shm = st.shm if st.shm.enabled else None
+    try:
+        parsed = parse_request(body, request.headers.get(HEADER_LENGTH), shm)
+    except ShmError as exc:
+        raise Failed(exc.status, str(exc), "shm") from None
+    except BadRequest as exc:
+        raise Failed(400, str(exc), "bad_request") from None
+    try:
+        return await _run(st, spec, parsed, tenant, hdr, t0)
+    finally:
+        release_all(parsed, shm)
+
+
+async def _run(
+    st: GatewayState, spec: ModelSpec, parsed: ParsedRequest, tenant: str, hdr: dict[str, str], t0: int
+) -> Response:
+    name = spec.name
+    try:
+        spec.validate(parsed.inputs)
+        priority, timeout_s = qos_params(parsed, st.settings)
+        known = {t.name for t in spec.outputs}
+        unknown = [o.name for o in parsed.outputs if o.name not in known]
+        if unknown:
+            raise BadRequest(f"model {name!r} has no outputs {unknown}; outputs: {sorted(known)}")
+    except (BadRequest, SpecError, TensorError) as exc:
+        raise Failed(400, str(exc), "bad_request") from None
+    try:
+        st.admission.admit(name, tenant, priority, time.monotonic())
+    except Rejected as exc:
+        m.admission_rejected.labels(tenant=tenant, priority=str(priority), reason=exc.reason).inc()
+        retry = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+        raise Failed(429, str(exc), exc.reason, retry) from None
+    try:
+        resp, out_frames = await _forward(st, spec, parsed, tenant, priority, timeout_s, hdr[TRACE_HEADER])
+    finally:
+        st.admission.done(name)
+    err = resp.Error()
+    if err is not None and err.Code() != pb.ErrorCode.OK:
+        kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
+        reason = (err.Reason() or b"").decode(errors="replace")
+        raise Failed(_HTTP_STATUS.get(err.Code(), 500), f"{kind}: {reason}", kind)
+    try:
+        outputs = [codec.request_tensor(resp.Outputs(j), out_frames) for j in range(resp.OutputsLength())]
+        response = infer_response(name, spec.version, parsed, outputs, st.shm, hdr)
+    except (BadRequest, ShmError) as exc:
+        raise Failed(400, str(exc), "bad_request") from None
+    total_ns = time.perf_counter_ns() - t0
+    rows = parsed.inputs[0].shape[0] if spec.max_batch > 0 and parsed.inputs else 1
+    st.stats.success(name, spec.version, rows, total_ns, resp.QueueUs() * 1000, resp.ComputeUs() * 1000)
+    m.success.labels(model=name, version=spec.version).inc()
+    m.inference_count.labels(model=name, version=spec.version).inc(rows)
+    m.request_us.labels(model=name).observe(total_ns / 1000)
+    m.queue_us.labels(model=name).observe(resp.QueueUs())
+    m.compute_us.labels(model=name).observe(resp.ComputeUs())
+    return response
+
+
+async def _forward(
+    st: GatewayState,
+    spec: ModelSpec,
+    parsed: ParsedRequest,
+    tenant: str,
+    priority: int,
+    timeout_s: float,
+    trace: str,
+) -> Any:
+    request_id = uuid.uuid4().hex
+    payloads: list[Any] = []
+    envelope = codec.build_request(
+        request_id=request_id,
+        trace_id=trace,
+        model=spec.name,
+        version=spec.version,
+        priority=priority,
+        deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
+        tenant=tenant,
+        inputs=codec.tensor_frames(parsed.inputs, payloads),
+        outputs=[o.name for o in parsed.outputs],
+    )
+    try:
+        return await st.link.infer(request_id, [envelope, *payloads], timeout_s + 0.05)
+    except BackendUnavailable as exc:
+        raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
+    except TimeoutError:
+        raise Failed(504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline") from None

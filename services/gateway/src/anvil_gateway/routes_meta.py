@@ -1,0 +1,126 @@
+"""KServe v2 metadata routes: server, health, model metadata/ready/config/stats, repository index."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from anvil_core.model_spec import ModelSpec
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from anvil_gateway.state import SERVER_NAME, SERVER_VERSION, error, state_of
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+EXTENSIONS = [
+    "binary_tensor_data",
+    "system_shared_memory",
+    "statistics",
+    "schedule_policy",
+    "model_configuration",
+]
+
+
+@router.get("/v2")
+async def server_metadata() -> dict[str, Any]:
+    return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+
+@router.get("/v2/health/live")
+async def live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/v2/health/ready", response_model=None)
+async def ready(request: Request) -> Response:
+    ok, why = await state_of(request).discovery.ready()
+    return JSONResponse({"ready": True}) if ok else error(503, f"not ready: {why}")
+
+
+def _tensors(spec: ModelSpec, which: str) -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "datatype": t.datatype, "shape": t.full_shape(spec.max_batch)}
+        for t in getattr(spec, which)
+    ]
+
+
+@router.get("/v2/models/{name}")
+@router.get("/v2/models/{name}/versions/{version}")
+async def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
+    spec = state_of(request).lookup(name, version)
+    return {
+        "name": spec.name,
+        "versions": [spec.version],
+        "platform": spec.platform,
+        "inputs": _tensors(spec, "inputs"),
+        "outputs": _tensors(spec, "outputs"),
+    }
+
+
+@router.get("/v2/models/{name}/ready", response_model=None)
+@router.get("/v2/models/{name}/versions/{version}/ready", response_model=None)
+async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
+    st = state_of(request)
+    st.lookup(name, version)
+    ok, why = await st.discovery.ready(name)
+    return JSONResponse({"name": name, "ready": True}) if ok else error(503, f"not ready: {why}")
+
+
+@router.get("/v2/models/{name}/config")
+@router.get("/v2/models/{name}/versions/{version}/config")
+async def model_config(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
+    """Triton's model configuration shape (perf_analyzer reads max_batch_size and the tensors)."""
+    st = state_of(request)
+    spec = st.lookup(name, version)
+
+    def cfg(t: Any) -> dict[str, Any]:
+        return {
+            "name": t.name,
+            "data_type": f"TYPE_{'STRING' if t.datatype == 'BYTES' else t.datatype}",
+            "dims": list(t.dims),
+        }
+
+    s = st.settings
+    return {
+        "name": spec.name,
+        "platform": spec.platform,
+        "backend": "anvil",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": spec.max_batch,
+        "input": [cfg(t) for t in spec.inputs],
+        "output": [cfg(t) for t in spec.outputs],
+        "dynamic_batching": {
+            "preferred_batch_size": [],
+            "max_queue_delay_microseconds": 0,
+            "priority_levels": 3,
+            "default_priority_level": s.default_priority,
+            "priority_queue_policy": {
+                str(p): {"default_timeout_microseconds": s.slo_ms(p) * 1000} for p in (1, 2, 3)
+            },
+        },
+        "instance_group": [{"name": spec.name, "kind": "KIND_AUTO", "count": 1}],
+    }
+
+
+@router.get("/v2/models/stats")
+async def all_stats(request: Request) -> dict[str, Any]:
+    st = state_of(request)
+    return st.stats.doc([(m.name, m.version) for m in st.discovery.models.values()])
+
+
+@router.get("/v2/models/{name}/stats")
+@router.get("/v2/models/{name}/versions/{version}/stats")
+async def model_stats(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
+    st = state_of(request)
+    spec = st.lookup(name, version)
+    return st.stats.doc([(spec.name, spec.version)])
+
+
+@router.post("/v2/repository/index")
+async def repository_index(request: Request) -> list[dict[str, Any]]:
+    return [
+        {"name": m.name, "version": m.version, "state": "READY"}
+        for m in state_of(request).discovery.models.values()
+    ]

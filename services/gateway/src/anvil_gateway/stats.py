@@ -1,0 +1,82 @@
+"""Per-model inference statistics in Triton's `/v2/models/stats` shape (durations in ns)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ModelStats", "Stats"]
+
+
+@dataclass
+class _Counter:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int) -> None:
+        self.count += 1
+        self.ns += ns
+
+    def doc(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class ModelStats:
+    last_inference_ms: int = 0
+    inference_count: int = 0  # rows (batch elements) answered
+    execution_count: int = 0  # requests executed
+    success: _Counter = field(default_factory=_Counter)
+    fail: _Counter = field(default_factory=_Counter)
+    queue: _Counter = field(default_factory=_Counter)
+    compute_infer: _Counter = field(default_factory=_Counter)
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.models: dict[tuple[str, str], ModelStats] = {}
+
+    def _get(self, model: str, version: str) -> ModelStats:
+        return self.models.setdefault((model, version), ModelStats())
+
+    def success(
+        self, model: str, version: str, rows: int, total_ns: int, queue_ns: int, compute_ns: int
+    ) -> None:
+        s = self._get(model, version)
+        s.last_inference_ms = int(time.time() * 1000)
+        s.inference_count += rows
+        s.execution_count += 1
+        s.success.add(total_ns)
+        s.queue.add(queue_ns)
+        s.compute_infer.add(compute_ns)
+
+    def failure(self, model: str, version: str, total_ns: int) -> None:
+        self._get(model, version).fail.add(total_ns)
+
+    def doc(self, models: list[tuple[str, str]]) -> dict[str, Any]:
+        out = []
+        for name, version in models:
+            s = self.models.get((name, version), ModelStats())
+            zero = {"count": 0, "ns": 0}
+            out.append(
+                {
+                    "name": name,
+                    "version": version,
+                    "last_inference": s.last_inference_ms,
+                    "inference_count": s.inference_count,
+                    "execution_count": s.execution_count,
+                    "inference_stats": {
+                        "success": s.success.doc(),
+                        "fail": s.fail.doc(),
+                        "queue": s.queue.doc(),
+                        "compute_input": zero,
+                        "compute_infer": s.compute_infer.doc(),
+                        "compute_output": zero,
+                        "cache_hit": zero,
+                        "cache_miss": zero,
+                    },
+                    "batch_stats": [],
+                }
+            )
+        return {"model_stats": out}
