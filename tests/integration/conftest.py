@@ -73,7 +73,7 @@ class LocalStack:
                 "ANVIL_HEARTBEAT_INTERVAL_MS": "300",
                 "ANVIL_HEARTBEAT_TTL_MS": str(int(HEARTBEAT_TTL_S * 1000)),
                 "ANVIL_EXECUTOR_TIMEOUT_MS": str(int(HEARTBEAT_TTL_S * 1000)),
-            "ANVIL_ALLOW_CLIENT_SHM": "1",
+                "ANVIL_ALLOW_CLIENT_SHM": "1",
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -165,8 +165,9 @@ def _docker_stack(tmp: Path) -> Any:
     return stack
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One stack shared by the tests that do not break it (tests that kill services use their own)."""
     tmp = tmp_path_factory.mktemp("stack")
     mode = os.environ.get("ANVIL_STACK", "local")
     if mode == "docker":
@@ -177,6 +178,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if mode != "local":
         pytest.fail(f"ANVIL_STACK must be 'local' or 'docker', got {mode!r}")
     local = LocalStack(tmp)
+    yield local
+    local.stop()
+
+
+@pytest.fixture(scope="module")
+def private_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """A stack of the module's own, for tests that kill services or Redis."""
+    if os.environ.get("ANVIL_STACK", "local") != "local":
+        pytest.skip("kill/restart tests drive local processes; the docker mode has its own chaos suite")
+    local = LocalStack(tmp_path_factory.mktemp("private"))
     yield local
     local.stop()
 

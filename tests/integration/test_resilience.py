@@ -49,40 +49,38 @@ def _alive(pid: int) -> bool:
 
 
 def test_executor_kill_fails_readiness_within_the_ttl_and_restart_restores_it(
-    stack: object, waiter: Waiter
+    private_stack: Any, waiter: Waiter
 ) -> None:
     wait_for = waiter
 
-    if not hasattr(stack, "kill") or not hasattr(stack, "start_again"):
-        pytest.skip("needs the local stack")
-    url = stack.url  # type: ignore[attr-defined]
+    stack = private_stack
+    url = stack.url
     assert _ready(url)
-    stack.kill("executor")  # type: ignore[attr-defined]
+    stack.kill("executor")
     took = wait_for(lambda: not _ready(url), HEARTBEAT_TTL_S + MARGIN_S, "readiness to fail")
     assert took <= HEARTBEAT_TTL_S + MARGIN_S
     r = httpx.get(url + "/v2/health/ready", timeout=2)
     assert r.status_code == 503 and "no executor" in r.json()["error"]
-    stack.start_again("executor")  # type: ignore[attr-defined]
+    stack.start_again("executor")
     wait_for(lambda: _ready(url), 30, "readiness to return")
     wait_for(lambda: _infer_ok(url), 30, "inference through the new executor")
 
 
 def test_redis_restart_is_survived_with_no_service_restarted(
-    stack: object, tmp_path: Path, waiter: Waiter
+    private_stack: Any, tmp_path: Path, waiter: Waiter
 ) -> None:
     wait_for = waiter
 
-    if not hasattr(stack, "state"):
-        pytest.skip("needs the local stack")
-    state = stack.state  # type: ignore[attr-defined]
+    stack = private_stack
+    state = stack.state
     pids = {s["name"]: s["pid"] for s in state["services"]}
-    url = stack.url  # type: ignore[attr-defined]
+    url = stack.url
     wait_for(lambda: _ready(url), 30, "a ready stack")
     os.kill(state["redis_pid"], 9)
     wait_for(lambda: not _ready(url), 10, "readiness to notice the registry is gone")
-    redis_proc = start_redis(stack.redis_port, tmp_path)  # type: ignore[attr-defined]
+    redis_proc = start_redis(stack.redis_port, tmp_path)
     try:
-        assert wait_redis(stack.redis_port, 10)  # type: ignore[attr-defined]
+        assert wait_redis(stack.redis_port, 10)
         wait_for(lambda: _ready(url), 30, "re-registration after the Redis restart")
         wait_for(lambda: _infer_ok(url), 30, "inference after the Redis restart")
         for name, pid in pids.items():

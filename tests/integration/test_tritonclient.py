@@ -9,7 +9,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-
 from anvil_executor.models.builtin import mlp_reference
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
@@ -113,7 +112,9 @@ def test_shared_memory_misuse_is_a_clear_4xx(client: Any, stack: Any) -> None:
         r = post({"shared_memory_region": f"bad-{tag}", "shared_memory_byte_size": 64})
         assert r.status_code == 400 and "not registered" in r.json()["error"]
         client.register_system_shared_memory(f"bad-{tag}", key, 64)
-        r = post({"shared_memory_region": f"bad-{tag}", "shared_memory_byte_size": 64, "shared_memory_offset": 8})
+        r = post(
+            {"shared_memory_region": f"bad-{tag}", "shared_memory_byte_size": 64, "shared_memory_offset": 8}
+        )
         assert r.status_code == 400 and "exceeds region" in r.json()["error"]
         r = post({"shared_memory_region": f"bad-{tag}", "shared_memory_byte_size": 32})
         assert r.status_code == 400 and "needs 64" in r.json()["error"]
@@ -132,8 +133,18 @@ def test_shared_memory_misuse_is_a_clear_4xx(client: Any, stack: Any) -> None:
 )
 def test_binary_protocol_errors(stack: Any, header: str | None, tail: bytes, says: str) -> None:
     url = stack.url if hasattr(stack, "url") else stack.gateway_url
-    head = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16],
-                                   "parameters": {"binary_data_size": 64}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, 16],
+                    "parameters": {"binary_data_size": 64},
+                }
+            ]
+        }
+    ).encode()
     hdrs = {"Inference-Header-Content-Length": header if header is not None else str(len(head))}
     r = httpx.post(f"{url}/v2/models/mlp/infer", content=head + b"\x00" * 64 + tail, headers=hdrs, timeout=10)
     assert r.status_code == 400 and says in r.json()["error"]

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from anvil_client.admin import add_admin_commands
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
 from anvil_client.procs import running, stop_group
 
@@ -148,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(fn=cmd_up)
     sub.add_parser("down", help="stop what `anvil up` started").set_defaults(fn=cmd_down)
     sub.add_parser("status", help="list registered services").set_defaults(fn=cmd_status)
+    add_admin_commands(sub)
     return parser
 
 

@@ -1,0 +1,116 @@
+"""`anvil qos ...` and `anvil tenant ...`: operator commands that write Anvil's Redis keys."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import secrets
+import sys
+import time
+from typing import Any
+
+import redis
+from anvil_core import keys
+
+__all__ = ["add_admin_commands"]
+
+
+def _redis(args: argparse.Namespace) -> redis.Redis:
+    url = args.redis_url or os.environ.get("ANVIL_REDIS_URL") or _state_redis() or "redis://127.0.0.1:6379/0"
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _state_redis() -> str | None:
+    from anvil_client.launcher import run_root
+
+    try:
+        doc: dict[str, Any] = json.loads((run_root(os.environ) / "current.json").read_text())
+    except (OSError, ValueError):
+        return None
+    url = doc.get("redis_url")
+    return str(url) if url else None
+
+
+def _guard(fn: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args))
+        except redis.RedisError as exc:
+            print(f"anvil: registry unreachable: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def qos_set(args: argparse.Namespace) -> int:
+    if args.rate < 0 or (args.burst is not None and args.burst < 1):
+        print("anvil: rate must be >= 0 req/s and burst >= 1", file=sys.stderr)
+        return 2
+    field = f"{args.tenant}:{args.priority}"
+    doc = {
+        "rate_rps": args.rate,
+        "burst": args.burst or max(1, int(args.rate)),
+        "reason": "operator",
+        "ts": time.time(),
+    }
+    _redis(args).hset(keys.qos_limits_key(), field, json.dumps(doc))
+    print(f"{field}: {doc['rate_rps']:g} req/s, burst {doc['burst']}")
+    return 0
+
+
+def qos_clear(args: argparse.Namespace) -> int:
+    r = _redis(args)
+    if args.field:
+        r.hdel(keys.qos_limits_key(), args.field)
+    else:
+        r.delete(keys.qos_limits_key())
+    print("cleared")
+    return 0
+
+
+def qos_show(args: argparse.Namespace) -> int:
+    limits = _redis(args).hgetall(keys.qos_limits_key())
+    if not limits:
+        print("no limits (every tenant unlimited)")
+    for field, raw in sorted(limits.items()):
+        print(f"{field:<24} {raw}")
+    return 0
+
+
+def tenant_add(args: argparse.Namespace) -> int:
+    key = "anv_" + secrets.token_urlsafe(24)
+    _redis(args).hset(keys.tenants_key(), hashlib.sha256(key.encode()).hexdigest(), args.name)
+    print(f"tenant {args.name!r} added; its API key (shown once, stored hashed):\n{key}")
+    return 0
+
+
+def tenant_list(args: argparse.Namespace) -> int:
+    names = sorted(set(_redis(args).hgetall(keys.tenants_key()).values()))
+    print("\n".join(names) if names else "no tenants")
+    return 0
+
+
+def add_admin_commands(sub: Any) -> None:
+    qos = sub.add_parser("qos", help="per-tenant rate limits (anvil:qos:limits)")
+    qos.add_argument("--redis-url", default=None)
+    qsub = qos.add_subparsers(dest="qos_cmd", required=True)
+    s = qsub.add_parser("set", help="set TENANT (or *) PRIORITY (1-3 or *) to RATE req/s")
+    s.add_argument("tenant")
+    s.add_argument("priority", choices=["1", "2", "3", "*"])
+    s.add_argument("rate", type=float, help="requests per second")
+    s.add_argument("--burst", type=int, default=None, help="bucket size (default: rate, at least 1)")
+    s.set_defaults(fn=_guard(qos_set))
+    c = qsub.add_parser("clear", help="remove one limit (tenant:priority) or all")
+    c.add_argument("field", nargs="?")
+    c.set_defaults(fn=_guard(qos_clear))
+    qsub.add_parser("show", help="list limits").set_defaults(fn=_guard(qos_show))
+
+    ten = sub.add_parser("tenant", help="tenants and API keys (anvil:tenants)")
+    ten.add_argument("--redis-url", default=None)
+    tsub = ten.add_subparsers(dest="tenant_cmd", required=True)
+    a = tsub.add_parser("add", help="add a tenant; prints its new API key once")
+    a.add_argument("name")
+    a.set_defaults(fn=_guard(tenant_add))
+    tsub.add_parser("list", help="list tenant names").set_defaults(fn=_guard(tenant_list))

@@ -1,0 +1,85 @@
+"""Admission: token buckets per (tenant, priority), API keys, the in-flight bound."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from anvil_gateway.admission import Admission, Rejected, TokenBucket, hash_key
+
+
+def test_bucket_allows_the_burst_then_the_rate() -> None:
+    b = TokenBucket(rate_rps=10, burst=3, tokens=3, at_s=0.0)
+    assert [b.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = b.take(0.0)
+    assert wait == pytest.approx(0.1)
+    assert b.take(0.1) == 0.0  # one token refilled after 100 ms
+
+
+def _adm(limits: dict[str, object], tenants: dict[str, str] | None = None, inflight: int = 100) -> Admission:
+    a = Admission(require_api_key=False, max_inflight_per_model=inflight)
+    a.load({k: json.dumps(v) for k, v in limits.items()}, tenants or {})
+    return a
+
+
+def test_rate_limit_applies_per_tenant_and_priority() -> None:
+    a = _adm({"acme:3": {"rate_rps": 1, "burst": 1}})
+    a.admit("m", "acme", 3, now_s=0.0)
+    with pytest.raises(Rejected) as info:
+        a.admit("m", "acme", 3, now_s=0.0)
+    assert info.value.status == 429 and info.value.retry_after_s == pytest.approx(1.0)
+    assert "1 req/s" in str(info.value)
+    a.admit("m", "acme", 1, now_s=0.0)  # other priorities are not limited
+    a.admit("m", "other", 3, now_s=0.0)  # nor other tenants
+
+
+def test_wildcards_and_precedence() -> None:
+    a = _adm({"*:3": {"rate_rps": 0, "burst": 1}, "vip:3": {"rate_rps": 100, "burst": 100}})
+    a.admit("m", "anyone", 3, 0.0)
+    with pytest.raises(Rejected):
+        a.admit("m", "anyone", 3, 0.0)
+    for _ in range(50):
+        a.admit("m", "vip", 3, 0.0)
+
+
+def test_new_limits_apply_to_existing_buckets() -> None:
+    a = _adm({"t:2": {"rate_rps": 1000, "burst": 1000}})
+    a.admit("m", "t", 2, 0.0)
+    a.load({"t:2": json.dumps({"rate_rps": 1, "burst": 1})}, {})
+    a.admit("m", "t", 2, 0.0)
+    with pytest.raises(Rejected):
+        a.admit("m", "t", 2, 0.0)
+    a.load({}, {})  # limit removed: unlimited again
+    for _ in range(10):
+        a.admit("m", "t", 2, 0.0)
+
+
+def test_malformed_limits_are_ignored() -> None:
+    a = Admission(False, 10)
+    a.load({"t:1": "not json", "t:2": json.dumps({"burst": 3})}, {})
+    assert a.limits == {}
+
+
+def test_inflight_bound() -> None:
+    a = _adm({}, inflight=2)
+    a.admit("m", "t", 2, 0.0)
+    a.admit("m", "t", 2, 0.0)
+    with pytest.raises(Rejected, match="in flight") as info:
+        a.admit("m", "t", 2, 0.0)
+    assert info.value.retry_after_s == 1.0
+    a.done("m")
+    a.admit("m", "t", 2, 0.0)
+
+
+def test_api_keys() -> None:
+    a = _adm({}, tenants={hash_key("s3cret"): "acme"})
+    assert a.tenant({"authorization": "Bearer s3cret"}) == "acme"
+    assert a.tenant({"x-api-key": "s3cret"}) == "acme"
+    assert a.tenant({}) == "default"
+    with pytest.raises(Rejected, match="unknown API key") as info:
+        a.tenant({"x-api-key": "wrong"})
+    assert info.value.status == 401 and "wrong" not in str(info.value)
+    a.require_api_key = True
+    with pytest.raises(Rejected, match="required"):
+        a.tenant({})
