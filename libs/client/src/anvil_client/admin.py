@@ -71,7 +71,7 @@ def qos_clear(args: argparse.Namespace) -> int:
 
 
 def qos_show(args: argparse.Namespace) -> int:
-    limits = _redis(args).hgetall(keys.qos_limits_key())
+    limits = {str(k): str(v) for k, v in _redis(args).hgetall(keys.qos_limits_key()).items()}
     if not limits:
         print("no limits (every tenant unlimited)")
     for field, raw in sorted(limits.items()):
@@ -87,7 +87,7 @@ def tenant_add(args: argparse.Namespace) -> int:
 
 
 def tenant_list(args: argparse.Namespace) -> int:
-    names = sorted(set(_redis(args).hgetall(keys.tenants_key()).values()))
+    names = sorted({str(v) for v in _redis(args).hgetall(keys.tenants_key()).values()})
     print("\n".join(names) if names else "no tenants")
     return 0
 
