@@ -7,6 +7,7 @@ from anvil_core.logs import setup_logging
 from anvil_core.metrics import serve_metrics
 
 from anvil_gateway.app import create_app
+from anvil_gateway.fastpath import FastInfer
 from anvil_gateway.settings import GatewaySettings
 
 
@@ -14,8 +15,9 @@ def main() -> None:
     settings = GatewaySettings()
     setup_logging("gateway", settings.log_level)
     serve_metrics(settings.metrics_port, "gateway", settings.service_id)
+    app = create_app(settings)
     uvicorn.run(
-        create_app(settings),
+        FastInfer(app, app.state.gw),
         host=settings.bind_host,
         port=settings.http_port,
         loop="uvloop",

@@ -29,7 +29,7 @@ from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import GatewayState, NotFound, error, state_of
 from anvil_gateway.sysshm import ShmError
 
-__all__ = ["TRACE_HEADER", "router"]
+__all__ = ["TRACE_HEADER", "handle_infer", "router"]
 
 router = APIRouter()
 TRACE_HEADER = "x-anvil-trace-id"
@@ -99,7 +99,12 @@ def qos_params(parsed: ParsedRequest, settings: GatewaySettings) -> tuple[int, f
 @router.post("/v2/models/{name}/infer", response_model=None)
 @router.post("/v2/models/{name}/versions/{version}/infer", response_model=None)
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
-    st = state_of(request)
+    """KServe v2 inference (JSON, binary tensor extension, system shared memory)."""
+    return await handle_infer(state_of(request), request, name, version)
+
+
+async def handle_infer(st: GatewayState, request: Request, name: str, version: str | None) -> Response:
+    """The infer pipeline; also called by the ASGI fast path (fastpath.py) with the same result."""
     t0 = time.perf_counter_ns()
     hdr = {TRACE_HEADER: trace_id(request.headers)}
     m.inflight.inc()
