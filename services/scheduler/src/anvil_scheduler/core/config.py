@@ -1,0 +1,98 @@
+"""Scheduler configuration: priority classes and the knobs of the shared machinery.
+
+Declared once, frozen, units in every field name. Policy-specific knobs (PID gains, fixed delay,
+AIMD steps) live next to their policy in ``policies/``; the latency prior lives in ``profile.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["DEFAULT_PRIORITIES", "PriorityClass", "SchedulerConfig"]
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    """One priority class. Lower number = more important (1 is served and protected first)."""
+
+    priority: int
+    name: str
+    slo_ms: float  # end-to-end budget inside Anvil: deadline = arrival + slo_ms (a timeout may tighten it)
+
+    def __post_init__(self) -> None:
+        if self.priority < 1:
+            raise ValueError(f"priority must be >= 1 (1 is the most important), got {self.priority}")
+        if self.slo_ms <= 0:
+            raise ValueError(f"slo_ms of priority {self.priority} must be > 0, got {self.slo_ms}")
+
+
+DEFAULT_PRIORITIES: tuple[PriorityClass, ...] = (
+    # 50 ms: a person is waiting on a UI; ~100 ms is where interaction stops feeling instant, and the
+    # gateway, network and client take the other half.
+    PriorityClass(1, "interactive", 50.0),
+    # 200 ms: service-to-service calls inside a larger request (retrieval, ranking) with their own budget.
+    PriorityClass(2, "standard", 200.0),
+    # 2 s: offline/bulk work that still wants an answer soon; it is what batching feeds on.
+    PriorityClass(3, "batch", 2000.0),
+)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Knobs of ``SchedulerCore`` (queues, shedding, dispatch, bookkeeping)."""
+
+    priorities: tuple[PriorityClass, ...] = DEFAULT_PRIORITIES
+    # Hard bound on queued requests per model (memory and worst-case scan cost, not the main overload
+    # signal: the work-ahead test in admission sheds long before a sane bound is reached). Beyond it a
+    # higher-priority arrival evicts the lowest-priority, latest-deadline request.
+    max_queue_depth: int = 4096
+    # Margin kept between a predicted finish and a deadline: guard = slack_guard_us + fraction x (predicted
+    # finish - now). A batch is released when the earliest deadline's slack falls under it, never formed
+    # so large that the earliest deadline is inside it, and admission demands it. 2 ms covers the dispatch
+    # hop (ZeroMQ p99 ~0.2 ms) and the result hop back; 10% of the horizon covers execution jitter beyond
+    # the profile's p90 (a GPU's ~5% lognormal jitter has its p99.9 ~9% above its p90).
+    slack_guard_us: int = 2000
+    slack_guard_fraction: float = 0.10
+    # An executor counts as idle (work-conserving trigger) when its predicted in-flight work ends within
+    # this lead: the batch travels while the previous one finishes, so the device never waits on the wire.
+    dispatch_lead_us: int = 300
+    # Attempts per request before an executor failure is final (1 original + 1 re-dispatch).
+    max_attempts: int = 2
+    # How long answered request ids are remembered to suppress duplicates and late results. Must exceed
+    # the longest SLO plus the gateway's retry window; 60 s is 30x the batch-class SLO.
+    dedup_window_s: float = 60.0
+    # Sliding window of the per-priority SLO attainment metric.
+    slo_window_s: float = 10.0
+    # Batch sizes kept per model for the batch-size history metric.
+    batch_history_len: int = 4096
+    priority_by_number: dict[int, PriorityClass] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.priorities:
+            raise ValueError("at least one priority class is required")
+        by_number = {p.priority: p for p in self.priorities}
+        if len(by_number) != len(self.priorities):
+            raise ValueError(f"priority numbers must be unique, got {[p.priority for p in self.priorities]}")
+        if self.max_queue_depth < 1:
+            raise ValueError(f"max_queue_depth must be >= 1, got {self.max_queue_depth}")
+        if self.slack_guard_us < 0 or self.dispatch_lead_us < 0 or not 0 <= self.slack_guard_fraction < 1:
+            raise ValueError("need slack_guard_us >= 0, dispatch_lead_us >= 0, 0 <= slack_guard_fraction < 1")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        object.__setattr__(self, "priority_by_number", by_number)
+
+    def priority(self, number: int) -> PriorityClass:
+        """The class of priority ``number``; ValueError naming the known ones otherwise."""
+        try:
+            return self.priority_by_number[number]
+        except KeyError:
+            known = sorted(self.priority_by_number)
+            raise ValueError(f"unknown priority {number}; configured priorities are {known}") from None
+
+    def guard_s(self, horizon_s: float) -> float:
+        """Margin for a finish predicted ``horizon_s`` seconds from now."""
+        return self.slack_guard_us / 1e6 + self.slack_guard_fraction * max(horizon_s, 0.0)
+
+    @property
+    def dispatch_lead_s(self) -> float:
+        return self.dispatch_lead_us / 1e6

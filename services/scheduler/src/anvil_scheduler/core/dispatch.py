@@ -1,0 +1,166 @@
+"""The executor pool: registered capacity, credit-based flow control, least-predicted-finish placement.
+
+Each executor runs its in-flight batches in order; the pool tracks a predicted time at which its
+in-flight work ends (``free_at``), moved forward by each assignment's predicted execution time and
+re-anchored at every completion. A batch goes to the executor, among those that load the model and
+hold a free credit, whose ``max(now, free_at) + predict(batch)`` is smallest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from anvil_scheduler.core.request import Batch
+
+__all__ = ["ExecutorPool", "ExecutorSpec", "Placement", "Predictor"]
+
+Predictor = Callable[[str, int], float]  # (device, batch size) -> predicted execution seconds
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """What an executor registers. ``credits`` = batches it accepts in flight (1 running + queued)."""
+
+    executor_id: str
+    device: str  # profile key, e.g. "h200", "cpu"
+    max_batch: int
+    models: frozenset[str]
+    credits: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.executor_id:
+            raise ValueError("executor_id must be a non-empty string")
+        if self.max_batch < 1:
+            raise ValueError(f"executor {self.executor_id}: max_batch must be >= 1, got {self.max_batch}")
+        if self.credits < 1:
+            raise ValueError(f"executor {self.executor_id}: credits must be >= 1, got {self.credits}")
+
+
+@dataclass
+class _Executor:
+    spec: ExecutorSpec
+    in_flight: dict[int, Batch] = field(default_factory=dict)  # insertion order = execution order
+    free_at_s: float = float("-inf")  # predicted end of in-flight work
+
+    @property
+    def has_credit(self) -> bool:
+        return len(self.in_flight) < self.spec.credits
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the next batch of a model would go, and when it would run."""
+
+    executor_id: str
+    device: str
+    cap: int  # min(policy cap, executor max batch): a full batch on this executor
+    size: int  # min(queue depth, cap)
+    start_s: float  # predicted start: max(now, end of in-flight work)
+    finish_s: float
+    idle: bool  # the executor's in-flight work ends within the dispatch lead: it would idle otherwise
+
+
+class ExecutorPool:
+    """Registry and flow control of executors. Owned by one ``SchedulerCore``; single-threaded."""
+
+    def __init__(self) -> None:
+        self._executors: dict[str, _Executor] = {}
+
+    def register(self, spec: ExecutorSpec) -> None:
+        """Add an executor, or update a re-registering one's capacity (its in-flight batches stay)."""
+        current = self._executors.get(spec.executor_id)
+        if current is None:
+            self._executors[spec.executor_id] = _Executor(spec)
+        else:
+            current.spec = spec
+
+    def remove(self, executor_id: str) -> list[Batch]:
+        """Forget an executor; returns its in-flight batches (oldest first) for re-dispatch."""
+        ex = self._executors.pop(executor_id, None)
+        return list(ex.in_flight.values()) if ex else []
+
+    def __contains__(self, executor_id: object) -> bool:
+        return executor_id in self._executors
+
+    def specs(self) -> list[ExecutorSpec]:
+        return [ex.spec for ex in self._executors.values()]
+
+    def max_batch(self, model: str) -> int:
+        """Largest batch any executor of ``model`` accepts (0 when none loads it)."""
+        return max((ex.spec.max_batch for ex in self._hosts(model)), default=0)
+
+    def in_flight(self, executor_id: str) -> list[Batch]:
+        ex = self._executors.get(executor_id)
+        return list(ex.in_flight.values()) if ex else []
+
+    def free_at_s(self, executor_id: str) -> float:
+        return self._executors[executor_id].free_at_s
+
+    def _hosts(self, model: str) -> list[_Executor]:
+        return [ex for ex in self._executors.values() if model in ex.spec.models]
+
+    def place(
+        self, model: str, depth: int, cap: int, predict: Predictor, now_s: float, lead_s: float
+    ) -> Placement | None:
+        """Least predicted finish among executors of ``model`` with a free credit; None if none has one."""
+        best: Placement | None = None
+        for ex in self._hosts(model):
+            if not ex.has_credit:
+                continue
+            full = max(1, min(cap, ex.spec.max_batch))
+            size = min(depth, full)
+            start = max(now_s, ex.free_at_s)
+            finish = start + predict(ex.spec.device, size)
+            if best is None or (finish, ex.spec.executor_id) < (best.finish_s, best.executor_id):
+                idle = ex.free_at_s <= now_s + lead_s
+                best = Placement(ex.spec.executor_id, ex.spec.device, full, size, start, finish, idle)
+        return best
+
+    def assign(self, batch: Batch, now_s: float) -> None:
+        ex = self._executors[batch.executor_id]
+        assert ex.has_credit, f"executor {batch.executor_id} has no credit for batch {batch.batch_id}"
+        assert batch.batch_id not in ex.in_flight
+        ex.in_flight[batch.batch_id] = batch
+        ex.free_at_s = max(ex.free_at_s, now_s) + batch.predicted_exec_s
+
+    def complete(self, batch_id: int, executor_id: str, now_s: float) -> Batch | None:
+        """Release the credit of a finished (or failed) batch; None if the pool does not know it there."""
+        ex = self._executors.get(executor_id)
+        if ex is None or batch_id not in ex.in_flight:
+            return None
+        batch = ex.in_flight.pop(batch_id)
+        # The executor runs in order: what remains starts now.
+        ex.free_at_s = now_s + sum(b.predicted_exec_s for b in ex.in_flight.values())
+        return batch
+
+    def earliest_finish(self, model: str, size: int, predict: Predictor, now_s: float) -> float:
+        """Earliest predicted finish of a batch of ``size`` of ``model`` queued behind in-flight work."""
+        return min(
+            (max(now_s, ex.free_at_s) + predict(ex.spec.device, size) for ex in self._hosts(model)),
+            default=float("inf"),
+        )
+
+    def predict_finish(self, model: str, position: int, cap: int, predict: Predictor, now_s: float) -> float:
+        """When the request at 1-based ``position`` of the model's queue would finish if the queue were
+        drained in order, in batches of ``cap``, each onto the executor that finishes it first.
+        Exact for the first 256 batches, then a fluid estimate at the pool's full-batch rate."""
+        hosts = self._hosts(model)
+        if not hosts:
+            return float("inf")
+        caps = [max(1, min(cap, ex.spec.max_batch)) for ex in hosts]
+        full = [predict(ex.spec.device, c) for ex, c in zip(hosts, caps, strict=True)]
+        ready = [max(now_s, ex.free_at_s) for ex in hosts]
+        remaining = position
+        for _ in range(256):
+            if remaining <= max(caps):
+                return min(
+                    ready[j] + predict(ex.spec.device, remaining)
+                    for j, ex in enumerate(hosts)
+                    if caps[j] >= remaining
+                )
+            i = min(range(len(hosts)), key=lambda j: ready[j] + full[j])
+            ready[i] += full[i]
+            remaining -= caps[i]
+        rate = sum(c / f for c, f in zip(caps, full, strict=True) if f > 0)
+        return min(ready) + (remaining / rate if rate > 0 else float("inf"))

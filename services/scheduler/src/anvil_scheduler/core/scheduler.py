@@ -1,0 +1,387 @@
+"""``SchedulerCore``: the I/O-free scheduler. The service (or the simulator) feeds it events with its
+clock and carries out the decisions it returns.
+
+Calls, all from one thread, with a non-decreasing ``now_s``:
+
+* ``register_model`` / ``register_executor`` / ``on_executor_lost`` — capacity changes.
+* ``admit(request, now_s)`` on every arrival: queue it, or shed it (and/or evict lower priorities).
+* ``poll(now_s)`` after every arrival and completion and at ``next_wakeup_s``: batches to send now,
+  requests to answer with a shed reason now, and when to call again.
+* ``on_batch_done`` / ``on_batch_failed`` when an executor reports.
+
+Ownership: a ``Request`` belongs to the core from ``admit`` until it appears in an answer list
+(``Admission.shed``, ``Decision.shed``, ``Completion.answered``, ``Release.failed``/``shed``); then the
+ledger has closed it and the service owns the reply. A ``Batch`` returned by ``poll`` is the service's to
+send; the core keeps tracking it (credits, re-dispatch) until the executor reports or is lost.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from anvil_scheduler.core.config import SchedulerConfig
+from anvil_scheduler.core.dispatch import ExecutorPool, ExecutorSpec, Predictor
+from anvil_scheduler.core.edf import EDFQueue
+from anvil_scheduler.core.ledger import RequestLedger
+from anvil_scheduler.core.policy import BatchingPolicy, QueueView
+from anvil_scheduler.core.profile import ProfileBook, ProfilePrior
+from anvil_scheduler.core.request import Batch, Request, RequestState
+from anvil_scheduler.core.shedding import Shed, ShedCounters, ShedReason, evictions_needed
+from anvil_scheduler.core.slo import SLOTracker
+
+__all__ = ["Admission", "AdmitOutcome", "Completion", "Decision", "Release", "SchedulerCore"]
+
+
+class AdmitOutcome(enum.Enum):
+    QUEUED = "queued"
+    SHED = "shed"  # the newcomer is in Admission.shed: answer it now
+    DUPLICATE = "duplicate"  # id already open or recently answered: do not answer this copy
+
+
+@dataclass(frozen=True)
+class Admission:
+    outcome: AdmitOutcome
+    shed: tuple[Shed, ...] = ()  # answer each now: the newcomer when SHED, and any evicted requests
+
+
+@dataclass(frozen=True)
+class Decision:
+    batches: tuple[Batch, ...]  # send each to batch.executor_id now
+    shed: tuple[Shed, ...]  # answer each now with its reason
+    next_wakeup_s: float | None  # call poll() again at this time if no other event comes first
+
+
+@dataclass(frozen=True)
+class Completion:
+    answered: tuple[Request, ...]  # deliver each its result
+    late: tuple[str, ...]  # request ids whose results must be dropped (already answered or given up)
+
+
+@dataclass(frozen=True)
+class Release:
+    """Requests that came back from a failed batch or a lost executor."""
+
+    requeued: tuple[Request, ...]  # back in their queue at their original deadlines; poll() re-dispatches
+    failed: tuple[Request, ...]  # answer each with the batch's error (out of attempts, or not retryable)
+    shed: tuple[Shed, ...]  # can no longer meet their deadline: answer each now
+
+
+class SchedulerCore:
+    """Queues, batching, shedding, dispatch and bookkeeping for a set of models and executors."""
+
+    def __init__(
+        self, policy: BatchingPolicy, config: SchedulerConfig | None = None, prior: ProfilePrior | None = None
+    ) -> None:
+        self.policy = policy
+        self.config = config or SchedulerConfig()
+        self.profiles = ProfileBook(prior)
+        self.pool = ExecutorPool()
+        self.ledger = RequestLedger(self.config.dedup_window_s)
+        self.slo = SLOTracker(self.config.slo_window_s)
+        self.sheds = ShedCounters()
+        self.batch_sizes: dict[str, deque[tuple[float, int]]] = {}  # model -> (release time, size)
+        self._queues: dict[str, EDFQueue] = {}
+        self._model_max: dict[str, int] = {}
+        self._last_release_s: dict[str, float] = {}
+        self._retired: OrderedDict[int, tuple[float, tuple[str, ...]]] = OrderedDict()
+        self._batch_ids = itertools.count(1)
+        self._now_s = -math.inf
+        self._top_priority = min(p.priority for p in self.config.priorities)
+
+    # ---- capacity -------------------------------------------------------------------------------
+    def register_model(self, model: str, max_batch: int) -> None:
+        if max_batch < 1:
+            raise ValueError(f"model {model!r}: max_batch must be >= 1, got {max_batch}")
+        self._model_max[model] = max_batch
+        self._queues.setdefault(model, EDFQueue(self.policy.order))
+        self.batch_sizes.setdefault(model, deque(maxlen=self.config.batch_history_len))
+        self._last_release_s.setdefault(model, -math.inf)
+        self._rebind(model)
+
+    def register_executor(self, spec: ExecutorSpec, now_s: float) -> None:
+        """Add or update an executor (a re-registration keeps its in-flight batches)."""
+        self._tick(now_s)
+        self.pool.register(spec)
+        for model in spec.models & self._model_max.keys():
+            self._rebind(model)
+
+    def on_executor_lost(self, executor_id: str, now_s: float) -> Release:
+        """The executor stopped heartbeating: its in-flight requests go back to their queues."""
+        self._tick(now_s)
+        batches = self.pool.remove(executor_id)
+        for model in {b.model for b in batches} | set(self._model_max):
+            self._rebind(model)
+        return self._release([r for b in batches for r in self._retire(b, now_s)], now_s, retryable=True)
+
+    def _rebind(self, model: str) -> None:
+        hosted = self.pool.max_batch(model)
+        limit = min(self._model_max[model], hosted) if hosted else self._model_max[model]
+        self.policy.bind(model, limit, functools.partial(self._fastest_s, model))
+
+    # ---- requests -------------------------------------------------------------------------------
+    def new_request(
+        self,
+        request_id: str,
+        model: str,
+        priority: int,
+        now_s: float,
+        timeout_s: float | None = None,
+        payload: object = None,
+    ) -> Request:
+        """A request arriving now, with deadline = now + its class SLO, tightened by ``timeout_s``."""
+        return Request.create(request_id, model, self.config.priority(priority), now_s, timeout_s, payload)
+
+    def admit(self, req: Request, now_s: float) -> Admission:
+        self._tick(now_s)
+        queue = self._queues.get(req.model)
+        if queue is None:
+            raise ValueError(f"unknown model {req.model!r}; registered: {sorted(self._queues)}")
+        assert req.state is RequestState.RECEIVED, f"{req.request_id} admitted twice ({req.state})"
+        if not self.ledger.open(req.request_id, now_s):
+            return Admission(AdmitOutcome.DUPLICATE)
+        if self.pool.max_batch(req.model):
+            best_finish_s = self.pool.earliest_finish(req.model, 1, self._predictor(req.model), now_s)
+            self.policy.observe_arrival(req, best_finish_s, now_s)
+        evicted: list[Request] = []
+        if self.policy.sheds:
+            if now_s + self._exec1_s(req.model) > req.deadline_s:
+                return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.DEADLINE, now_s),))
+            victims = self._work_ahead_victims(queue, req, now_s)
+            if victims is None:
+                return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.OVERLOAD, now_s),))
+            evicted.extend(victims)
+        if len(queue) - len(evicted) >= self.config.max_queue_depth:
+            spare = [v for v in queue.eviction_candidates(req.priority, len(evicted) + 1) if v not in evicted]
+            if not spare:
+                return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.OVERLOAD, now_s),))
+            evicted.append(spare[0])
+        sheds = []
+        for victim in evicted:
+            queue.remove(victim)
+            sheds.append(self._shed(victim, ShedReason.OVERLOAD, now_s))
+        req.advance(RequestState.QUEUED)
+        queue.push(req)
+        return Admission(AdmitOutcome.QUEUED, tuple(sheds))
+
+    def _work_ahead_victims(self, queue: EDFQueue, req: Request, now_s: float) -> list[Request] | None:
+        """Lower-priority requests ahead of ``req`` to evict so that it meets its deadline behind the
+        queued work ([] if it already does); None if evicting cannot make it feasible."""
+        if not self.pool.max_batch(req.model):
+            return []  # nothing hosts the model yet: no basis for a prediction
+        cap = self.policy.batch_limit(req.model)
+        position = queue.count_through(req.deadline_s) + 1
+
+        def finish_at(pos: int) -> float:
+            return self.pool.predict_finish(req.model, pos, cap, self._predictor(req.model), now_s)
+
+        def guarded_finish_at(pos: int) -> float:
+            finish = finish_at(pos)
+            return finish + self.config.guard_s(finish - now_s)
+
+        if guarded_finish_at(position) <= req.deadline_s:
+            return []
+        candidates = queue.eviction_candidates(req.priority, position - 1, req.deadline_s)
+        needed = evictions_needed(position, req.deadline_s, guarded_finish_at, len(candidates))
+        return None if needed is None else candidates[:needed]
+
+    # ---- release decisions ----------------------------------------------------------------------
+    def poll(self, now_s: float) -> Decision:
+        self._tick(now_s)
+        batches: list[Batch] = []
+        sheds: list[Shed] = []
+        wake = math.inf
+        lead_s = self.config.dispatch_lead_s
+        for model, queue in self._by_urgency():
+            predict = self._predictor(model)
+            while queue:
+                head = queue.peek()
+                assert head is not None
+                if self.policy.sheds and now_s >= self._hopeless_at_s(head):
+                    sheds.append(self._shed(queue.pop(), ShedReason.DEADLINE, now_s))
+                    continue
+                cap = self.policy.batch_limit(model)
+                place = self.pool.place(model, len(queue), cap, predict, now_s, lead_s)
+                if place is None:
+                    break  # no executor of this model has a credit: a completion will poll again
+                guard_s = self.config.guard_s(place.finish_s - now_s)
+                view = QueueView(
+                    model, now_s, len(queue), head, place.cap, place.start_s, place.idle, guard_s,
+                    functools.partial(predict, place.device),
+                )
+                at = self.policy.release_at(view)
+                if at > now_s:
+                    wake = min(wake, at)
+                    break
+                size = place.size
+                if self.policy.sheds:
+                    size = self._fit(queue, place.size, place.cap, place.start_s, view.predict_s, now_s)
+                    if size == 0:
+                        # Overload if a shrunk batch could still have served it; deadline if nothing could.
+                        alone_s = place.start_s + predict(place.device, 1)
+                        reason = ShedReason.OVERLOAD if alone_s <= head.deadline_s else ShedReason.DEADLINE
+                        sheds.append(self._shed(queue.pop(), reason, now_s))
+                        continue
+                reqs = queue.pop_batch(size)
+                batches.append(self._form(model, reqs, place.executor_id, place.device, now_s))
+            head = queue.peek()
+            if head is not None and self.policy.sheds:  # wake when the head turns hopeless: answer it then
+                wake = min(wake, self._hopeless_at_s(head))
+        return Decision(tuple(batches), tuple(sheds), wake if wake < math.inf else None)
+
+    def _fit(
+        self, queue: EDFQueue, full: int, cap: int, start_s: float, predict: Callable[[int], float],
+        now_s: float,
+    ) -> int:
+        """Size of the batch to release so that its earliest deadline (the head's) is met; 0 = shed the head.
+
+        A batch shrinks until the head fits, down to one, except under backlog (a full batch is waiting):
+        there a shrunk batch costs capacity that the whole queue needs, so it shrinks only for a head of
+        the top priority, and only if the shrink defers some lower-priority work (overload sheds the
+        lowest priorities first; among equals it keeps batches full and sheds the head)."""
+        head = queue.peek()
+        assert head is not None
+
+        def meets(size: int) -> bool:
+            finish = start_s + predict(size)
+            return finish + self.config.guard_s(finish - now_s) <= head.deadline_s
+
+        if meets(full):
+            return full
+        size = full
+        while size > 1 and not meets(size):
+            size -= 1
+        if start_s + predict(size) > head.deadline_s:
+            return 0
+        if full >= cap:  # backlog
+            if head.priority != self._top_priority:
+                return 0
+            deferred = queue.peek_batch(full)[size:]
+            if not any(r.priority > head.priority for r in deferred):
+                return 0
+        return size
+
+    def _form(self, model: str, reqs: list[Request], executor_id: str, device: str, now_s: float) -> Batch:
+        batch = Batch(
+            next(self._batch_ids), model, executor_id, device, reqs, now_s, self._last_release_s[model],
+            self.profiles.predict_s(model, device, len(reqs)),
+        )
+        self._last_release_s[model] = now_s
+        for r in reqs:
+            r.advance(RequestState.BATCHED)
+        self.pool.assign(batch, now_s)
+        for r in reqs:
+            r.advance(RequestState.EXECUTING)
+            r.attempts += 1
+        self.batch_sizes[model].append((now_s, len(reqs)))
+        return batch
+
+    def _by_urgency(self) -> list[tuple[str, EDFQueue]]:
+        """Non-empty queues, the one whose head leaves first ahead, so scarce credits go there."""
+        busy = [(q.peek(), m, q) for m, q in self._queues.items() if q]
+        busy.sort(key=lambda t: (t[0].deadline_s if t[0] else math.inf, t[1]))
+        return [(m, q) for _, m, q in busy]
+
+    # ---- executor reports -----------------------------------------------------------------------
+    def on_batch_done(self, batch_id: int, executor_id: str, exec_time_s: float, now_s: float) -> Completion:
+        """Results of a batch arrived. ``exec_time_s`` is the executor's own timing of the batch."""
+        self._tick(now_s)
+        batch = self.pool.complete(batch_id, executor_id, now_s)
+        if batch is None:
+            _, ids = self._retired.pop(batch_id, (now_s, ()))
+            self.ledger.drop_late(len(ids))
+            return Completion((), ids)
+        self.profiles.get(batch.model, batch.device).observe(batch.size, exec_time_s)
+        answered, late = [], []
+        for r in batch.requests:
+            if self.ledger.close(r.request_id, now_s):
+                r.advance(RequestState.DONE, now_s)
+                self.slo.record(r.priority, now_s <= r.deadline_s, now_s)
+                answered.append(r)
+            else:
+                late.append(r.request_id)
+        self.policy.observe(batch, exec_time_s, now_s)
+        return Completion(tuple(answered), tuple(late))
+
+    def on_batch_failed(
+        self, batch_id: int, executor_id: str, now_s: float, retryable: bool = True
+    ) -> Release:
+        """The executor reported an error for the batch. Retryable errors re-queue its requests (up to
+        ``max_attempts``); others answer every request with the error (STYLE rule 9)."""
+        self._tick(now_s)
+        batch = self.pool.complete(batch_id, executor_id, now_s)
+        if batch is None:
+            return Release((), (), ())
+        return self._release(self._retire(batch, now_s), now_s, retryable)
+
+    def _retire(self, batch: Batch, now_s: float) -> list[Request]:
+        """Remember a given-up batch so a result that still arrives for it is recognised and dropped."""
+        self._retired[batch.batch_id] = (now_s, tuple(batch.request_ids))
+        return batch.requests
+
+    def _release(self, reqs: list[Request], now_s: float, retryable: bool) -> Release:
+        requeued, failed, sheds = [], [], []
+        for r in reqs:
+            if not retryable or r.attempts >= self.config.max_attempts:
+                self.ledger.close(r.request_id, now_s)
+                r.advance(RequestState.FAILED, now_s)
+                self.slo.record(r.priority, False, now_s)
+                failed.append(r)
+            elif self.policy.sheds and now_s + self._exec1_s(r.model) > r.deadline_s:
+                sheds.append(self._shed(r, ShedReason.DEADLINE, now_s))
+            else:
+                r.advance(RequestState.QUEUED)
+                self._queues[r.model].push(r)
+                requeued.append(r)
+        return Release(tuple(requeued), tuple(failed), tuple(sheds))
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def _shed(self, req: Request, reason: ShedReason, now_s: float) -> Shed:
+        closed = self.ledger.close(req.request_id, now_s)
+        assert closed, f"{req.request_id} shed after it was answered"
+        req.advance(RequestState.SHED, now_s)
+        shed = Shed(req, reason)
+        self.sheds.add(shed)
+        self.slo.record(req.priority, False, now_s)
+        return shed
+
+    def _predictor(self, model: str) -> Predictor:
+        return functools.partial(self.profiles.predict_s, model)
+
+    def _hopeless_at_s(self, req: Request) -> float:
+        """From this time on, ``req`` cannot finish by its deadline even alone."""
+        return req.deadline_s - self._exec1_s(req.model)
+
+    def _exec1_s(self, model: str) -> float:
+        return self._fastest_s(model, 1)
+
+    def _fastest_s(self, model: str, batch_size: int) -> float:
+        """Fastest predicted time of a batch, over the devices that load the model (prior if none)."""
+        devices = {s.device for s in self.pool.specs() if model in s.models}
+        if not devices:
+            return self.profiles.prior.predict_s(batch_size)
+        return min(self.profiles.predict_s(model, d, batch_size) for d in devices)
+
+    def _tick(self, now_s: float) -> None:
+        assert now_s >= self._now_s, f"clock went backwards: {now_s} < {self._now_s}"
+        self._now_s = now_s
+        horizon = now_s - self.config.dedup_window_s
+        while self._retired and next(iter(self._retired.values()))[0] < horizon:
+            self._retired.popitem(last=False)
+
+    # ---- metrics --------------------------------------------------------------------------------
+    def queue_depth(self) -> dict[tuple[str, int], int]:
+        """(model, priority) -> queued requests."""
+        return {(m, p): n for m, q in self._queues.items() for p, n in q.depth_by_priority().items()}
+
+    def target_batch(self, model: str) -> int:
+        """B*: the size of the next full batch of ``model``."""
+        return self.policy.batch_limit(model)
+
+    def models(self) -> list[str]:
+        return list(self._queues)

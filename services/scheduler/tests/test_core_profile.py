@@ -1,0 +1,51 @@
+"""Latency profile: conservative prior before data, learns from observations, exports a plain dict."""
+
+import pytest
+from anvil_scheduler.core import LatencyProfile, ProfilePrior
+
+
+def test_prior_is_used_before_any_data() -> None:
+    prof = LatencyProfile(ProfilePrior(base_us=10_000, per_item_us=1_000))
+    assert prof.predict_s(1) == pytest.approx(0.011)
+    assert prof.predict_s(8) == pytest.approx(0.018)
+
+
+def test_prior_decays_as_samples_arrive() -> None:
+    prof = LatencyProfile(ProfilePrior(base_us=10_000, per_item_us=1_000, prior_weight=4))
+    prof.observe(4, 0.002)
+    first = prof.predict_s(4)
+    assert 0.002 < first < 0.014  # conservative: still pulled towards the prior
+    for _ in range(400):
+        prof.observe(4, 0.002)
+    assert prof.predict_s(4) == pytest.approx(0.002, rel=0.1)
+
+
+def test_tail_not_mean_is_learned() -> None:
+    prof = LatencyProfile(ProfilePrior(prior_weight=0))
+    for i in range(100):
+        prof.observe(2, 0.010 if i % 10 else 0.020)  # 10% slow batches
+    assert prof.predict_s(2) >= 0.010
+    assert prof.predict_s(2) <= 0.020
+
+
+def test_unseen_sizes_come_from_a_linear_fit() -> None:
+    prof = LatencyProfile(ProfilePrior(prior_weight=0))
+    for b in (1, 2, 4, 8):
+        for _ in range(10):
+            prof.observe(b, 0.004 + 0.0005 * b)
+    assert prof.predict_s(16) == pytest.approx(0.004 + 0.0005 * 16, rel=0.02)
+    assert prof.predict_s(6) == pytest.approx(0.007, rel=0.02)
+
+
+def test_export_and_import_round_trip_as_redis_would_return_it() -> None:
+    prof = LatencyProfile(ProfilePrior(prior_weight=0))
+    for _ in range(10):
+        prof.observe(1, 0.004)
+        prof.observe(8, 0.008)
+    table = prof.export_us()
+    assert table == {1: 4000, 8: 8000}
+    fresh = LatencyProfile(ProfilePrior(prior_weight=0))
+    fresh.load_us({str(k).encode(): str(v).encode() for k, v in table.items()})  # bytes, like redis-py
+    assert fresh.predict_s(8) == pytest.approx(0.008)
+    with pytest.raises(ValueError, match="batch size -> microseconds"):
+        fresh.load_us({"x": "1"})
