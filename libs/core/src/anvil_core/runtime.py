@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 from collections.abc import Awaitable, Callable
 
 from anvil_core.logs import get_logger, setup_logging
 from anvil_core.settings import ServiceSettings
 
-__all__ = ["run_service"]
+__all__ = ["run_service", "run_sync_service"]
 
 
 def run_service(
@@ -34,3 +35,15 @@ def run_service(
         uvloop.run(_wrapper())
     except ImportError:
         asyncio.run(_wrapper())
+
+
+def run_sync_service(kind: str, settings: ServiceSettings, main: Callable[[threading.Event], None]) -> None:
+    """Run a synchronous service loop `main(stop)` until SIGTERM/SIGINT sets `stop`."""
+    setup_logging(kind, settings.log_level)
+    log = get_logger(f"anvil.{kind}")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("starting", extra={"id": settings.service_id})
+    main(stop)
+    log.info("stopped", extra={"id": settings.service_id})

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-queue_depth = Gauge("anvil_scheduler_queue_depth", "Requests waiting", ["model"])
+queue_depth = Gauge("anvil_scheduler_queue_depth", "Requests waiting", ["model", "priority"])
+target_batch = Gauge("anvil_scheduler_target_batch", "B*: the PID (or policy) target batch size", ["model"])
 executors = Gauge("anvil_scheduler_executors", "Executors connected")
 batches = Counter("anvil_scheduler_batches_total", "Batches dispatched", ["model"])
 batch_size = Histogram(
@@ -14,11 +15,15 @@ batch_size = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 requests = Counter("anvil_scheduler_requests_total", "Requests answered", ["model", "outcome"])
+shed = Counter("anvil_scheduler_shed_total", "Requests shed", ["model", "reason", "priority"])
+slo_attainment = Gauge(
+    "anvil_scheduler_slo_attainment", "Share answered within SLO (sliding window)", ["priority"]
+)
 redispatched = Counter("anvil_scheduler_redispatched_total", "Requests re-queued after executor loss")
 duplicates = Counter("anvil_scheduler_duplicates_total", "Messages dropped as duplicates", ["what"])
-queue_us = Histogram(
-    "anvil_scheduler_queue_duration_us",
-    "Arrival to dispatch, µs",
+batch_rtt_us = Histogram(
+    "anvil_scheduler_batch_round_trip_us",
+    "Dispatch to result of a batch, µs",
     ["model"],
-    buckets=(50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000),
+    buckets=(100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000),
 )

@@ -1,52 +1,90 @@
-"""The scheduler process: ROUTER for gateways, ROUTER for executors, one asyncio task per socket.
+"""The scheduler process: a ZeroMQ poll loop over two ROUTER sockets driving `SchedulerCore`.
 
-Every request that enters is answered exactly once on the socket it came from: a result, or an
-Error with a code and reason (deadline, overload, unavailable). Request ids dedupe both directions.
+One thread owns both sockets and the core (whose calls must come from one thread with a monotonic
+clock); Redis chores (registry beat, profiles and SLO attainment) run on a background loop fed with
+snapshots. Every request that enters is answered exactly once on the socket it came from: the
+executor's response group forwarded unchanged, or an Error (deadline, overload, unavailable).
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
+import threading
 import time
-from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
-import zmq.asyncio
 from anvil_core import infer_codec as codec
-from anvil_core import wire
+from anvil_core import keys, wire
+from anvil_core.background import Background
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
 from anvil_core.wire import pb
-from anvil_core.zmq_sockets import make_socket, tcp_endpoint
+from anvil_core.zmq_sockets import tcp_endpoint
 
 from anvil_scheduler import metrics as m
-from anvil_scheduler.executors import ExecutorPool, ExecutorState
-from anvil_scheduler.fifo import FifoQueues, Pending
+from anvil_scheduler.core import (
+    AdmitOutcome,
+    AimdPolicy,
+    BatchingPolicy,
+    EdfPidPolicy,
+    ExecutorSpec,
+    FixedDelayConfig,
+    FixedDelayPolicy,
+    Release,
+    Request,
+    SchedulerConfig,
+    SchedulerCore,
+    Shed,
+    ShedReason,
+)
 from anvil_scheduler.settings import SchedulerSettings
 
 __all__ = ["Scheduler"]
 
 log = get_logger("anvil.scheduler")
-_ANSWERED_MEMORY = 100_000  # request ids remembered to drop late duplicates
+_SHED_CODES = {ShedReason.DEADLINE: pb.ErrorCode.DEADLINE, ShedReason.OVERLOAD: pb.ErrorCode.OVERLOAD}
+_SHED_TEXT = {
+    ShedReason.DEADLINE: "shed: it cannot finish by its deadline even alone",
+    ShedReason.OVERLOAD: "shed under overload: lower priorities go first",
+}
+_DRAIN = 256  # messages taken from one socket per loop turn, so neither side starves
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What the scheduler keeps of a request besides the core's record: where to answer, and the
+    frames to forward (owned here until the request is answered)."""
+
+    gateway: bytes
+    envelope: Any
+    frames: list[Any]
+    trace_id: str
+
+
+def make_policy(s: SchedulerSettings) -> BatchingPolicy:
+    if s.policy == "fixed_delay":
+        return FixedDelayPolicy(FixedDelayConfig(s.fixed_max_batch, s.fixed_max_queue_delay_us))
+    if s.policy == "aimd":
+        return AimdPolicy()
+    return EdfPidPolicy()
 
 
 class Scheduler:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.s = settings
-        self.ctx = zmq.asyncio.Context()
-        self.gw = make_socket(
-            self.ctx, zmq.ROUTER, bind=tcp_endpoint(settings.bind_host, settings.gateway_port)
+        self.ctx = zmq.Context()
+        self.gw = self._router(settings.gateway_port)
+        self.ex = self._router(settings.executor_port)
+        self.core = SchedulerCore(
+            make_policy(settings), SchedulerConfig(max_queue_depth=settings.max_queue_per_model)
         )
-        self.ex = make_socket(
-            self.ctx, zmq.ROUTER, bind=tcp_endpoint(settings.bind_host, settings.executor_port)
-        )
-        self.queues = FifoQueues(settings.max_queue_per_model)
-        self.pool = ExecutorPool()
-        self.active: dict[str, Pending] = {}
-        self.answered: OrderedDict[str, None] = OrderedDict()
-        self._batch_seq = 0
+        self.executors: dict[str, bytes] = {}  # executor id -> ROUTER identity
+        self.last_seen: dict[str, float] = {}
+        self.sent_at: dict[int, float] = {}  # batch id -> monotonic send time
+        self.bg = Background("scheduler-redis")
         self.registry = Registry(
             settings.redis_url,
             "scheduler",
@@ -55,229 +93,283 @@ class Scheduler:
             settings.heartbeat_interval_s,
             fields=self._fields,
         )
+        self._snapshot: dict[str, Any] = {"profiles": {}, "slo": {}}
+
+    def _router(self, port: int) -> zmq.Socket[bytes]:
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown identity raises instead of dropping
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.RCVHWM, 10_000)
+        sock.bind(tcp_endpoint(self.s.bind_host, port))
+        return sock
 
     def _fields(self) -> dict[str, Any]:
         host = self.s.advertise_host
         return {
             "gateway_endpoint": tcp_endpoint(host, self.s.gateway_port),
             "executor_endpoint": tcp_endpoint(host, self.s.executor_port),
-            "executors": len(self.pool.executors),
-            "queued": sum(self.queues.depth(mo) for mo in self.queues.queues),
-            "models": sorted({mo for ex in self.pool.executors.values() for mo in ex.models}),
+            "executors": len(self.executors),
+            "policy": self.s.policy,
+            "models": sorted(self.core.models()),
         }
 
-    async def run(self, stop: asyncio.Event) -> None:
+    # ---- loop ---------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
         serve_metrics(self.s.metrics_port, "scheduler", self.s.service_id)
-        await self.registry.start()
-        tasks = [
-            asyncio.create_task(self._gateway_loop(), name="gateway-rx"),
-            asyncio.create_task(self._executor_loop(), name="executor-rx"),
-            asyncio.create_task(self._reaper_loop(), name="reaper"),
-        ]
-        await stop.wait()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self.registry.stop()
+        self.bg.submit(self.registry.start()).result(10)
+        self.bg.every(self.s.publish_interval_ms / 1000, self._publish)
+        poller = zmq.Poller()
+        poller.register(self.gw, zmq.POLLIN)
+        poller.register(self.ex, zmq.POLLIN)
+        next_wake: float | None = None
+        next_chores = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            wait_s = 0.05 if next_wake is None else min(0.05, max(0.0, next_wake - now))
+            events = dict(poller.poll(int(wait_s * 1000)))
+            if self.gw in events:
+                self._drain(self.gw, self._on_gateway)
+            if self.ex in events:
+                self._drain(self.ex, self._on_executor)
+            now = time.monotonic()
+            if now >= next_chores:
+                self._chores(now)
+                next_chores = now + 0.05
+            next_wake = self._poll_core(now)
+        self.bg.submit(self.registry.stop()).result(5)
+        self.bg.stop()
         self.gw.close()
         self.ex.close()
         self.ctx.term()
 
-    # ---- gateways -------------------------------------------------------------------------
-    async def _gateway_loop(self) -> None:
-        while True:
-            parts = await self.gw.recv_multipart(copy=False)
-            if len(parts) < 2:
-                continue
+    def _drain(self, sock: zmq.Socket[bytes], handle: Any) -> None:
+        for _ in range(_DRAIN):
             try:
-                self._admit(parts[0].bytes, parts[1], parts[2:])
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                handle(parts[0].bytes, parts[1:])
             except wire.ProtocolError as exc:
-                log.warning("undecodable message from a gateway", extra={"err": str(exc)})
-                continue
-            self._dispatch()
+                log.warning("undecodable message", extra={"err": str(exc)})
 
-    def _admit(self, gateway: bytes, envelope: Any, frames: list[Any]) -> None:
-        req = codec.open_request(envelope)
+    def _poll_core(self, now: float) -> float | None:
+        decision = self.core.poll(now)
+        for shed in decision.shed:
+            self._answer_shed(shed)
+        for batch in decision.batches:
+            self._send_batch(batch, now)
+        return decision.next_wakeup_s
+
+    # ---- gateways -----------------------------------------------------------------------------
+    def _on_gateway(self, gateway: bytes, parts: list[Any]) -> None:
+        if not parts:
+            return
+        req = codec.open_request(parts[0])
         rid = (req.RequestId() or b"").decode()
         model = (req.Model() or b"").decode()
-        if rid in self.active or rid in self.answered:
-            m.duplicates.labels(what="request").inc()
-            return
+        trace = (req.TraceId() or b"").decode()
+        ticket = Ticket(gateway, parts[0], parts[1:], trace)
         now = time.monotonic()
         remaining_s = (req.DeadlineUnixNs() - time.time_ns()) / 1e9
-        p = Pending(
-            rid,
-            model,
-            gateway,
-            envelope,
-            frames,
-            now,
-            now + remaining_s,
-            trace_id=(req.TraceId() or b"").decode(),
-            priority=req.Priority(),
-        )
         if remaining_s <= 0:
-            self._fail(p, pb.ErrorCode.DEADLINE, "deadline already passed on arrival at the scheduler")
+            self._reply_error(
+                ticket, rid, model, pb.ErrorCode.DEADLINE, "deadline passed before it reached the scheduler"
+            )
             return
-        if not self.queues.push(p):
-            limit = self.s.max_queue_per_model
-            self._fail(p, pb.ErrorCode.OVERLOAD, f"queue of model {model!r} holds {limit} requests")
+        if model not in self.core.models():
+            self._reply_error(
+                ticket, rid, model, pb.ErrorCode.UNAVAILABLE, f"no executor has served model {model!r}"
+            )
             return
-        self.active[rid] = p
-        m.queue_depth.labels(model=model).set(self.queues.depth(model))
+        request = self.core.new_request(
+            rid, model, req.Priority(), now, timeout_s=remaining_s, payload=ticket
+        )
+        admission = self.core.admit(request, now)
+        if admission.outcome is AdmitOutcome.DUPLICATE:
+            m.duplicates.labels(what="request").inc()
+        for shed in admission.shed:
+            self._answer_shed(shed)
 
-    def _send_gateway(self, gateway: bytes, parts: list[Any]) -> None:
+    def _send_gateway(self, ticket: Ticket, parts: list[Any]) -> None:
         try:
-            self.gw.send_multipart([gateway, *parts], copy=False, flags=zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # gateway gone: nobody is waiting for this answer any more
+            self.gw.send_multipart([ticket.gateway, *parts], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:  # the gateway is gone: nobody waits for this answer any more
             log.warning("gateway unreachable; answer dropped", extra={"err": str(exc)})
 
-    def _finish(self, p: Pending, outcome: str) -> bool:
-        """Mark answered; False if it already was (the answer must not be sent twice)."""
-        if p.request_id in self.answered:
-            m.duplicates.labels(what="answer").inc()
-            return False
-        self.active.pop(p.request_id, None)
-        self.answered[p.request_id] = None
-        if len(self.answered) > _ANSWERED_MEMORY:
-            self.answered.popitem(last=False)
-        m.requests.labels(model=p.model, outcome=outcome).inc()
-        return True
-
-    def _fail(self, p: Pending, code: int, reason: str) -> None:
-        if not self._finish(p, wire.ERROR_NAMES.get(code, "error").lower()):
-            return
-        resp = codec.build_response(
-            request_id=p.request_id, trace_id=p.trace_id, model=p.model, error=(code, reason)
+    def _reply_error(self, ticket: Ticket, rid: str, model: str, code: int, reason: str) -> None:
+        m.requests.labels(model=model, outcome=wire.ERROR_NAMES.get(code, "error").lower()).inc()
+        env = codec.build_response(
+            request_id=rid, trace_id=ticket.trace_id, model=model, error=(code, reason)
         )
-        self._send_gateway(p.gateway, [resp])
+        self._send_gateway(ticket, [env])
 
-    # ---- executors ------------------------------------------------------------------------
-    async def _executor_loop(self) -> None:
-        while True:
-            parts = await self.ex.recv_multipart(copy=False)
-            ident, payload = parts[0].bytes, parts[1:]
-            try:
-                body, frames = wire.unpack(payload)
-            except wire.ProtocolError as exc:
-                log.warning("undecodable message from an executor", extra={"err": str(exc)})
-                continue
-            now = time.monotonic()
-            if isinstance(body, pb.RegisterT):
-                self._register(ident, body, now)
-            elif isinstance(body, pb.HeartbeatT):
-                if self.pool.seen(ident, now) is None:
-                    self._send_executor(
-                        ident, wire.pack(wire.error(pb.ErrorCode.UNAVAILABLE, "unregistered"))
-                    )
-            elif isinstance(body, pb.BatchResultT):
-                self.pool.seen(ident, now)
-                self._complete(ident, body, frames)
-            self._dispatch()
+    def _answer_shed(self, shed: Shed) -> None:
+        r = shed.request
+        m.shed.labels(model=r.model, reason=shed.reason.value, priority=str(r.priority)).inc()
+        self._reply_error(
+            _ticket(r), r.request_id, r.model, _SHED_CODES[shed.reason], _SHED_TEXT[shed.reason]
+        )
+
+    # ---- executors ----------------------------------------------------------------------------
+    def _on_executor(self, ident: bytes, parts: list[Any]) -> None:
+        body, frames = wire.unpack(parts)
+        now = time.monotonic()
+        eid = ident.decode(errors="replace")
+        if isinstance(body, pb.RegisterT):
+            self._register(ident, body, now)
+        elif isinstance(body, pb.HeartbeatT):
+            if eid not in self.executors:
+                self._send_executor(ident, wire.pack(wire.error(pb.ErrorCode.UNAVAILABLE, "unregistered")))
+            else:
+                self.last_seen[eid] = now
+        elif isinstance(body, pb.BatchResultT):
+            self.last_seen[eid] = now
+            self._complete(eid, body, frames, now)
 
     def _register(self, ident: bytes, reg: pb.RegisterT, now: float) -> None:
-        models = {wire.text(ms.name) for ms in (reg.models or [])}
-        state = ExecutorState(
-            identity=ident,
-            service_id=wire.text(reg.serviceId),
-            device=wire.text(reg.device),
-            max_batch=max(1, reg.maxBatch),
-            credits=max(1, reg.credits),
-            models=models,
-            last_seen_s=now,
+        eid = ident.decode(errors="replace")
+        models = {wire.text(spec.name): max(1, spec.maxBatch) for spec in reg.models or []}
+        for name, max_batch in models.items():
+            if name not in self.core.models():
+                self.core.register_model(name, max_batch)
+        spec = ExecutorSpec(
+            eid, wire.text(reg.device) or "cpu", max(1, reg.maxBatch), frozenset(models), max(1, reg.credits)
         )
-        known = ident in self.pool.executors
-        self.pool.upsert(state)
-        m.executors.set(len(self.pool.executors))
-        if not known:
-            log.info("executor registered", extra={"executor": state.service_id, "models": sorted(models)})
+        self.core.register_executor(spec, now)
+        if eid not in self.executors:
+            log.info("executor registered", extra={"executor": eid, "models": sorted(models)})
+        self.executors[eid] = ident
+        self.last_seen[eid] = now
+        m.executors.set(len(self.executors))
+        for name in models:
+            self.bg.submit(self._load_profile(name, spec.device))
 
     def _send_executor(self, ident: bytes, parts: list[Any]) -> bool:
         try:
-            self.ex.send_multipart([ident, *parts], copy=False, flags=zmq.NOBLOCK)
+            self.ex.send_multipart([ident, *parts], flags=zmq.NOBLOCK, copy=False)
             return True
         except zmq.ZMQError:
             return False
 
-    def _dispatch(self) -> None:
-        for model in self.queues.models_waiting():
-            while self.queues.depth(model):
-                ex = self.pool.pick(model)
-                if ex is None:
-                    break
-                batch = self.queues.pop_batch(model, min(ex.max_batch, self.s.max_batch))
-                self._send_batch(ex, model, batch)
-            m.queue_depth.labels(model=model).set(self.queues.depth(model))
-
-    def _send_batch(self, ex: ExecutorState, model: str, batch: list[Pending]) -> None:
+    def _send_batch(self, batch: Any, now: float) -> None:
         """Frames: [Batch envelope, then per request its envelope and payloads] (see infer_codec)."""
-        self._batch_seq += 1
-        batch_id = f"{self.s.service_id}-{self._batch_seq}"
-        now = time.monotonic()
         msg = pb.BatchT()
-        msg.batchId = batch_id
-        msg.model = model
-        msg.frameCounts = [1 + len(p.frames) for p in batch]
-        msg.queueUs = [int((now - p.arrival_s) * 1e6) for p in batch]
+        msg.batchId = str(batch.batch_id)
+        msg.model = batch.model
+        msg.frameCounts = []
+        msg.queueUs = []
         frames: list[Any] = []
-        for p, waited_us in zip(batch, msg.queueUs, strict=True):
-            frames.append(p.envelope)
-            frames.extend(p.frames)
-            p.attempts += 1
-            m.queue_us.labels(model=model).observe(waited_us)
-        ex.inflight[batch_id] = batch
-        m.batches.labels(model=model).inc()
-        m.batch_size.labels(model=model).observe(len(batch))
-        if not self._send_executor(ex.identity, wire.pack(msg, frames)):
-            self._lose_executor(ex.identity, "send failed")
+        for r in batch.requests:
+            ticket = _ticket(r)
+            msg.frameCounts.append(1 + len(ticket.frames))
+            msg.queueUs.append(int((now - r.arrival_s) * 1e6))
+            frames.append(ticket.envelope)
+            frames.extend(ticket.frames)
+        m.batches.labels(model=batch.model).inc()
+        m.batch_size.labels(model=batch.model).observe(batch.size)
+        self.sent_at[batch.batch_id] = now
+        ident = self.executors.get(batch.executor_id)
+        if ident is None or not self._send_executor(ident, wire.pack(msg, frames)):
+            self._lose(batch.executor_id, "send failed", now)
 
-    def _complete(self, ident: bytes, result: pb.BatchResultT, frames: list[Any]) -> None:
-        ex = self.pool.executors.get(ident)
-        batch_id = wire.text(result.batchId)
-        batch = ex.inflight.pop(batch_id, None) if ex is not None else None
-        if batch is None:
-            m.duplicates.labels(what="batch_result").inc()  # re-dispatched already; answered elsewhere
-            return
-        if result.error is not None and result.error.code != pb.ErrorCode.OK:
-            for p in batch:
-                self._fail(p, result.error.code, wire.text(result.error.reason))
-            return
-        by_id = {p.request_id: p for p in batch}
+    def _complete(self, eid: str, result: pb.BatchResultT, frames: list[Any], now: float) -> None:
         try:
-            groups = list(codec.split_groups(frames, wire.ints(result.frameCounts)))
-            for group in groups:
+            batch_id = int(wire.text(result.batchId))
+        except ValueError:
+            return
+        sent = self.sent_at.pop(batch_id, now)
+        if result.error is not None and result.error.code != pb.ErrorCode.OK:
+            code, reason = result.error.code, wire.text(result.error.reason)
+            retryable = code in (pb.ErrorCode.UNAVAILABLE,)
+            self._release(self.core.on_batch_failed(batch_id, eid, now, retryable=retryable), code, reason)
+            return
+        done = self.core.on_batch_done(batch_id, eid, now - sent, now)
+        if done.late:
+            m.duplicates.labels(what="late_result").inc(len(done.late))
+        answered = {r.request_id: r for r in done.answered}
+        if answered:
+            m.batch_rtt_us.labels(model=done.answered[0].model).observe((now - sent) * 1e6)
+        try:
+            for group in codec.split_groups(frames, wire.ints(result.frameCounts)):
                 rid = (codec.open_response(group[0]).RequestId() or b"").decode()
-                found = by_id.pop(rid, None)
-                if found is None:
-                    m.duplicates.labels(what="response").inc()
-                    continue
-                if self._finish(found, "answered"):
-                    self._send_gateway(found.gateway, group)  # forwarded unchanged
+                r = answered.pop(rid, None)
+                if r is not None:
+                    m.requests.labels(model=r.model, outcome="answered").inc()
+                    self._send_gateway(_ticket(r), group)  # forwarded unchanged
         except wire.ProtocolError as exc:
-            log.warning(
-                "malformed batch result", extra={"executor": ex.service_id if ex else "?", "err": str(exc)}
+            log.warning("malformed batch result", extra={"executor": eid, "err": str(exc)})
+        for r in answered.values():
+            self._reply_error(
+                _ticket(r),
+                r.request_id,
+                r.model,
+                pb.ErrorCode.INTERNAL,
+                "executor returned no result for this request",
             )
-        for p in by_id.values():
-            self._fail(p, pb.ErrorCode.INTERNAL, "executor returned no result for this request")
 
-    def _lose_executor(self, ident: bytes, why: str) -> None:
-        orphans = self.pool.remove(ident)
-        m.executors.set(len(self.pool.executors))
-        log.warning(
-            "executor lost",
-            extra={"executor": ident.decode(errors="replace"), "why": why, "requeued": len(orphans)},
-        )
-        live = [p for p in orphans if p.request_id not in self.answered]
-        m.redispatched.inc(len(live))
-        self.queues.push_front(live)
+    def _release(self, rel: Release, code: int, reason: str) -> None:
+        m.redispatched.inc(len(rel.requeued))
+        for r in rel.failed:
+            self._reply_error(_ticket(r), r.request_id, r.model, code, reason)
+        for shed in rel.shed:
+            self._answer_shed(shed)
 
-    async def _reaper_loop(self) -> None:
+    def _lose(self, eid: str, why: str, now: float) -> None:
+        self.executors.pop(eid, None)
+        self.last_seen.pop(eid, None)
+        m.executors.set(len(self.executors))
+        rel = self.core.on_executor_lost(eid, now)
+        log.warning("executor lost", extra={"executor": eid, "why": why, "requeued": len(rel.requeued)})
+        self._release(rel, pb.ErrorCode.INTERNAL, f"executor lost ({why}) and the request is out of attempts")
+
+    # ---- periodic -----------------------------------------------------------------------------
+    def _chores(self, now: float) -> None:
+        self.bg.drain()
         timeout_s = self.s.executor_timeout_ms / 1000
-        while True:
-            await asyncio.sleep(0.05)
-            now = time.monotonic()
-            for ident in self.pool.silent(now, timeout_s):
-                self._lose_executor(ident, f"no heartbeat for {self.s.executor_timeout_ms} ms")
-            for p in self.queues.expired(now):
-                self._fail(p, pb.ErrorCode.DEADLINE, "deadline passed while queued")
-            self._dispatch()
+        for eid, seen in list(self.last_seen.items()):
+            if now - seen > timeout_s:
+                self._lose(eid, f"no heartbeat for {self.s.executor_timeout_ms} ms", now)
+        for (model, priority), n in self.core.queue_depth().items():
+            m.queue_depth.labels(model=model, priority=str(priority)).set(n)
+        for model in self.core.models():
+            m.target_batch.labels(model=model).set(self.core.target_batch(model))
+        slo = {p: a for p, a in self.core.slo.attainment_all(now).items() if a is not None}
+        for p, a in slo.items():
+            m.slo_attainment.labels(priority=str(p)).set(a)
+        self._snapshot = {
+            "slo": {
+                str(p): json.dumps(
+                    {"attainment": a, "window_s": self.core.config.slo_window_s, "ts": time.time()}
+                )
+                for p, a in slo.items()
+            },
+            "profiles": {
+                keys.profile_key(model, spec.device): self.core.profiles.get(model, spec.device).export_us()
+                for spec in self.core.pool.specs()
+                for model in spec.models
+            },
+        }
+
+    async def _publish(self) -> None:
+        snap = self._snapshot
+        redis = self.registry.redis
+        async with redis.pipeline(transaction=False) as pipe:
+            if snap["slo"]:
+                pipe.hset(keys.slo_key(), mapping=snap["slo"])
+            for key, table in snap["profiles"].items():
+                if table:
+                    pipe.hset(key, mapping={str(k): str(v) for k, v in table.items()})
+            await pipe.execute()
+
+    async def _load_profile(self, model: str, device: str) -> None:
+        table = await self.registry.redis.hgetall(keys.profile_key(model, device))
+        if table:
+            self.bg.post(lambda: self.core.profiles.get(model, device).load_us(table))
+
+
+def _ticket(r: Request) -> Ticket:
+    ticket = r.payload
+    assert isinstance(ticket, Ticket), f"request {r.request_id} carries no ticket"
+    return ticket

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from anvil_core.settings import ServiceSettings
 
 __all__ = ["SchedulerSettings"]
@@ -12,9 +14,14 @@ class SchedulerSettings(ServiceSettings):
     gateway_port: int = 5555
     executor_port: int = 5556
     metrics_port: int = 8003
-    # Upper bound on any batch, whatever the executor or model says.
-    max_batch: int = 64
-    # Requests waiting per model before new ones are refused with OVERLOAD.
-    max_queue_per_model: int = 10_000
+    # Batching policy: ours (EDF + PID), or the peers it is compared with.
+    policy: Literal["edf_pid", "fixed_delay", "aimd"] = "edf_pid"
+    # fixed_delay only (Triton's dynamic batcher knobs).
+    fixed_max_batch: int = 32
+    fixed_max_queue_delay_us: int = 1000
+    # Requests waiting per model before the lowest-priority ones are shed with OVERLOAD.
+    max_queue_per_model: int = 4096
     # An executor silent for this long is declared lost and its in-flight batches re-dispatched.
     executor_timeout_ms: int = 3000
+    # Learned latency profiles and SLO attainment are published to Redis this often.
+    publish_interval_ms: int = 1000
