@@ -1,6 +1,6 @@
 """`python -m anvil_executor`: run one executor process."""
 
-from anvil_core.runtime import run_service
+from anvil_core.runtime import run_sync_service
 
 from anvil_executor.service import Executor
 from anvil_executor.settings import ExecutorSettings
@@ -8,7 +8,7 @@ from anvil_executor.settings import ExecutorSettings
 
 def main() -> None:
     settings = ExecutorSettings()
-    run_service("executor", settings, lambda stop: Executor(settings).run(stop))
+    run_sync_service("executor", settings, Executor(settings).run)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,29 @@
-"""The executor process: a DEALER to the scheduler (found through Redis) and one compute thread.
+"""The executor process: a ZeroMQ poll loop that owns the DEALER to the scheduler, and one compute
+thread that runs batches (STYLE rule 5: sockets belong to the I/O loop, compute reads a queue).
 
-The asyncio task owns the socket; batches go to a single worker thread and come back as results,
-so heartbeats keep flowing while a long batch runs.
+The compute thread hands results back over an inproc PAIR socket, so the I/O loop wakes on them
+like on any other message. Redis chores (registry beat, model specs, finding the scheduler) run on
+a background loop and post endpoint changes to the I/O loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import redis.asyncio as aioredis
 import zmq
-import zmq.asyncio
 from anvil_core import keys, wire
+from anvil_core.background import Background
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
 from anvil_core.wire import pb
-from anvil_core.zmq_sockets import make_socket
 
 from anvil_executor import metrics as m
-from anvil_executor.batch_runner import run_batch
+from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.models import Model, load_builtin
 from anvil_executor.settings import ExecutorSettings
 
@@ -37,12 +37,20 @@ class Executor:
         self.s = settings
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
         self.models: dict[str, Model] = {n: load_builtin(n, settings.max_batch) for n in names}
-        self.ctx = zmq.asyncio.Context()
-        self.sock = make_socket(self.ctx, zmq.DEALER, identity=settings.service_id)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IDENTITY, settings.service_id.encode())
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        self.done_rx = self.ctx.socket(zmq.PAIR)
+        self.done_rx.bind(f"inproc://done-{id(self)}")
+        self.work: queue.SimpleQueue[tuple[pb.BatchT, list[Any]] | None] = queue.SimpleQueue()
         self.endpoint: str | None = None
         self.inflight = 0
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._beat_seq = 0
+        self.shm: Any = None
+        self.bg = Background("executor-redis")
         self.registry = Registry(
             settings.redis_url,
             "executor",
@@ -72,15 +80,48 @@ class Executor:
         for rec in await self.registry.services("scheduler"):
             endpoint = rec.get("executor_endpoint") or endpoint
         if endpoint and endpoint != self.endpoint:
-            if self.endpoint:
-                self.sock.disconnect(self.endpoint)
-            self.sock.connect(endpoint)
-            self.endpoint = endpoint
-            m.connected.set(1)
-            log.info("connected to scheduler", extra={"endpoint": endpoint})
-            await self._register()
+            self.bg.post(lambda: self._follow(endpoint))
 
-    async def _register(self) -> None:
+    # ---- I/O loop -----------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        serve_metrics(self.s.metrics_port, "executor", self.s.service_id)
+        self.shm = self._shm_resolver()
+        compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
+        compute.start()
+        self.bg.submit(self.registry.start()).result(10)
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.done_rx, zmq.POLLIN)
+        next_beat = time.monotonic() + self.s.heartbeat_interval_s
+        while not stop.is_set():
+            events = dict(poller.poll(50))
+            if self.done_rx in events:
+                self._drain_results()
+            if self.sock in events:
+                self._drain_scheduler()
+            self.bg.drain()
+            now = time.monotonic()
+            if now >= next_beat:
+                self._heartbeat()
+                next_beat = now + self.s.heartbeat_interval_s
+        self.work.put(None)
+        compute.join(5)
+        self.bg.submit(self.registry.stop()).result(5)
+        self.bg.stop()
+        for sock in (self.sock, self.done_rx):
+            sock.close()
+        self.ctx.term()
+
+    def _follow(self, endpoint: str) -> None:
+        if self.endpoint:
+            self.sock.disconnect(self.endpoint)
+        self.sock.connect(endpoint)
+        self.endpoint = endpoint
+        m.connected.set(1)
+        log.info("connected to scheduler", extra={"endpoint": endpoint})
+        self._register()
+
+    def _register(self) -> None:
         reg = pb.RegisterT()
         reg.kind = pb.ServiceKind.EXECUTOR
         reg.serviceId = self.s.service_id
@@ -94,74 +135,94 @@ class Executor:
             spec.version = model.spec.version
             spec.maxBatch = model.spec.max_batch
             reg.models.append(spec)
-        await self.sock.send_multipart(wire.pack(reg))
+        self._send(wire.pack(reg))
 
-    async def run(self, stop: asyncio.Event) -> None:
-        serve_metrics(self.s.metrics_port, "executor", self.s.service_id)
-        await self.registry.start()
-        tasks = [
-            asyncio.create_task(self._rx_loop(), name="rx"),
-            asyncio.create_task(self._heartbeat_loop(), name="zmq-heartbeat"),
-        ]
-        await stop.wait()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self.registry.stop()
-        self._compute.shutdown(wait=False, cancel_futures=True)
-        self.sock.close()
-        self.ctx.term()
+    def _heartbeat(self) -> None:
+        if self.endpoint is None:
+            return
+        self._beat_seq += 1
+        hb = pb.HeartbeatT()
+        hb.kind = pb.ServiceKind.EXECUTOR
+        hb.serviceId = self.s.service_id
+        hb.seq = self._beat_seq
+        hb.inflight = self.inflight
+        self._send(wire.pack(hb))
 
-    async def _heartbeat_loop(self) -> None:
+    def _send(self, parts: list[Any]) -> None:
+        try:
+            self.sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # no scheduler connected right now: the scheduler re-dispatches on its side
+            log.warning("scheduler unreachable; message dropped")
+
+    def _drain_scheduler(self) -> None:
         while True:
-            await asyncio.sleep(self.s.heartbeat_interval_s)
-            if self.endpoint is None:
-                continue
-            self._beat_seq += 1
-            hb = pb.HeartbeatT()
-            hb.kind = pb.ServiceKind.EXECUTOR
-            hb.serviceId = self.s.service_id
-            hb.seq = self._beat_seq
-            hb.inflight = self.inflight
-            await self.sock.send_multipart(wire.pack(hb))
-
-    async def _rx_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            parts = await self.sock.recv_multipart(copy=False)
+            try:
+                parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
             try:
                 body, frames = wire.unpack(parts)
             except wire.ProtocolError as exc:
                 log.warning("undecodable message from the scheduler", extra={"err": str(exc)})
                 continue
             if isinstance(body, pb.ErrorT):  # the scheduler does not know us (it restarted)
-                await self._register()
+                self._register()
             elif isinstance(body, pb.BatchT):
                 self.inflight += 1
                 m.inflight.set(self.inflight)
-                fut = loop.run_in_executor(
-                    self._compute, run_batch, self.models, body, frames, self.s.service_id, self.s.device
-                )
-                fut.add_done_callback(functools.partial(self._on_done, batch=body, t0=time.perf_counter()))
+                self.work.put((body, frames))
 
-    def _on_done(
-        self, fut: asyncio.Future[tuple[pb.BatchResultT, list[Any]]], batch: pb.BatchT, t0: float
-    ) -> None:
-        self.inflight -= 1
-        m.inflight.set(self.inflight)
-        model = wire.text(batch.model)
+    def _drain_results(self) -> None:
+        while True:
+            try:
+                parts = self.done_rx.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self.inflight -= 1
+            m.inflight.set(self.inflight)
+            self._send(parts)
+
+    # ---- compute thread -----------------------------------------------------------------------
+    def _compute_loop(self) -> None:
+        done_tx = self.ctx.socket(zmq.PAIR)
+        done_tx.connect(f"inproc://done-{id(self)}")
         try:
-            result, frames = fut.result()
-        except Exception as exc:
-            result = pb.BatchResultT()
-            result.batchId = batch.batchId
-            result.executorId = self.s.service_id
-            result.error = wire.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
-            frames = []
-        outcome = "error" if result.error is not None else "success"
-        m.batches.labels(model=model, outcome=outcome).inc()
-        m.compute_us.labels(model=model).observe((time.perf_counter() - t0) * 1e6)
-        asyncio.get_running_loop().create_task(self._send(wire.pack(result, frames)))
+            while (item := self.work.get()) is not None:
+                batch, frames = item
+                t0 = time.perf_counter()
+                model = wire.text(batch.model)
+                try:
+                    result, out = run_batch(
+                        self.models,
+                        batch,
+                        frames,
+                        self.s.service_id,
+                        self.s.device,
+                        **({"shm": self.shm} if self.shm is not None else {}),
+                    )
+                except Exception as exc:  # never lose a batch: every request hears the failure
+                    log.exception("batch failed")
+                    result, out = pb.BatchResultT(), []
+                    result.batchId = batch.batchId
+                    result.executorId = self.s.service_id
+                    result.error = wire.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
+                outcome = "error" if result.error is not None else "success"
+                m.batches.labels(model=model, outcome=outcome).inc()
+                m.compute_us.labels(model=model).observe((time.perf_counter() - t0) * 1e6)
+                done_tx.send_multipart(wire.pack(result, out), copy=False)
+        finally:
+            done_tx.close()
 
-    async def _send(self, parts: list[Any]) -> None:
-        await self.sock.send_multipart(parts, copy=False)
+    def _shm_resolver(self) -> ShmResolver | None:
+        if not self.s.shm_inputs:
+            return None
+        try:
+            from anvil_executor.shm_inputs import ShmInputs
+        except ImportError:
+            return None
+        shm = ShmInputs(self.s.redis_url)
+        start = getattr(shm, "start", None)
+        if callable(start):
+            start()
+        resolver: ShmResolver = shm.resolve
+        return resolver

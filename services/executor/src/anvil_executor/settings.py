@@ -17,3 +17,5 @@ class ExecutorSettings(ServiceSettings):
     credits: int = 2
     # Comma-separated built-in models to load at start-up.
     models: str = "identity,mlp"
+    # Accept inputs that stay in a client's shared memory (ZeroCopy, same host only).
+    shm_inputs: bool = True

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from anvil_core.model_spec import ModelSpec, TensorSpec
 
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
 
-__all__ = ["BUILTIN", "IdentityModel", "MlpModel", "load_builtin", "mlp_reference"]
+__all__ = ["BUILTIN", "BusyModel", "IdentityModel", "MlpModel", "load_builtin", "mlp_reference"]
 
 MLP_SEED = 20261129
 MLP_IN, MLP_HIDDEN, MLP_OUT = 16, 32, 4
@@ -70,11 +72,32 @@ class MlpModel(Model):
         return out
 
 
-BUILTIN = {"identity": IdentityModel, "mlp": MlpModel}
+class BusyModel(Model):
+    """A stand-in device with a known service time t(B) = base + per_row·B (sleeping, so it costs no
+    CPU): the scheduler's batching is tested on it where no GPU exists. Returns INPUT0 as OUTPUT0."""
+
+    def __init__(self, max_batch: int, base_us: int = 4000, per_row_us: int = 500) -> None:
+        self.base_s = base_us / 1e6
+        self.per_row_s = per_row_us / 1e6
+        self.spec = ModelSpec(
+            name="busy",
+            max_batch=max_batch,
+            inputs=(TensorSpec("INPUT0", "FP32", (-1,)),),
+            outputs=(TensorSpec("OUTPUT0", "FP32", (-1,)),),
+        )
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        rows = sum(req["INPUT0"].shape[0] for req in batch)
+        time.sleep(self.base_s + self.per_row_s * rows)
+        return [{"OUTPUT0": np.array(req["INPUT0"], copy=True)} for req in batch]
+
+
+BUILTIN = {"identity": IdentityModel, "mlp": MlpModel, "busy": BusyModel}
 
 
 def load_builtin(name: str, max_batch: int) -> Model:
     try:
-        return BUILTIN[name](max_batch)
+        cls = BUILTIN[name]
     except KeyError:
         raise ValueError(f"unknown built-in model {name!r}; built-ins: {sorted(BUILTIN)}") from None
+    return cls(max_batch)

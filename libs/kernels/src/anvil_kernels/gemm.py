@@ -1,0 +1,230 @@
+"""INT4 GEMM/GEMV with a fused epilogue: ``out = act(x @ W + bias) + residual``.
+
+CPU kernel design (x (M, K) f32, W as Int4Weight, packed (K/2, N)):
+- N is split into chunks, one prange task per chunk; a task streams its column range of every
+  packed row (contiguous bytes) and vectorizes across N, so there is no horizontal reduction.
+- Per group: acc[m, n] = sum_k q[k, n] * x[m, k] over the g rows of the group (two packed rows,
+  i.e. four K rows, per pass), then out[m, n] += s * (acc - z * sum_k x[m, k]); the per-group
+  sums of x are computed once per call. This is sum (q - z) * s * x with one multiply by the
+  scale per group instead of one per weight.
+- M == 1 decodes nibbles straight into the FMAs; M > 1 decodes two packed rows once into a
+  float32 tile and reuses it for every row of x (two rows of x per pass).
+- Bias, activation and residual are applied to the chunk while it is still in cache.
+Scratch (acc, decoded tile, group sums) lives in a Workspace; pass one to avoid allocation.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from anvil_kernels import _jit
+from anvil_kernels import _validate as v
+from anvil_kernels.activations import ACTIVATIONS, epilogue_row
+from anvil_kernels.format import Int4Weight
+from anvil_kernels.workspace import Workspace
+
+_U4 = np.uint8(4)
+_U15 = np.uint8(15)
+
+
+@njit(fastmath=_jit.REDUCE, cache=True)
+def _group_sums(x: np.ndarray, g: int, sx: np.ndarray) -> None:
+    # x (M, K) f32 -> sx (M, K/g) f32: sum of x over each group of g inputs
+    m_rows, groups = sx.shape
+    for m in range(m_rows):
+        for gi in range(groups):
+            seg = x[m, gi * g : (gi + 1) * g]
+            t = np.float32(0.0)
+            for i in range(seg.size):
+                t += seg[i]
+            sx[m, gi] = t
+
+
+@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True)
+def _int4_matmul_cpu(
+    x: np.ndarray,  # (M, K) f32
+    packed: np.ndarray,  # (K/2, N) u8
+    s: np.ndarray,  # (K/g, N) f32
+    z: np.ndarray,  # (K/g, N) f32
+    sx: np.ndarray,  # (M, K/g) f32, group sums of x
+    acc: np.ndarray,  # (M, N) f32 scratch
+    tile: np.ndarray,  # (chunks, 4, nb) f32 scratch, decoded nibbles (M > 1 only)
+    out: np.ndarray,  # (M, N) f32
+    nb: int,  # columns per chunk
+    bias: np.ndarray,  # (N,) f32 or empty
+    act: int,
+    residual: np.ndarray,  # (M, N) f32 or empty
+) -> None:
+    half_k, n_cols = packed.shape
+    m_rows = x.shape[0]
+    groups = s.shape[0]
+    rows_per_group = half_k // groups  # packed rows per group (g / 2, even)
+    use_bias = bias.size > 0
+    use_res = residual.size > 0
+    chunks = (n_cols + nb - 1) // nb
+    for c in prange(chunks):
+        n0 = c * nb
+        n1 = min(n_cols, n0 + nb)
+        w = n1 - n0
+        d = tile[c]
+        for gi in range(groups):
+            for m in range(m_rows):
+                a = acc[m, n0:n1]
+                for i in range(w):
+                    a[i] = 0.0
+            for jj in range(0, rows_per_group, 2):
+                j = gi * rows_per_group + jj  # packed rows j, j+1 = K rows 2j .. 2j+3
+                r0 = packed[j, n0:n1]
+                r1 = packed[j + 1, n0:n1]
+                if m_rows == 1:
+                    a = acc[0, n0:n1]
+                    x0 = x[0, 2 * j]
+                    x1 = x[0, 2 * j + 1]
+                    x2 = x[0, 2 * j + 2]
+                    x3 = x[0, 2 * j + 3]
+                    for i in range(w):
+                        t = a[i]
+                        t += np.float32(np.uint8(r0[i] & _U15)) * x0
+                        t += np.float32(np.uint8(r0[i] >> _U4)) * x1
+                        t += np.float32(np.uint8(r1[i] & _U15)) * x2
+                        t += np.float32(np.uint8(r1[i] >> _U4)) * x3
+                        a[i] = t
+                    continue
+                q0 = d[0, :w]
+                q1 = d[1, :w]
+                q2 = d[2, :w]
+                q3 = d[3, :w]
+                for i in range(w):
+                    q0[i] = np.float32(np.uint8(r0[i] & _U15))
+                    q1[i] = np.float32(np.uint8(r0[i] >> _U4))
+                    q2[i] = np.float32(np.uint8(r1[i] & _U15))
+                    q3[i] = np.float32(np.uint8(r1[i] >> _U4))
+                for m in range(0, m_rows - 1, 2):
+                    a = acc[m, n0:n1]
+                    b = acc[m + 1, n0:n1]
+                    xa0, xa1, xa2, xa3 = x[m, 2 * j], x[m, 2 * j + 1], x[m, 2 * j + 2], x[m, 2 * j + 3]
+                    xb0, xb1 = x[m + 1, 2 * j], x[m + 1, 2 * j + 1]
+                    xb2, xb3 = x[m + 1, 2 * j + 2], x[m + 1, 2 * j + 3]
+                    for i in range(w):
+                        t = a[i]
+                        t += q0[i] * xa0
+                        t += q1[i] * xa1
+                        t += q2[i] * xa2
+                        t += q3[i] * xa3
+                        a[i] = t
+                        u = b[i]
+                        u += q0[i] * xb0
+                        u += q1[i] * xb1
+                        u += q2[i] * xb2
+                        u += q3[i] * xb3
+                        b[i] = u
+                if m_rows % 2 == 1:
+                    m = m_rows - 1
+                    a = acc[m, n0:n1]
+                    xa0, xa1, xa2, xa3 = x[m, 2 * j], x[m, 2 * j + 1], x[m, 2 * j + 2], x[m, 2 * j + 3]
+                    for i in range(w):
+                        t = a[i]
+                        t += q0[i] * xa0
+                        t += q1[i] * xa1
+                        t += q2[i] * xa2
+                        t += q3[i] * xa3
+                        a[i] = t
+            sg = s[gi, n0:n1]
+            zg = z[gi, n0:n1]
+            for m in range(m_rows):
+                a = acc[m, n0:n1]
+                o = out[m, n0:n1]
+                sxm = sx[m, gi]
+                if gi == 0:
+                    for i in range(w):
+                        o[i] = sg[i] * (a[i] - zg[i] * sxm)
+                else:
+                    for i in range(w):
+                        o[i] += sg[i] * (a[i] - zg[i] * sxm)
+        if use_bias or use_res or act != 0:
+            for m in range(m_rows):
+                bseg = bias[n0:n1] if use_bias else bias
+                rseg = residual[m, n0:n1] if use_res else bias[0:0]
+                epilogue_row(out[m, n0:n1], bseg, act, rseg, use_bias, use_res)
+
+
+GEMM_MAX_CHUNK = 1024  # columns; measured best of 128..2048 for M = 8 and 32 (bench/kernels_cpu.py)
+
+
+def chunk_width(m: int, n: int, threads: int) -> int:
+    """Columns per prange task: one chunk per thread for GEMV (pure streaming), at most
+    GEMM_MAX_CHUNK for M > 1 so that tasks balance. A multiple of 64 (one cache line of bytes)."""
+    per_thread = -(-n // max(threads, 1))
+    nb = per_thread if m == 1 else min(per_thread, GEMM_MAX_CHUNK)
+    return max(64, -(-nb // 64) * 64)
+
+
+def int4_linear(
+    x: np.ndarray,
+    w: Int4Weight,
+    out: np.ndarray,
+    bias: np.ndarray | None = None,
+    activation: str = "none",
+    residual: np.ndarray | None = None,
+    workspace: Workspace | None = None,
+) -> np.ndarray:
+    """``out = act(x @ W + bias) + residual`` for x (M, K) float32 and an INT4 weight W (K, N).
+
+    activation: "none" | "relu" | "gelu_erf" | "gelu_tanh" | "silu". All arrays float32 and
+    C-contiguous; out (M, N) is written in full and must not alias any input. Pass a Workspace
+    to reuse scratch across calls (otherwise a fresh one is allocated). Returns ``out``.
+    """
+    if not isinstance(w, Int4Weight):
+        raise ValueError(f"w must be an Int4Weight, got {type(w).__name__}")
+    v.array("x", x, np.float32, 2)
+    m = x.shape[0]
+    if x.shape[1] != w.k:
+        raise ValueError(f"x must have shape (M, K={w.k}) to match w, got {x.shape}")
+    v.positive_dims("x", x.shape)
+    v.array("out", out, np.float32, 2, (m, w.n))
+    v.writable("out", out)
+    if bias is not None:
+        v.array("bias", bias, np.float32, 1, (w.n,))
+    if residual is not None:
+        v.array("residual", residual, np.float32, 2, (m, w.n))
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+    v.no_overlap("out", out, x=x, bias=bias, residual=residual)
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise ValueError(f"workspace must be a Workspace or None, got {type(workspace).__name__}")
+    return _int4_linear_cpu(x, w, out, bias, ACTIVATIONS[activation], residual, workspace or Workspace())
+
+
+def _int4_linear_cpu(
+    x: np.ndarray,
+    w: Int4Weight,
+    out: np.ndarray,
+    bias: np.ndarray | None,
+    act: int,
+    residual: np.ndarray | None,
+    ws: Workspace,
+) -> np.ndarray:
+    m = x.shape[0]
+    nb = chunk_width(m, w.n, numba.get_num_threads())
+    chunks = -(-w.n // nb)
+    sx = ws.get("int4.sx", (m, w.num_groups))
+    acc = ws.get("int4.acc", (m, w.n))
+    tile = ws.get("int4.tile", (chunks, 4, nb) if m > 1 else (chunks, 4, 0))
+    _group_sums(x, w.group_size, sx)
+    _int4_matmul_cpu(
+        x,
+        w.packed,
+        w.scales_f32,
+        w.zeros_f32,
+        sx,
+        acc,
+        tile,
+        out,
+        nb,
+        _jit.EMPTY1 if bias is None else bias,
+        act,
+        _jit.EMPTY2 if residual is None else residual,
+    )
+    return out

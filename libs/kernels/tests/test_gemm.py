@@ -1,0 +1,120 @@
+"""int4_linear against a float64 numpy reference on the same dequantized weight."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from anvil_kernels import Int4Weight, Workspace, int4_linear, quantize
+from anvil_kernels.format import pack_nibbles, unpack_nibbles
+from anvil_kernels.tolerances import ACT_RTOL, MATMUL_ATOL, MATMUL_RTOL
+
+_ERF = np.vectorize(math.erf)
+
+
+def _ref_act(y: np.ndarray, act: str) -> np.ndarray:
+    if act == "relu":
+        return np.maximum(y, 0.0)
+    if act == "gelu_erf":
+        return 0.5 * y * (1.0 + _ERF(y / math.sqrt(2.0)))
+    if act == "gelu_tanh":
+        return 0.5 * y * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (y + 0.044715 * y**3)))
+    if act == "silu":
+        return y / (1.0 + np.exp(-y))
+    return y
+
+
+def _random_weight(rng: np.random.Generator, k: int, n: int, g: int) -> Int4Weight:
+    q = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
+    s = rng.uniform(0.001, 0.05, size=(k // g, n)).astype(np.float16)
+    z = rng.integers(0, 16, size=(k // g, n)).astype(np.float16)
+    return Int4Weight(pack_nibbles(q), s, z, g, k, n, "fp16")
+
+
+def _terms(w: Int4Weight) -> tuple[np.ndarray, np.ndarray]:
+    """(dequantized W, magnitude of the summed terms (q + z) * s), both float64 (K, N)."""
+    q = unpack_nibbles(w.packed).astype(np.float64)
+    s = np.repeat(w.scales_f32.astype(np.float64), w.group_size, axis=0)
+    z = np.repeat(w.zeros_f32.astype(np.float64), w.group_size, axis=0)
+    return (q - z) * s, (q + z) * s
+
+
+def _check(out: np.ndarray, ref: np.ndarray, mag: np.ndarray, extra: np.ndarray | float = 0.0) -> None:
+    """|out - ref| <= MATMUL_RTOL * mag + MATMUL_ATOL (+ extra)."""
+    err = np.abs(out.astype(np.float64) - ref)
+    bound = MATMUL_RTOL * mag + MATMUL_ATOL + extra
+    assert np.all(err <= bound), f"max err/bound {float((err / bound).max()):.3g}"
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 17])
+@pytest.mark.parametrize(("k", "n", "g"), [(256, 67, 128), (512, 129, 64), (96, 8, 32), (512, 300, 256)])
+def test_matmul_matches_reference(rng: np.random.Generator, m: int, k: int, n: int, g: int) -> None:
+    w = _random_weight(rng, k, n, g)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    assert int4_linear(x, w, out) is out
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    _check(out, xa @ wd, np.abs(xa) @ wmag)
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu_erf", "gelu_tanh", "silu"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_fused_epilogue(rng: np.random.Generator, act: str, m: int) -> None:
+    k, n = 256, 45
+    w = quantize(rng.standard_normal((k, n)).astype(np.float32), group_size=64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    out = np.empty((m, n), np.float32)
+    int4_linear(x, w, out, bias=bias, activation=act, residual=res)
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    pre = xa @ wd + bias
+    ref = _ref_act(pre, act) + res
+    # the activations here are at most 1.13-Lipschitz: matmul error passes through scaled by <= 1.2
+    _check(out, ref, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
+
+
+def test_bias_only_and_residual_only(rng: np.random.Generator) -> None:
+    k, n, m = 128, 33, 3
+    w = _random_weight(rng, k, n, 32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    out = np.empty((m, n), np.float32)
+    int4_linear(x, w, out, bias=bias)
+    _check(out, xa @ wd + bias, np.abs(xa) @ wmag + np.abs(bias))
+    int4_linear(x, w, out, residual=res)
+    _check(out, xa @ wd + res, np.abs(xa) @ wmag + np.abs(res))
+
+
+def test_workspace_reused_across_shapes(rng: np.random.Generator) -> None:
+    ws = Workspace()
+    w = _random_weight(rng, 128, 70, 64)
+    wd, wmag = _terms(w)
+    for m in (4, 1, 9, 4):
+        x = rng.standard_normal((m, 128)).astype(np.float32)
+        out = np.empty((m, 70), np.float32)
+        int4_linear(x, w, out, workspace=ws)
+        xa = x.astype(np.float64)
+        _check(out, xa @ wd, np.abs(xa) @ wmag)
+    size = ws.nbytes
+    int4_linear(
+        rng.standard_normal((4, 128)).astype(np.float32), w, np.empty((4, 70), np.float32), workspace=ws
+    )
+    assert ws.nbytes == size  # steady state: no growth, no new buffers
+
+
+@pytest.mark.parametrize("scale_dtype", ["bf16", "fp32"])
+def test_scale_dtypes(rng: np.random.Generator, scale_dtype: str) -> None:
+    w = quantize(rng.standard_normal((128, 40)).astype(np.float32), group_size=32, scale_dtype=scale_dtype)
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    out = np.empty((2, 40), np.float32)
+    int4_linear(x, w, out)
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    _check(out, xa @ wd, np.abs(xa) @ wmag)
