@@ -9,7 +9,16 @@ from anvil_core.model_spec import ModelSpec, TensorSpec
 
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
 
-__all__ = ["BUILTIN", "BusyModel", "IdentityModel", "MlpModel", "load_builtin", "mlp_reference"]
+__all__ = [
+    "BUILTIN",
+    "BusyModel",
+    "DeepMlpModel",
+    "IdentityModel",
+    "MlpModel",
+    "deep_mlp_weights",
+    "load_builtin",
+    "mlp_reference",
+]
 
 MLP_SEED = 20261129
 MLP_IN, MLP_HIDDEN, MLP_OUT = 16, 32, 4
@@ -92,7 +101,50 @@ class BusyModel(Model):
         return [{"OUTPUT0": np.array(req["INPUT0"], copy=True)} for req in batch]
 
 
-BUILTIN = {"identity": IdentityModel, "mlp": MlpModel, "busy": BusyModel}
+DEEP_SEED, DEEP_WIDTH, DEEP_LAYERS = 1234, 1024, 4
+
+
+def deep_mlp_weights() -> list[tuple[np.ndarray, np.ndarray]]:
+    """mlp4x1024's weights: for each of 4 layers, w = N(0,1)/sqrt(1024) (1024, 1024) then
+    b = 0.01·N(0,1) (1024,), float32, drawn in that order from numpy.random.default_rng(1234).
+    The serving-peers benchmark rebuilds the same weights in each peer from this recipe."""
+    rng = np.random.default_rng(DEEP_SEED)
+    out = []
+    for _ in range(DEEP_LAYERS):
+        w = (rng.standard_normal((DEEP_WIDTH, DEEP_WIDTH)) / np.sqrt(DEEP_WIDTH)).astype(np.float32)
+        b = (0.01 * rng.standard_normal(DEEP_WIDTH)).astype(np.float32)
+        out.append((w, b))
+    return out
+
+
+class DeepMlpModel(Model):
+    """mlp4x1024: 4 layers of x @ w + b, ReLU between layers (not after the last), FP32 [-1, 1024]."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.spec = ModelSpec(
+            name="mlp4x1024",
+            max_batch=max_batch,
+            inputs=(TensorSpec("INPUT0", "FP32", (DEEP_WIDTH,)),),
+            outputs=(TensorSpec("OUTPUT0", "FP32", (DEEP_WIDTH,)),),
+        )
+        self.layers = deep_mlp_weights()
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        h = np.concatenate([req["INPUT0"] for req in batch], axis=0)  # (sum B_i, 1024) fp32
+        for i, (w, b) in enumerate(self.layers):
+            h = h @ w + b
+            if i < len(self.layers) - 1:
+                np.maximum(h, 0.0, out=h)
+        out: list[RequestOutputs] = []
+        row = 0
+        for req in batch:
+            n = req["INPUT0"].shape[0]
+            out.append({"OUTPUT0": h[row : row + n]})
+            row += n
+        return out
+
+
+BUILTIN = {"identity": IdentityModel, "mlp": MlpModel, "busy": BusyModel, "mlp4x1024": DeepMlpModel}
 
 
 def load_builtin(name: str, max_batch: int) -> Model:
