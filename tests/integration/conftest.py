@@ -207,12 +207,12 @@ def waiter() -> Callable[..., float]:
 
 
 @pytest.fixture
-def new_local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], LocalStack]]:
+def new_local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalStack]]:
     """Start extra, private stacks (stopped at teardown if the test did not)."""
     made: list[LocalStack] = []
 
-    def make() -> LocalStack:
-        s = LocalStack(tmp_path_factory.mktemp("extra"))
+    def make(env: dict[str, str] | None = None, scale: dict[str, int] | None = None) -> LocalStack:
+        s = LocalStack(tmp_path_factory.mktemp("extra"), extra_env=env, scale=scale)
         made.append(s)
         return s
 

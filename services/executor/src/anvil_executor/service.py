@@ -25,6 +25,7 @@ from anvil_core.wire import pb
 from anvil_executor import metrics as m
 from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.models import Model, load_builtin
+from anvil_executor.models.builtin import BusyModel
 from anvil_executor.settings import ExecutorSettings
 
 __all__ = ["Executor"]
@@ -36,7 +37,7 @@ class Executor:
     def __init__(self, settings: ExecutorSettings) -> None:
         self.s = settings
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
-        self.models: dict[str, Model] = {n: load_builtin(n, settings.max_batch) for n in names}
+        self.models: dict[str, Model] = {n: self._load(n) for n in names}
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -60,6 +61,11 @@ class Executor:
             fields=self._fields,
             on_beat=self._on_beat,
         )
+
+    def _load(self, name: str) -> Model:
+        if name == "busy":
+            return BusyModel(self.s.max_batch, self.s.busy_base_us, self.s.busy_per_row_us)
+        return load_builtin(name, self.s.max_batch)
 
     def _fields(self) -> dict[str, Any]:
         return {

@@ -17,5 +17,8 @@ class ExecutorSettings(ServiceSettings):
     credits: int = 2
     # Comma-separated built-in models to load at start-up.
     models: str = "identity,mlp"
+    # The `busy` stand-in device: t(B) = base + per_row x rows, sleeping (tests and simulations).
+    busy_base_us: int = 4000
+    busy_per_row_us: int = 500
     # Accept inputs that stay in a client's shared memory (ZeroCopy, same host only).
     shm_inputs: bool = True

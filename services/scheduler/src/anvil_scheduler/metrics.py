@@ -27,3 +27,7 @@ batch_rtt_us = Histogram(
     ["model"],
     buckets=(100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000),
 )
+pid_measured = Gauge(
+    "anvil_scheduler_pid_measured", "EDF+PID input: windowed p99 of best-case latency / budget", ["model"]
+)
+batch_ceiling = Gauge("anvil_scheduler_batch_ceiling", "EDF+PID feedforward ceiling on B*", ["model"])

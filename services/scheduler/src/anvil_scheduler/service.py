@@ -33,6 +33,7 @@ from anvil_scheduler.core import (
     ExecutorSpec,
     FixedDelayConfig,
     FixedDelayPolicy,
+    PriorityClass,
     Release,
     Request,
     SchedulerConfig,
@@ -78,9 +79,13 @@ class Scheduler:
         self.ctx = zmq.Context()
         self.gw = self._router(settings.gateway_port)
         self.ex = self._router(settings.executor_port)
-        self.core = SchedulerCore(
-            make_policy(settings), SchedulerConfig(max_queue_depth=settings.max_queue_per_model)
+        priorities = (
+            PriorityClass(1, "interactive", settings.slo_p1_ms),
+            PriorityClass(2, "standard", settings.slo_p2_ms),
+            PriorityClass(3, "batch", settings.slo_p3_ms),
         )
+        config = SchedulerConfig(priorities=priorities, max_queue_depth=settings.max_queue_per_model)
+        self.core = SchedulerCore(make_policy(settings), config)
         self.executors: dict[str, bytes] = {}  # executor id -> ROUTER identity
         self.last_seen: dict[str, float] = {}
         self.sent_at: dict[int, float] = {}  # batch id -> monotonic send time
@@ -285,7 +290,9 @@ class Scheduler:
             retryable = code in (pb.ErrorCode.UNAVAILABLE,)
             self._release(self.core.on_batch_failed(batch_id, eid, now, retryable=retryable), code, reason)
             return
-        done = self.core.on_batch_done(batch_id, eid, now - sent, now)
+        # The profile learns the executor's own time; the round trip also holds waits behind the
+        # batch already in flight there (credits), which the dispatcher predicts separately.
+        done = self.core.on_batch_done(batch_id, eid, result.computeUs / 1e6, now)
         if done.late:
             m.duplicates.labels(what="late_result").inc(len(done.late))
         answered = {r.request_id: r for r in done.answered}
@@ -333,8 +340,12 @@ class Scheduler:
                 self._lose(eid, f"no heartbeat for {self.s.executor_timeout_ms} ms", now)
         for (model, priority), n in self.core.queue_depth().items():
             m.queue_depth.labels(model=model, priority=str(priority)).set(n)
+        policy = self.core.policy
         for model in self.core.models():
             m.target_batch.labels(model=model).set(self.core.target_batch(model))
+            if isinstance(policy, EdfPidPolicy) and policy.has_loop(model):
+                m.pid_measured.labels(model=model).set(policy.measured(model) or 0.0)
+                m.batch_ceiling.labels(model=model).set(policy.ceiling(model))
         slo = {p: a for p, a in self.core.slo.attainment_all(now).items() if a is not None}
         for p, a in slo.items():
             m.slo_attainment.labels(priority=str(p)).set(a)

@@ -19,6 +19,10 @@ class SchedulerSettings(ServiceSettings):
     # fixed_delay only (Triton's dynamic batcher knobs).
     fixed_max_batch: int = 32
     fixed_max_queue_delay_us: int = 1000
+    # Priority classes (must match the gateway's: compose passes the same ANVIL_SLO_P*_MS to both).
+    slo_p1_ms: int = 50
+    slo_p2_ms: int = 200
+    slo_p3_ms: int = 2000
     # Requests waiting per model before the lowest-priority ones are shed with OVERLOAD.
     max_queue_per_model: int = 4096
     # An executor silent for this long is declared lost and its in-flight batches re-dispatched.

@@ -87,6 +87,9 @@ class EdfPidPolicy(BatchingPolicy):
         loop.ceiling = min(loop.ceiling, max_batch) if loop.samples else max_batch
         loop.pid.set_limits(low, float(max(loop.ceiling, low)))
 
+    def has_loop(self, model: str) -> bool:
+        return model in self._loops
+
     def target(self, model: str) -> float:
         """Continuous controller output (B* before rounding), for metrics and plots."""
         return self._loops[model].pid.output
