@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from anvil_client.rawhttp import RawHttpPool
 
 pytestmark = pytest.mark.integration
@@ -40,7 +39,7 @@ async def _open_loop(
         try:
             r = await pool.request("POST", "/v2/" + path, bodies[prio], {"Content-Type": "application/json"})
             status, text = r.status, r.text
-        except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, OSError, ConnectionError) as exc:
             status, text = -1, repr(exc)
         results.append(
             {"i": i, "priority": prio, "status": status, "text": text, "latency_s": time.monotonic() - due}

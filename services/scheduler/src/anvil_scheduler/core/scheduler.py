@@ -211,7 +211,14 @@ class SchedulerCore:
                     break  # no executor of this model has a credit: a completion will poll again
                 guard_s = self.config.guard_s(place.finish_s - now_s)
                 view = QueueView(
-                    model, now_s, len(queue), head, place.cap, place.start_s, place.idle, guard_s,
+                    model,
+                    now_s,
+                    len(queue),
+                    head,
+                    place.cap,
+                    place.start_s,
+                    place.idle,
+                    guard_s,
                     functools.partial(predict, place.device),
                 )
                 at = self.policy.release_at(view)
@@ -235,7 +242,12 @@ class SchedulerCore:
         return Decision(tuple(batches), tuple(sheds), wake if wake < math.inf else None)
 
     def _fit(
-        self, queue: EDFQueue, full: int, cap: int, start_s: float, predict: Callable[[int], float],
+        self,
+        queue: EDFQueue,
+        full: int,
+        cap: int,
+        start_s: float,
+        predict: Callable[[int], float],
         now_s: float,
     ) -> int:
         """Size of the batch to release so that its earliest deadline (the head's) is met; 0 = shed the head.
@@ -268,7 +280,13 @@ class SchedulerCore:
 
     def _form(self, model: str, reqs: list[Request], executor_id: str, device: str, now_s: float) -> Batch:
         batch = Batch(
-            next(self._batch_ids), model, executor_id, device, reqs, now_s, self._last_release_s[model],
+            next(self._batch_ids),
+            model,
+            executor_id,
+            device,
+            reqs,
+            now_s,
+            self._last_release_s[model],
             self.profiles.predict_s(model, device, len(reqs)),
         )
         self._last_release_s[model] = now_s
