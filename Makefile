@@ -11,8 +11,9 @@ help:
 	@echo "make lint    ruff, mypy, compose config, hadolint, proto staleness"
 	@echo "make proto   regenerate $(PROTO_OUT) from proto/anvil.fbs"
 
+# --inexact: keep what .ci/run added for tests (torch CPU, onnxruntime) instead of removing it.
 sync:
-	$(UV) sync --frozen --all-packages
+	$(UV) sync --frozen --all-packages --inexact
 
 up: sync
 	$(PY) anvil up
@@ -24,7 +25,7 @@ status:
 	$(PY) anvil status
 
 test: sync
-	$(PY) pytest libs services tests -q
+	$(PY) pytest libs services tests -q -p no:cacheprovider
 
 test-unit: sync
 	$(PY) pytest libs services -q
