@@ -219,3 +219,32 @@ def new_local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
     yield make
     for s in made:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def scaled_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """A private stack with two CPU executors (`--scale executor=2`), for the chaos suite."""
+    if os.environ.get("ANVIL_STACK", "local") != "local":
+        pytest.skip("chaos tests drive local processes")
+    local = LocalStack(
+        tmp_path_factory.mktemp("scaled"),
+        extra_env={"ANVIL_MODELS": "identity,mlp,busy"},
+        scale={"executor": 2},
+    )
+    yield local
+    local.stop()
+
+
+@pytest.fixture(scope="session")
+def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalStack]]:
+    """Stacks with their own settings, for module-scoped fixtures; all stopped at session end."""
+    made: list[LocalStack] = []
+
+    def make(env: dict[str, str] | None = None, scale: dict[str, int] | None = None) -> LocalStack:
+        s = LocalStack(tmp_path_factory.mktemp("custom"), extra_env=env, scale=scale)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()

@@ -57,7 +57,16 @@ def test_rate_limit_set_by_the_cli_gives_429_with_retry_after(stack: Any, waiter
     waiter(lambda: not limited(), 10, "the limit to be lifted")
 
 
-def test_unknown_api_key_is_401(stack: Any) -> None:
-    url = (stack.url if hasattr(stack, "url") else stack.gateway_url) + "/v2/models/identity/infer"
+def test_api_keys_are_enforced_when_required(stack_factory: Any) -> None:
+    strict = stack_factory(env={"ANVIL_REQUIRE_API_KEY": "1"})
+    url = f"{strict.url}/v2/models/identity/infer"
     r = httpx.post(url, json=BODY, headers={"x-api-key": "nope"}, timeout=5)
     assert r.status_code == 401 and "unknown API key" in r.json()["error"]
+    assert httpx.post(url, json=BODY, timeout=5).status_code == 401
+    key = _cli(strict, "tenant", "add", "acme").strip().splitlines()[-1]
+    ok = lambda: httpx.post(url, json=BODY, headers={"x-api-key": key}, timeout=5).status_code == 200  # noqa: E731
+    from time import monotonic
+
+    deadline = monotonic() + 10
+    while not ok():  # the key reaches the gateway on its next registry refresh
+        assert monotonic() < deadline, "the new tenant's key was never accepted"

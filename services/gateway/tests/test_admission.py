@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from anvil_gateway.admission import Admission, Rejected, TokenBucket, hash_key
 
 
@@ -77,9 +76,11 @@ def test_api_keys() -> None:
     assert a.tenant({"authorization": "Bearer s3cret"}) == "acme"
     assert a.tenant({"x-api-key": "s3cret"}) == "acme"
     assert a.tenant({}) == "default"
+    assert a.tenant({"x-api-key": "wrong"}) == "default"  # keys optional: unknown means default
+    a.require_api_key = True
+    assert a.tenant({"x-api-key": "s3cret"}) == "acme"
     with pytest.raises(Rejected, match="unknown API key") as info:
         a.tenant({"x-api-key": "wrong"})
     assert info.value.status == 401 and "wrong" not in str(info.value)
-    a.require_api_key = True
     with pytest.raises(Rejected, match="required"):
         a.tenant({})

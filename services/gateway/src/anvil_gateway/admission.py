@@ -78,14 +78,16 @@ class Admission:
                 bucket.tokens = min(bucket.tokens, bucket.burst)
 
     def tenant(self, headers: Any) -> str:
-        """The caller's tenant from `Authorization: Bearer <key>` or `x-api-key`; raises Rejected(401)."""
+        """The caller's tenant from `Authorization: Bearer <key>` or `x-api-key`. Without
+        `require_api_key`, a missing or unknown key is the `default` tenant (OpenAI-style clients
+        always send one); with it, both are Rejected(401)."""
         auth = headers.get("authorization", "")
         key = auth[7:].strip() if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
-        if key:
-            tenant = self.tenants.get(hash_key(key))
-            if tenant is None:
-                raise Rejected(401, "unknown API key", reason="auth")
+        tenant = self.tenants.get(hash_key(key)) if key else None
+        if tenant is not None:
             return tenant
+        if key and self.require_api_key:
+            raise Rejected(401, "unknown API key", reason="auth")
         if self.require_api_key:
             raise Rejected(
                 401, "an API key is required (Authorization: Bearer <key> or x-api-key)", reason="auth"

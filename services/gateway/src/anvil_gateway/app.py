@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from anvil_gateway import infer, routes_meta, routes_shm
+from anvil_gateway import embeddings, infer, routes_meta, routes_shm
 from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink
 from anvil_gateway.discovery import Discovery
@@ -69,4 +69,5 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(routes_meta.router)
     app.include_router(routes_shm.router)
     app.include_router(infer.router)
+    app.include_router(embeddings.router)
     return app

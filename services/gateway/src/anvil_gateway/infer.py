@@ -14,7 +14,7 @@ from typing import Any
 from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.model_spec import ModelSpec, SpecError
-from anvil_core.tensors import TensorError
+from anvil_core.tensors import HostTensor, TensorError
 from anvil_core.wire import pb
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -29,7 +29,17 @@ from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import GatewayState, NotFound, error, state_of
 from anvil_gateway.sysshm import ShmError
 
-__all__ = ["TRACE_HEADER", "handle_infer", "router"]
+__all__ = [
+    "TRACE_HEADER",
+    "Failed",
+    "admit",
+    "forward",
+    "handle_infer",
+    "qos_params",
+    "read_body",
+    "router",
+    "trace_id",
+]
 
 router = APIRouter()
 TRACE_HEADER = "x-anvil-trace-id"
@@ -158,23 +168,21 @@ async def _run(
             raise BadRequest(f"model {name!r} has no outputs {unknown}; outputs: {sorted(known)}")
     except (BadRequest, SpecError, TensorError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
+    admit(st, name, tenant, priority)
     try:
-        st.admission.admit(name, tenant, priority, time.monotonic())
-    except Rejected as exc:
-        m.admission_rejected.labels(tenant=tenant, priority=str(priority), reason=exc.reason).inc()
-        retry = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-        raise Failed(429, str(exc), exc.reason, retry) from None
-    try:
-        resp, out_frames = await _forward(st, spec, parsed, tenant, priority, timeout_s, hdr[TRACE_HEADER])
+        resp, outputs = await forward(
+            st,
+            spec,
+            parsed.inputs,
+            [o.name for o in parsed.outputs],
+            tenant,
+            priority,
+            timeout_s,
+            hdr[TRACE_HEADER],
+        )
     finally:
         st.admission.done(name)
-    err = resp.Error()
-    if err is not None and err.Code() != pb.ErrorCode.OK:
-        kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
-        reason = (err.Reason() or b"").decode(errors="replace")
-        raise Failed(_HTTP_STATUS.get(err.Code(), 500), f"{kind}: {reason}", kind)
     try:
-        outputs = [codec.request_tensor(resp.Outputs(j), out_frames) for j in range(resp.OutputsLength())]
         response = infer_response(name, spec.version, parsed, outputs, st.shm, hdr)
     except (BadRequest, ShmError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
@@ -189,15 +197,28 @@ async def _run(
     return response
 
 
-async def _forward(
+def admit(st: GatewayState, model: str, tenant: str, priority: int) -> None:
+    """Take a token and an in-flight slot, or raise Failed(429) with Retry-After; pair with
+    `st.admission.done(model)`."""
+    try:
+        st.admission.admit(model, tenant, priority, time.monotonic())
+    except Rejected as exc:
+        m.admission_rejected.labels(tenant=tenant, priority=str(priority), reason=exc.reason).inc()
+        retry = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+        raise Failed(429, str(exc), exc.reason, retry) from None
+
+
+async def forward(
     st: GatewayState,
     spec: ModelSpec,
-    parsed: ParsedRequest,
+    inputs: list[HostTensor],
+    outputs: list[str],
     tenant: str,
     priority: int,
     timeout_s: float,
     trace: str,
-) -> Any:
+) -> tuple[pb.InferResponse, list[HostTensor]]:
+    """Send one validated request to the scheduler; the answer's outputs, or Failed with a status."""
     request_id = uuid.uuid4().hex
     payloads: list[Any] = []
     envelope = codec.build_request(
@@ -208,12 +229,22 @@ async def _forward(
         priority=priority,
         deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
         tenant=tenant,
-        inputs=codec.tensor_frames(parsed.inputs, payloads),
-        outputs=[o.name for o in parsed.outputs],
+        inputs=codec.tensor_frames(inputs, payloads),
+        outputs=outputs,
     )
     try:
-        return await st.link.infer(request_id, [envelope, *payloads], timeout_s + 0.05)
+        resp, frames = await st.link.infer(request_id, [envelope, *payloads], timeout_s + 0.05)
     except BackendUnavailable as exc:
         raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
     except TimeoutError:
         raise Failed(504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline") from None
+    err = resp.Error()
+    if err is not None and err.Code() != pb.ErrorCode.OK:
+        kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
+        reason = (err.Reason() or b"").decode(errors="replace")
+        raise Failed(_HTTP_STATUS.get(err.Code(), 500), f"{kind}: {reason}", kind)
+    try:
+        tensors = [codec.request_tensor(resp.Outputs(j), frames) for j in range(resp.OutputsLength())]
+    except TensorError as exc:
+        raise Failed(502, f"undecodable answer from the executor: {exc}", "protocol") from None
+    return resp, tensors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 from anvil_core.model_spec import ModelSpec, TensorSpec
@@ -144,12 +145,23 @@ class DeepMlpModel(Model):
         return out
 
 
-BUILTIN = {"identity": IdentityModel, "mlp": MlpModel, "busy": BusyModel, "mlp4x1024": DeepMlpModel}
+BUILTIN: dict[str, Callable[[int], Model]] = {
+    "identity": IdentityModel,
+    "mlp": MlpModel,
+    "busy": BusyModel,
+    "mlp4x1024": DeepMlpModel,
+}
 
 
 def load_builtin(name: str, max_batch: int) -> Model:
+    if name == "minilm":
+        from anvil_executor.models.text_embedding import load_minilm
+
+        return load_minilm(max_batch)
     try:
         cls = BUILTIN[name]
     except KeyError:
-        raise ValueError(f"unknown built-in model {name!r}; built-ins: {sorted(BUILTIN)}") from None
+        raise ValueError(
+            f"unknown built-in model {name!r}; built-ins: {sorted([*BUILTIN, 'minilm'])}"
+        ) from None
     return cls(max_batch)

@@ -1,0 +1,140 @@
+"""OpenAI-compatible `POST /v1/embeddings` over any model that maps text to vectors.
+
+An embedding model declares one BYTES input (a string per row) and an FP32 output of one vector per
+row; an optional INT32 output `TOKENS` (tokens per row) feeds `usage`. Errors use OpenAI's shape
+(`{"error": {"message", "type", "param", "code"}}`), which its clients parse.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import numpy as np
+from anvil_core.model_spec import ModelSpec
+from anvil_core.tensors import HostTensor
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from anvil_gateway import metrics as m
+from anvil_gateway.admission import Rejected
+from anvil_gateway.infer import TRACE_HEADER, Failed, admit, forward, read_body, trace_id
+from anvil_gateway.kserve import BadRequest, parse_json_document
+from anvil_gateway.state import GatewayState, state_of
+
+__all__ = ["router"]
+
+router = APIRouter()
+MAX_CHARS = 100_000  # per input string; the tokenizer truncates long inputs anyway
+
+
+def _oa_error(
+    status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def embedding_io(spec: ModelSpec) -> tuple[str, str, str | None]:
+    """(text input, vector output, token-count output or None) of an embedding model."""
+    texts = [t for t in spec.inputs if t.datatype == "BYTES"]
+    vectors = [t for t in spec.outputs if t.datatype == "FP32"]
+    if len(spec.inputs) != 1 or len(texts) != 1 or not vectors or spec.max_batch < 1:
+        raise BadRequest(
+            f"model {spec.name!r} is not a text-embedding model (one BYTES input, an FP32 output)"
+        )
+    tokens = next((t.name for t in spec.outputs if t.name == "TOKENS"), None)
+    return texts[0].name, vectors[0].name, tokens
+
+
+def parse(doc: dict[str, Any], max_batch: int) -> tuple[list[str], str]:
+    raw = doc.get("input")
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items or not all(isinstance(t, str) for t in items):
+        raise BadRequest("'input' must be a non-empty string or a non-empty list of strings")
+    if len(items) > max_batch:
+        raise BadRequest(f"at most {max_batch} inputs per request for this model, got {len(items)}")
+    if any(len(t) > MAX_CHARS for t in items):
+        raise BadRequest(f"each input is limited to {MAX_CHARS} characters")
+    if any(not t for t in items):
+        raise BadRequest("inputs must be non-empty strings")
+    fmt = doc.get("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise BadRequest("'encoding_format' must be 'float' or 'base64'")
+    if doc.get("dimensions") is not None:
+        raise BadRequest("'dimensions' is not supported: the model's full vector is returned")
+    return items, str(fmt)
+
+
+@router.post("/v1/embeddings", response_model=None)
+async def embeddings(request: Request) -> Response:
+    """OpenAI-compatible embeddings (input: string or list; encoding_format float|base64; usage)."""
+    st: GatewayState = state_of(request)
+    hdr = {TRACE_HEADER: trace_id(request.headers)}
+    try:
+        tenant = st.admission.tenant(request.headers)
+    except Rejected as exc:
+        return _oa_error(exc.status, str(exc), "authentication_error", hdr)
+    try:
+        doc = parse_json_document(await read_body(request, st.settings.max_body_bytes))
+        name = doc.get("model")
+        if not isinstance(name, str) or name not in st.discovery.models:
+            return _oa_error(
+                404, f"unknown model {name!r}; known: {sorted(st.discovery.models)}", headers=hdr
+            )
+        spec = st.discovery.models[name]
+        text_in, vec_out, tok_out = embedding_io(spec)
+        texts, fmt = parse(doc, spec.max_batch)
+    except BadRequest as exc:
+        return _oa_error(400, str(exc), headers=hdr)
+    except Failed as exc:
+        return _oa_error(exc.status, str(exc), headers=hdr)
+    priority = st.settings.default_priority
+    timeout_s = st.settings.slo_ms(priority) / 1000
+    t0 = time.perf_counter()
+    tensor = HostTensor.from_array(text_in, "BYTES", np.array([t.encode() for t in texts], dtype=object))
+    try:
+        admit(st, name, tenant, priority)
+        try:
+            _, outputs = await forward(
+                st,
+                spec,
+                [tensor],
+                [vec_out] + ([tok_out] if tok_out else []),
+                tenant,
+                priority,
+                timeout_s,
+                hdr[TRACE_HEADER],
+            )
+        finally:
+            st.admission.done(name)
+    except Failed as exc:
+        m.failure.labels(model=name, version=spec.version, reason=exc.reason).inc()
+        kind = (
+            "rate_limit_error"
+            if exc.status == 429
+            else "server_error"
+            if exc.status >= 500
+            else "invalid_request_error"
+        )
+        return _oa_error(exc.status, str(exc), kind, {**hdr, **exc.headers})
+    got = {t.name: t.data for t in outputs}
+    vectors = np.asarray(got[vec_out], dtype=np.float32)  # (n, D)
+    tokens = int(np.asarray(got[tok_out]).sum()) if tok_out and tok_out in got else 0
+    data = []
+    for i, vec in enumerate(vectors):
+        value: Any = (
+            base64.b64encode(vec.astype("<f4").tobytes()).decode() if fmt == "base64" else vec.tolist()
+        )
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    m.success.labels(model=name, version=spec.version).inc()
+    m.inference_count.labels(model=name, version=spec.version).inc(len(texts))
+    m.request_us.labels(model=name).observe((time.perf_counter() - t0) * 1e6)
+    body = {
+        "object": "list",
+        "data": data,
+        "model": name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    return JSONResponse(body, headers=hdr)
