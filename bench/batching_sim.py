@@ -112,8 +112,13 @@ def traces(svc: ServiceModel, scale: float) -> list[Trace]:
         Trace("poisson_50", ((poisson_s, 0.50 * cap),), seed=11),
         Trace("poisson_80", ((poisson_s, 0.80 * cap),), seed=12),
         Trace("poisson_95", ((poisson_s, 0.95 * cap),), seed=13),
-        Trace("step_burst", ((4.0, 100.0), (8.0 * scale, 1000.0), (4.0, 100.0)), seed=14,
-              step_at_s=4.0, step_end_s=4.0 + 8.0 * scale),
+        Trace(
+            "step_burst",
+            ((4.0, 100.0), (8.0 * scale, 1000.0), (4.0, 100.0)),
+            seed=14,
+            step_at_s=4.0,
+            step_end_s=4.0 + 8.0 * scale,
+        ),
         # The step's two levels, alternating every 2 s: each "on" phase is a 2 s overload.
         Trace("on_off", ((2.0, 1000.0), (2.0, 100.0)) * max(2, int(5 * scale)), seed=15),
     ]
@@ -232,12 +237,20 @@ def simulate(kind: str, params: dict[str, Any], trace: Trace, svc: ServiceModel,
     completed = len(served)
     late = sum(1 for k in served if not met[k])
     return RunResult(
-        policy=kind, params=params, trace=trace.name,
-        goodput_rps=sum(met) / trace.duration_s, attainment=attain,
-        p50_ms=_quantile(lat, 0.5), p99_ms=_quantile(lat, 0.99), p1_p99_ms=_quantile(lat1, 0.99),
-        shed_rate=sum(shed) / n, late_rate=late / max(completed, 1), requests=n,
+        policy=kind,
+        params=params,
+        trace=trace.name,
+        goodput_rps=sum(met) / trace.duration_s,
+        attainment=attain,
+        p50_ms=_quantile(lat, 0.5),
+        p99_ms=_quantile(lat, 0.99),
+        p1_p99_ms=_quantile(lat1, 0.99),
+        shed_rate=sum(shed) / n,
+        late_rate=late / max(completed, 1),
+        requests=n,
         wall_s=time.perf_counter() - t_wall,
-        latencies_ms=lat if keep else [], series=series if keep else {},
+        latencies_ms=lat if keep else [],
+        series=series if keep else {},
     )
 
 
@@ -276,7 +289,9 @@ FIXED_GRID = [
 ]
 AIMD_GRID = [
     {"additive_step": s, "backoff": b, "slo_fraction": f}
-    for s in (1, 4) for b in (0.1, 0.5) for f in (0.25, 0.5, 1.0)
+    for s in (1, 4)
+    for b in (0.1, 0.5)
+    for f in (0.25, 0.5, 1.0)
 ]
 
 
@@ -306,7 +321,9 @@ def run_all(svc: ServiceModel, scale: float, workers: int) -> dict[str, Any]:
             best[(r.trace, r.policy)] = r
     step = next(tr for tr in trs if tr.name == "step_burst")
     return {
-        "traces": trs, "results": results, "best": best,
+        "traces": trs,
+        "results": results,
+        "best": best,
         "settling": settling(best[("step_burst", "edf_pid")], step),
     }
 
@@ -353,10 +370,14 @@ def report(svc: ServiceModel, out: dict[str, Any], wall_s: float, workers: int) 
                 f"{r.p50_ms:.1f} | {r.p99_ms:.1f} | {r.p1_p99_ms:.1f} | {_pct(r.shed_rate)} | "
                 f"{_pct(r.late_rate)} |"
             )
-    lines += ["", "Goodput ratio of EDF+PID over the best peer setting, and the offered load (the goodput "
-              "of a policy that answered every request in time: no ratio can exceed offered / peer):", "",
-              "| trace | vs fixed-delay | vs AIMD | offered req/s | EDF+PID share of offered |",
-              "|---|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "Goodput ratio of EDF+PID over the best peer setting, and the offered load (the goodput "
+        "of a policy that answered every request in time: no ratio can exceed offered / peer):",
+        "",
+        "| trace | vs fixed-delay | vs AIMD | offered req/s | EDF+PID share of offered |",
+        "|---|---:|---:|---:|---:|",
+    ]
     ratios: dict[str, dict[str, float]] = {}
     for tr in trs:
         e = best[(tr.name, "edf_pid")].goodput_rps
@@ -381,8 +402,12 @@ def report(svc: ServiceModel, out: dict[str, Any], wall_s: float, workers: int) 
     lines += [f"- {'MET' if ok else 'MISSED'}: {text}" for text, ok in targets]
     lines += ["", "## Sweep (goodput req/s; best per trace in bold)", ""]
     for pol, grid in (("fixed_delay", FIXED_GRID), ("aimd", AIMD_GRID)):
-        lines += [f"### {pol}", "", "| params | " + " | ".join(tr.name for tr in trs) + " |",
-                  "|---|" + "---:|" * len(trs)]
+        lines += [
+            f"### {pol}",
+            "",
+            "| params | " + " | ".join(tr.name for tr in trs) + " |",
+            "|---|" + "---:|" * len(trs),
+        ]
         by = {(r.trace, _params(r.params)): r for r in out["results"] if r.policy == pol}
         for p in grid:
             cells = []
@@ -447,8 +472,11 @@ def plots(out: dict[str, Any]) -> list[str]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: skipping plots. Run with "
-              "`uv run --with matplotlib python bench/batching_sim.py` to draw them.", file=sys.stderr)
+        print(
+            "matplotlib is not installed: skipping plots. Run with "
+            "`uv run --with matplotlib python bench/batching_sim.py` to draw them.",
+            file=sys.stderr,
+        )
         return []
     trs: list[Trace] = out["traces"]
     best: dict[tuple[str, str], RunResult] = out["best"]

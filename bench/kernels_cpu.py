@@ -113,9 +113,10 @@ def _block(fn: Any, reps: int, warmup: int) -> list[float]:
 
 
 def _child(mode: str, reps: int, warmup: int) -> dict[str, Any]:
-    import anvil_kernels as ak
     import numba
     import numpy as np
+
+    import anvil_kernels as ak
 
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()

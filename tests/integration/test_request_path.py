@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+
 from anvil_executor.models.builtin import mlp_reference
 
 pytestmark = pytest.mark.integration

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
 from anvil_client.embedded_redis import start_redis, wait_redis
 
 pytestmark = pytest.mark.integration

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from anvil_client.rawhttp import RawHttpPool
 
 pytestmark = pytest.mark.integration

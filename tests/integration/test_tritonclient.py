@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+
 from anvil_executor.models.builtin import mlp_reference
 
 tritonclient_http = pytest.importorskip("tritonclient.http")

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from anvil_client.compose_file import ComposeError, interpolate, load_services
 from anvil_client.launcher import _in_dependency_order, _local_hosts
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from anvil_client.compose_file import ServiceDef, interpolate, load_services
 from anvil_client.docker_stack import (
     DockerStack,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from anvil_client import lint_compose
 from anvil_client.lint_compose import PROFILE_SETS, compose_binary, main
 

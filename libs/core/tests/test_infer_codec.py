@@ -15,9 +15,16 @@ def test_request_round_trip_including_shared_memory_inputs() -> None:
     frames: list[object] = []
     x = HostTensor.from_array("x", "FP16", np.arange(6).reshape(2, 3))
     env = codec.build_request(
-        request_id="rid", trace_id="tid", model="m", version="3", priority=1, deadline_unix_ns=2**62,
-        tenant="acme", inputs=codec.tensor_frames([x], frames),
-        shm_inputs=[("y", "INT32", (4,), codec.ShmSpan("anvil-r1", 128, 16))], outputs=["a", "b"],
+        request_id="rid",
+        trace_id="tid",
+        model="m",
+        version="3",
+        priority=1,
+        deadline_unix_ns=2**62,
+        tenant="acme",
+        inputs=codec.tensor_frames([x], frames),
+        shm_inputs=[("y", "INT32", (4,), codec.ShmSpan("anvil-r1", 128, 16))],
+        outputs=["a", "b"],
     )
     req = codec.open_request(env)
     assert (req.RequestId(), req.TraceId(), req.Model(), req.ModelVersion()) == (b"rid", b"tid", b"m", b"3")
@@ -34,8 +41,14 @@ def test_request_round_trip_including_shared_memory_inputs() -> None:
 
 
 def test_response_round_trip_with_error() -> None:
-    env = codec.build_response(request_id=b"r", trace_id="t", model="m", error=(pb.ErrorCode.DEADLINE, "late"),
-                               queue_us=5, compute_us=7)
+    env = codec.build_response(
+        request_id=b"r",
+        trace_id="t",
+        model="m",
+        error=(pb.ErrorCode.DEADLINE, "late"),
+        queue_us=5,
+        compute_us=7,
+    )
     resp = codec.open_response(env)
     assert resp.Error().Code() == pb.ErrorCode.DEADLINE and resp.Error().Reason() == b"late"
     assert (resp.QueueUs(), resp.ComputeUs(), resp.OutputsLength()) == (5, 7, 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from anvil_core.model_spec import ModelSpec, SpecError, TensorSpec
 from anvil_core.tensors import HostTensor
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 import redis
+
 from anvil_core.registry import Registry
 from anvil_core.settings import redact_url
 

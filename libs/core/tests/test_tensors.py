@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from anvil_core.tensors import HostTensor, TensorError, decode_bytes_elements, encode_bytes_elements
 
 

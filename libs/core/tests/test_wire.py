@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from anvil_core import wire
 from anvil_core.tensors import HostTensor, TensorError
 from anvil_core.wire import pb

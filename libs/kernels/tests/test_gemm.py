@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from anvil_kernels import Int4Weight, Workspace, int4_linear, quantize
 from anvil_kernels.format import pack_nibbles, unpack_nibbles
 from anvil_kernels.tolerances import ACT_RTOL, MATMUL_ATOL, MATMUL_RTOL

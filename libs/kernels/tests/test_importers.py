@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from anvil_kernels import dequantize, from_awq, from_gptq, quantize, tinygemm_unpack, to_tinygemm
 from anvil_kernels.format import bf16_bits_to_f32
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from anvil_kernels import Workspace, attention, embedding, layer_norm, masked_softmax, mean_pool_l2
 from anvil_kernels.tolerances import (
     ATTENTION_ATOL,

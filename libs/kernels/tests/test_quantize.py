@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from anvil_kernels import Int4Weight, dequantize, quantize
 from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits, unpack_nibbles
 from anvil_kernels.tolerances import RTN_SLACK

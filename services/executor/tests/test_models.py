@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+
 from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.tensors import HostTensor

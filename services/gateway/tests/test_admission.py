@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from anvil_gateway.admission import Admission, Rejected, TokenBucket, hash_key
 
 

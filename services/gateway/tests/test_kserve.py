@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 from anvil_gateway.kserve import BadRequest, parse_json_request, parse_request
 
 

@@ -3,6 +3,7 @@
 import itertools
 
 import pytest
+
 from anvil_scheduler.core import PIDController, PIDGains
 
 

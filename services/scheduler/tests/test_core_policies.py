@@ -4,6 +4,7 @@ EDF+PID policy's own feedback: each is a thin subclass over the same core."""
 from __future__ import annotations
 
 import pytest
+
 from anvil_scheduler.core import (
     AdmitOutcome,
     AimdConfig,

@@ -1,6 +1,7 @@
 """Latency profile: conservative prior before data, learns from observations, exports a plain dict."""
 
 import pytest
+
 from anvil_scheduler.core import LatencyProfile, ProfilePrior
 
 

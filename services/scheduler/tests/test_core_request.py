@@ -1,6 +1,7 @@
 """Deadlines (a timeout tightens, never loosens), config validation, lifecycle transitions."""
 
 import pytest
+
 from anvil_scheduler.core import DEFAULT_PRIORITIES, Request, RequestState, SchedulerConfig
 
 P1, P2, P3 = DEFAULT_PRIORITIES

@@ -5,6 +5,7 @@ unless a test says so."""
 from __future__ import annotations
 
 import pytest
+
 from anvil_scheduler.core import (
     Admission,
     AdmitOutcome,

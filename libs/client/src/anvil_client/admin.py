@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import redis
+
 from anvil_core import keys
 
 __all__ = ["add_admin_commands"]

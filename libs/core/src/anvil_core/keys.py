@@ -9,9 +9,9 @@ __all__ = [
     "profile_key",
     "qos_limits_key",
     "slo_key",
-    "tenants_key",
     "svc_key",
     "svc_pattern",
+    "tenants_key",
 ]
 
 PREFIX = "anvil:"

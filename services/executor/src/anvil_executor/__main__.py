@@ -1,7 +1,6 @@
 """`python -m anvil_executor`: run one executor process."""
 
 from anvil_core.runtime import run_sync_service
-
 from anvil_executor.service import Executor
 from anvil_executor.settings import ExecutorSettings
 

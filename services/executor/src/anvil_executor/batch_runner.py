@@ -15,7 +15,6 @@ from anvil_core import wire
 from anvil_core.model_spec import SpecError
 from anvil_core.tensors import HostTensor, TensorError
 from anvil_core.wire import pb
-
 from anvil_executor.models import Model, RequestInputs
 
 __all__ = ["ShmResolver", "run_batch"]

@@ -15,13 +15,13 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import zmq
+
 from anvil_core import keys, wire
 from anvil_core.background import Background
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
 from anvil_core.wire import pb
-
 from anvil_executor import metrics as m
 from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.models import Model, load_builtin

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import uvicorn
+
 from anvil_core.logs import setup_logging
 from anvil_core.metrics import serve_metrics
-
 from anvil_gateway.app import create_app
 from anvil_gateway.fastpath import FastInfer
 from anvil_gateway.settings import GatewaySettings

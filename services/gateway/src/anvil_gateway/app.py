@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from anvil_core.registry import Registry
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from anvil_core.registry import Registry
 from anvil_gateway import embeddings, infer, routes_meta, routes_shm
 from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink

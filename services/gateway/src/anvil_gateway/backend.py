@@ -7,6 +7,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+
 from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.logs import get_logger

@@ -11,11 +11,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from anvil_core import keys
 from anvil_core.logs import get_logger
 from anvil_core.model_spec import ModelSpec
 from anvil_core.registry import Registry
-from redis.exceptions import RedisError
 
 __all__ = ["Discovery"]
 

@@ -12,11 +12,11 @@ import time
 from typing import Any
 
 import numpy as np
-from anvil_core.model_spec import ModelSpec
-from anvil_core.tensors import HostTensor
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from anvil_core.model_spec import ModelSpec
+from anvil_core.tensors import HostTensor
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.infer import TRACE_HEADER, Failed, admit, forward, read_body, trace_id

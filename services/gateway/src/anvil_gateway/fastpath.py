@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from anvil_core.logs import get_logger
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from anvil_core.logs import get_logger
 from anvil_gateway.infer import handle_infer
 from anvil_gateway.state import GatewayState, error
 

@@ -11,14 +11,14 @@ import time
 import uuid
 from typing import Any
 
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
 from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.model_spec import ModelSpec, SpecError
 from anvil_core.tensors import HostTensor, TensorError
 from anvil_core.wire import pb
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
-
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.backend import BackendUnavailable

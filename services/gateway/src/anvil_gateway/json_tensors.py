@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from anvil_core.tensors import DATATYPES, HostTensor, element_count
 
 __all__ = ["MAX_RANK", "BadRequest", "json_data_to_tensor", "tensor_to_json"]

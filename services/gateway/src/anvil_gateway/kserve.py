@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anvil_core.tensors import DATATYPES, HostTensor, TensorError
-
 from anvil_gateway.json_tensors import MAX_RANK, BadRequest, json_data_to_tensor
 from anvil_gateway.sysshm import Region, SystemShm
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from anvil_core.tensors import HostTensor
 from fastapi.responses import Response
 
+from anvil_core.tensors import HostTensor
 from anvil_gateway.json_tensors import BadRequest, tensor_to_json
 from anvil_gateway.kserve import ParsedRequest
 from anvil_gateway.sysshm import SystemShm

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from anvil_core.model_spec import ModelSpec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from anvil_core.model_spec import ModelSpec
 from anvil_gateway.state import SERVER_NAME, SERVER_VERSION, error, state_of
 
 __all__ = ["router"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from anvil_core.model_spec import ModelSpec
-from anvil_core.registry import Registry
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from anvil_core.model_spec import ModelSpec
+from anvil_core.registry import Registry
 from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink
 from anvil_gateway.discovery import Discovery

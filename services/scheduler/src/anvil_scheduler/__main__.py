@@ -1,7 +1,6 @@
 """`python -m anvil_scheduler`: run one scheduler process."""
 
 from anvil_core.runtime import run_sync_service
-
 from anvil_scheduler.service import Scheduler
 from anvil_scheduler.settings import SchedulerSettings
 

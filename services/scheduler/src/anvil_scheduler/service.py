@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+
 from anvil_core import infer_codec as codec
 from anvil_core import keys, wire
 from anvil_core.background import Background
@@ -23,7 +24,6 @@ from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
 from anvil_core.wire import pb
 from anvil_core.zmq_sockets import tcp_endpoint
-
 from anvil_scheduler import metrics as m
 from anvil_scheduler.core import (
     AdmitOutcome,

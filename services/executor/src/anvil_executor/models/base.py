@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import numpy as np
+
 from anvil_core.model_spec import ModelSpec
 
 __all__ = ["Model", "RequestInputs", "RequestOutputs"]

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from anvil_core.model_spec import ModelSpec, TensorSpec
 
+from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
 
 __all__ = [

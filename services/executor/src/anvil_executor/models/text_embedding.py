@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from anvil_core.model_spec import ModelSpec, TensorSpec
 
+from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
 
 __all__ = ["TextEmbeddingModel", "load_minilm"]
