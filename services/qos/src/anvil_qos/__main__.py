@@ -1,7 +1,6 @@
 """`python -m anvil_qos`: run the qos process."""
 
 from anvil_core.runtime import run_service
-
 from anvil_qos.service import Qos
 from anvil_qos.settings import QosSettings
 

@@ -1,10 +1,13 @@
-"""What this host lets the qos service observe: eBPF (root + BTF + tracefs) or only /proc."""
+"""What this host lets the qos service observe: eBPF (root, tracefs, bcc, kernel headers) or only /proc.
+
+A cheap check (no compile); `observer.open_observer` makes the final call by loading the probes.
+"""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
+
+from anvil_qos.probes.bpf_loader import unavailable_reason
 
 __all__ = ["Capability", "detect"]
 
@@ -16,16 +19,5 @@ class Capability:
 
 
 def detect() -> Capability:
-    missing = []
-    if os.geteuid() != 0:
-        missing.append("not root")
-    if not Path("/sys/kernel/btf/vmlinux").exists():
-        missing.append("no BTF (/sys/kernel/btf/vmlinux)")
-    if (
-        not Path("/sys/kernel/tracing/events").is_dir()
-        and not Path("/sys/kernel/debug/tracing/events").is_dir()
-    ):
-        missing.append("tracefs not mounted")
-    if missing:
-        return Capability("procfs", "; ".join(missing))
-    return Capability("ebpf", "")
+    reason = unavailable_reason()
+    return Capability("procfs", reason) if reason else Capability("ebpf", "")

@@ -1,11 +1,93 @@
-"""QoS settings (env: ANVIL_<FIELD>)."""
+"""QoS settings (env: ANVIL_<FIELD>, e.g. ANVIL_TICK_MS=250). docs/qos.md has the table."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import Field
+
 from anvil_core.settings import ServiceSettings
+from anvil_qos.policy import PolicyConfig
 
 __all__ = ["QosSettings"]
 
 
 class QosSettings(ServiceSettings):
     metrics_port: int = 8006
+
+    # -- observation -----------------------------------------------------------------------------
+    # One tick samples the probes, reads anvil:slo and runs the policy. 500 ms: twice per scheduler
+    # SLO publication (1 s), cheap (a few BPF map reads).
+    tick_ms: int = 500
+    # Percentiles and rates are taken over this window: long enough for a p99 of a service waking
+    # every few ms, short enough to react within a few SLO windows.
+    signal_window_ms: int = 2000
+    # Registry kinds whose processes are probed (run-queue delay, CPU; executors also GPU).
+    target_kinds: str = "gateway,scheduler,executor"
+    # Extra processes, "kind=pid[:port],...": for tests and processes outside the registry.
+    targets: str = ""
+    # Gateway HTTP ports whose TCP sockets are watched, besides the http_port of gateway records.
+    tcp_ports: str = "8000"
+    # Use /proc even where eBPF would load (comparison, debugging).
+    force_procfs: bool = False
+    # GPU probe on executors: a uprobe costs every cuLaunchKernel a trap (~1-10 µs, docs/qos.md);
+    # turn it off for executors that launch more than ~10k kernels/s without CUDA graphs.
+    cuda_probe: bool = True
+    # libcuda to probe; empty: the one executors map, else the host's (ldconfig).
+    cuda_library: str = ""
+
+    # -- policy (anvil_qos.policy.PolicyConfig documents each) -------------------------------------
+    # Default base rates {"tenant:priority": {"rate_rps": r, "burst": b}}; the anvil:qos:base hash
+    # (operators) overrides them field by field.
+    base_rates: dict[str, Any] = Field(default_factory=dict)
+    attainment_low: float = 0.99
+    attainment_ok: float = 0.995
+    headroom_low: float = 0.2
+    headroom_ok: float = 0.35
+    # p1's SLO when anvil:slo readings carry no slo_ms: the ANVIL_SLO_P1_MS every service shares.
+    slo_p1_ms: float = 50.0
+    slo_min_requests: int = 20
+    slo_stale_ms: int = 5000
+    runq_p99_us_max: float = 2000.0
+    runq_mean_us_max: float = 500.0
+    retransmits_per_s_max: float = 5.0
+    gpu_sync_wait_share_max: float = 0.95
+    pressure_clear_ratio: float = 0.5
+    md_factor: float = 0.5
+    md_interval_ms: int = 1000
+    floor_frac: float = 0.05
+    ai_step_frac: float = 0.1
+    ai_interval_ms: int = 1000
+    healthy_hold_ms: int = 5000
+
+    def policy_config(self) -> PolicyConfig:
+        return PolicyConfig(
+            attainment_low=self.attainment_low,
+            attainment_ok=self.attainment_ok,
+            headroom_low=self.headroom_low,
+            headroom_ok=self.headroom_ok,
+            p1_slo_ms=self.slo_p1_ms,
+            min_requests=self.slo_min_requests,
+            slo_stale_s=self.slo_stale_ms / 1000,
+            thresholds={
+                "runq_p99_us": self.runq_p99_us_max,
+                "runq_mean_us": self.runq_mean_us_max,
+                "retransmits_per_s": self.retransmits_per_s_max,
+                "gpu_sync_wait_share": self.gpu_sync_wait_share_max,
+            },
+            clear_ratio=self.pressure_clear_ratio,
+            md_factor=self.md_factor,
+            md_interval_s=self.md_interval_ms / 1000,
+            floor_frac=self.floor_frac,
+            ai_step_frac=self.ai_step_frac,
+            ai_interval_s=self.ai_interval_ms / 1000,
+            hold_s=self.healthy_hold_ms / 1000,
+        )
+
+    @property
+    def kinds(self) -> list[str]:
+        return [k.strip() for k in self.target_kinds.split(",") if k.strip()]
+
+    @property
+    def ports(self) -> list[int]:
+        return [int(p) for p in self.tcp_ports.split(",") if p.strip()]
