@@ -7,6 +7,7 @@ __all__ = [
     "PREFIX",
     "model_key",
     "profile_key",
+    "qos_base_key",
     "qos_limits_key",
     "slo_key",
     "svc_key",
@@ -42,6 +43,12 @@ def qos_limits_key() -> str:
     {"rate_rps": float, "burst": int, "reason": str, "ts": float}. Written by qos (and `anvil qos set`),
     read by every gateway's token buckets; a missing field means unlimited."""
     return "anvil:qos:limits"
+
+
+def qos_base_key() -> str:
+    """Hash: field "{tenant}:{priority}" -> JSON {"rate_rps", "burst"}: the operator's base rates that
+    qos throttles down from and restores to (`python -m anvil_qos.ctl base set ...`)."""
+    return "anvil:qos:base"
 
 
 def tenants_key() -> str:

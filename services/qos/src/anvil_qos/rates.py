@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from anvil_core import keys
+
 __all__ = [
     "BASE_KEY",
     "QOS_REASON_PREFIX",
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 # Operators' base rates (proposed for anvil_core.keys as qos_base_key()).
-BASE_KEY = "anvil:qos:base"
+BASE_KEY = keys.qos_base_key()
 # Reasons of the limits qos writes start with this; on restart qos resumes only those.
 QOS_REASON_PREFIX = "qos:"
 

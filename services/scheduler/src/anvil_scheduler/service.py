@@ -352,7 +352,13 @@ class Scheduler:
         self._snapshot = {
             "slo": {
                 str(p): json.dumps(
-                    {"attainment": a, "window_s": self.core.config.slo_window_s, "ts": time.time()}
+                    {
+                        "attainment": a,
+                        "requests": self.core.slo.count(p, now),
+                        "slo_ms": self.core.config.priority(p).slo_ms,
+                        "window_s": self.core.config.slo_window_s,
+                        "ts": time.time(),
+                    }
                 )
                 for p, a in slo.items()
             },

@@ -44,3 +44,7 @@ class SLOTracker:
 
     def attainment_all(self, now_s: float) -> dict[int, float | None]:
         return {p: self.attainment(p, now_s) for p in sorted(self._events)}
+
+    def count(self, priority: int, now_s: float) -> int:
+        """Requests of ``priority`` answered within the window."""
+        return len(self._trim(priority, now_s))
