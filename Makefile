@@ -3,7 +3,7 @@ UV ?= uv
 PY := $(UV) run --frozen
 PROTO_OUT := libs/core/src/anvil_core/proto_gen
 
-.PHONY: help sync up down status test test-unit test-integration lint proto bench-kernels bench-batching
+.PHONY: help sync up demo down status test test-unit test-integration lint proto bench-kernels bench-batching
 
 help:
 	@echo "make up      run the whole stack on this machine (no docker), Ctrl-C stops it"
@@ -17,6 +17,9 @@ sync:
 
 up: sync
 	$(PY) anvil up
+
+demo: sync
+	$(PY) anvil demo
 
 down:
 	$(PY) anvil down

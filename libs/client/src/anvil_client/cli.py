@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from anvil_client.admin import add_admin_commands
+from anvil_client.demo import run_demo
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
 from anvil_client.procs import running, stop_group
 
@@ -149,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(fn=cmd_up)
     sub.add_parser("down", help="stop what `anvil up` started").set_defaults(fn=cmd_down)
     sub.add_parser("status", help="list registered services").set_defaults(fn=cmd_status)
+    demo = sub.add_parser(
+        "demo", help="start the stack, embed sentences with MiniLM, print similarities, stop"
+    )
+    demo.add_argument("-f", "--file", default="compose.yaml")
+    demo.set_defaults(fn=lambda a: run_demo(Path(a.file)))
     add_admin_commands(sub)
     return parser
 
