@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fastapi.testclient import TestClient
+
 from anvil_compiler.app import create_app
 from anvil_compiler.settings import CompilerSettings
-from fastapi.testclient import TestClient
 
 
 def test_health_reports_registry_and_artifact_dir(redis_url: str, tmp_path: Path) -> None:

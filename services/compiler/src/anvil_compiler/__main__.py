@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import uvicorn
-from anvil_core.logs import setup_logging
-from anvil_core.metrics import serve_metrics
 
 from anvil_compiler.app import create_app
 from anvil_compiler.settings import CompilerSettings
+from anvil_core.logs import setup_logging
+from anvil_core.metrics import serve_metrics
 
 
 def main() -> None:

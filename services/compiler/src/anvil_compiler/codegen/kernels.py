@@ -1,0 +1,254 @@
+"""One emitter per op id: a fused op's shapes -> specialized CUDA source, launch dims and the kernel
+parameter list recorded in the plan.
+
+**The seam.** ``EMITTERS[op_kind](op) -> KernelSpec`` is the only place that decides which CUDA code
+runs an op. A faster kernel (e.g. the GPU team's W4A16 GEMM in ``anvil_kernels/cuda/``) replaces an
+entry here: it returns its own source (or an ``extern`` declaration plus its library in
+``KernelSpec.extra_sources``), grid/block and the argument list; the plan format, the runtimes and
+the memory plan do not change. An emitter must keep the op's semantics (docs/compiler.md) and its
+CPU twin; tests/test_codegen.py compiles every emitter's output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import numpy as np
+
+from anvil_compiler.errors import CompileError
+from anvil_compiler.ir import Dim, TensorType, numel
+
+__all__ = ["ACT_CODES", "EMITTERS", "Arg", "KernelSpec", "OpView", "emit", "template_source"]
+
+TEMPLATES = Path(__file__).parent / "templates"
+ACT_CODES = {"none": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}
+CTYPES = {
+    "int64": "long long",
+    "int32": "int",
+    "bool": "unsigned char",
+    "uint8": "unsigned char",
+    "float16": "unsigned short",
+    "float32": "float",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    kind: str  # "tensor" | "weight" | "null" | "dim" | "float"
+    index: int = -1
+    dim: Dim = field(default_factory=lambda: Dim(0))
+    value: float = 0.0
+
+
+@dataclass(slots=True)
+class OpView:
+    """What an emitter sees of one fused op: roles -> (index, type) of tensors and weights."""
+
+    name: str
+    kind: str
+    attrs: dict[str, Any]
+    inputs: dict[str, tuple[int, TensorType]]
+    outputs: list[tuple[int, TensorType]]
+    weights: dict[str, tuple[int, np.ndarray]]
+    max_seq: int
+
+
+@dataclass(slots=True)
+class KernelSpec:
+    name: str
+    source: str
+    grid: tuple[tuple[Dim, int], tuple[Dim, int], tuple[Dim, int]]  # ceil(dim / div) per axis
+    block: tuple[int, int, int]
+    args: list[Arg]
+    smem_bytes: int = 0
+    extra_sources: list[str] = field(default_factory=list)
+
+
+def template_source(name: str, **subs: object) -> str:
+    return Template((TEMPLATES / f"{name}.cu").read_text()).substitute({k: str(v) for k, v in subs.items()})
+
+
+def _kernel_name(kind: str, subs: dict[str, object]) -> str:
+    """Same specialization -> same name, so identical layers share one compiled kernel."""
+    digest = hashlib.sha256(repr(sorted(subs.items())).encode()).hexdigest()[:10]
+    return f"anvil_{kind}_{digest}"
+
+
+def _specialize(kind: str, template: str, subs: dict[str, object]) -> tuple[str, str]:
+    name = _kernel_name(kind, subs)
+    return name, template_source(template, KERNEL=name, **subs)
+
+
+def _t(op: OpView, role: str) -> Arg:
+    return Arg("tensor", op.inputs[role][0]) if role in op.inputs else Arg("null")
+
+
+def _w(op: OpView, role: str) -> Arg:
+    return Arg("weight", op.weights[role][0]) if role in op.weights else Arg("null")
+
+
+def _rows(t: TensorType) -> Dim:
+    return numel(t.shape[:-1])
+
+
+def _f(v: float) -> str:
+    return f"{float(v):.9e}"
+
+
+def emit_linear(op: OpView) -> KernelSpec:
+    x = op.inputs["x"][1]
+    out_i, out_t = op.outputs[0]
+    k, n = int(x.shape[-1]), int(out_t.shape[-1])
+    quant = "packed" in op.weights
+    group = int(op.attrs.get("group", 0)) if quant else 0
+    ln = op.attrs.get("ln") is not None
+    threads = 256 if ln else 128
+    npt = math.ceil(n / threads) if ln else 1
+    if ln and npt > 8:
+        raise CompileError(
+            f"op linear (node {op.name!r}): LayerNorm epilogue over N={n} > 2048", stage="codegen"
+        )
+    bm = 4 if ln else 8
+    subs: dict[str, object] = {
+        "K": k,
+        "N": n,
+        "BM": bm,
+        "KC": group if quant else 32,
+        "NPT": npt,
+        "THREADS": threads,
+        "QUANT": int(quant),
+        "GROUP": max(group, 1),
+        "ACT": ACT_CODES[op.attrs["act"]],
+        "LN": int(ln),
+        "EPS": _f(op.attrs["ln"][2] if ln else 0.0),
+    }
+    name, src = _specialize("linear", "linear", subs)
+    m = _rows(x)
+    grid = ((Dim(1), 1) if ln else (Dim(n), threads * npt), (m, bm), (Dim(1), 1))
+    args = [
+        _t(op, "x"),
+        _w(op, "packed") if quant else _w(op, "weight"),
+        _w(op, "scales"),
+        _w(op, "zeros"),
+        _w(op, "bias"),
+        _t(op, "residual"),
+        _w(op, "gamma"),
+        _w(op, "beta"),
+        Arg("tensor", out_i),
+        Arg("dim", dim=m),
+    ]
+    return KernelSpec(name, src, grid, (threads, 1, 1), args)  # type: ignore[arg-type]
+
+
+def emit_attention(op: OpView) -> KernelSpec:
+    a = op.attrs
+    q = op.inputs["q"][1]
+    mask = op.inputs.get("mask")
+    subs: dict[str, object] = {
+        "D": a["head_dim"],
+        "HEADS": a["heads"],
+        "MAX_T": op.max_seq,
+        "THREADS": 128,
+        "Q_STRIDE": a["strides"][0],
+        "K_STRIDE": a["strides"][1],
+        "V_STRIDE": a["strides"][2],
+        "Q_OFF": a["offsets"][0],
+        "K_OFF": a["offsets"][1],
+        "V_OFF": a["offsets"][2],
+        "SCALE": _f(a["scale"]),
+        "HAS_MASK": int(mask is not None),
+        "MASK_T": CTYPES[mask[1].dtype] if mask else "int",
+    }
+    name, src = _specialize("attention", "attention", subs)
+    b, t = q.shape[0], q.shape[1]
+    grid = ((t, 1), (Dim(int(a["heads"])), 1), (b, 1))
+    args = [
+        _t(op, "q"),
+        _t(op, "k"),
+        _t(op, "v"),
+        _t(op, "mask"),
+        Arg("tensor", op.outputs[0][0]),
+        Arg("dim", dim=Dim(1, t=1)),
+    ]
+    return KernelSpec(name, src, grid, (128, 1, 1), args)  # type: ignore[arg-type]
+
+
+def emit_layer_norm(op: OpView) -> KernelSpec:
+    x = op.inputs["x"][1]
+    subs: dict[str, object] = {"H": int(x.shape[-1]), "THREADS": 128, "EPS": _f(op.attrs["eps"])}
+    name, src = _specialize("layer_norm", "layer_norm", subs)
+    args = [_t(op, "x"), _t(op, "residual"), _w(op, "gamma"), _w(op, "beta"), Arg("tensor", op.outputs[0][0])]
+    return KernelSpec(name, src, ((_rows(x), 1), (Dim(1), 1), (Dim(1), 1)), (128, 1, 1), args)
+
+
+def emit_embed_ln(op: OpView) -> KernelSpec:
+    ids = op.inputs["ids"][1]
+    table = op.weights["table"][1]
+    pos = op.weights["pos"][1]
+    ln = op.attrs.get("ln") is not None
+    subs: dict[str, object] = {
+        "H": table.shape[1],
+        "THREADS": 128,
+        "IDS_T": CTYPES[ids.dtype],
+        "TABLE_T": CTYPES[str(table.dtype)],
+        "POS_ROWS": pos.shape[0],
+        "LN": int(ln),
+        "EPS": _f(op.attrs["ln"][2] if ln else 0.0),
+    }
+    name, src = _specialize("embed_ln", "embed_ln", subs)
+    t = ids.shape[1] if len(ids.shape) > 1 else Dim(1)
+    args = [
+        _t(op, "ids"),
+        _w(op, "table"),
+        _w(op, "pos"),
+        _w(op, "gamma"),
+        _w(op, "beta"),
+        Arg("tensor", op.outputs[0][0]),
+        Arg("dim", dim=t),
+    ]
+    return KernelSpec(name, src, ((numel(ids.shape), 1), (Dim(1), 1), (Dim(1), 1)), (128, 1, 1), args)
+
+
+def emit_mean_pool_l2(op: OpView) -> KernelSpec:
+    x = op.inputs["x"][1]
+    mask = op.inputs["mask"][1]
+    subs: dict[str, object] = {
+        "H": int(x.shape[-1]),
+        "THREADS": 128,
+        "MASK_T": CTYPES[mask.dtype],
+        "NORMALIZE": int(bool(op.attrs.get("normalize", True))),
+    }
+    name, src = _specialize("mean_pool_l2", "mean_pool_l2", subs)
+    args = [_t(op, "x"), _t(op, "mask"), Arg("tensor", op.outputs[0][0]), Arg("dim", dim=x.shape[1])]
+    return KernelSpec(name, src, ((x.shape[0], 1), (Dim(1), 1), (Dim(1), 1)), (128, 1, 1), args)
+
+
+def emit_unary(op: OpView) -> KernelSpec:
+    x = op.inputs["x"][1]
+    name, src = _specialize("unary", "unary", {"ACT": ACT_CODES[op.attrs["act"]]})
+    n = numel(x.shape)
+    args = [_t(op, "x"), Arg("tensor", op.outputs[0][0]), Arg("dim", dim=n)]
+    return KernelSpec(name, src, ((n, 256), (Dim(1), 1), (Dim(1), 1)), (256, 1, 1), args)
+
+
+EMITTERS: dict[str, Callable[[OpView], KernelSpec]] = {
+    "linear": emit_linear,
+    "attention": emit_attention,
+    "layer_norm": emit_layer_norm,
+    "embed_ln": emit_embed_ln,
+    "mean_pool_l2": emit_mean_pool_l2,
+    "unary": emit_unary,
+}
+
+
+def emit(op: OpView) -> KernelSpec:
+    fn = EMITTERS.get(op.kind)
+    if fn is None:
+        raise CompileError(f"no CUDA emitter for op {op.kind} (node {op.name!r})", stage="codegen")
+    return fn(op)

@@ -1,0 +1,51 @@
+// Shared device helpers for Anvil's generated kernels (no system headers: NVRTC-compatible).
+#ifndef ANVIL_COMMON_CUH
+#define ANVIL_COMMON_CUH
+// fp16 is read as its 16-bit pattern and converted with one PTX instruction, so no CUDA header is
+// needed (NVRTC from pip has none).
+__device__ __forceinline__ float anvil_h2f(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ float anvil_ld(const float* p, long i) { return p[i]; }
+__device__ __forceinline__ float anvil_ld(const unsigned short* p, long i) { return anvil_h2f(p[i]); }
+
+#define ANVIL_INF __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float anvil_act(float v, int act) {
+  // codes as anvil_kernels.activations, plus 5 = sigmoid, 6 = tanh
+  switch (act) {
+    case 1: return v > 0.f ? v : 0.f;
+    case 2: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case 3: return 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case 4: return v / (1.f + expf(-v));
+    case 5: return 1.f / (1.f + expf(-v));
+    case 6: return tanhf(v);
+    default: return v;
+  }
+}
+
+// Sum (or max) over the block; every thread gets the result. scratch: >= 32 floats of smem.
+__device__ __forceinline__ float anvil_block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < warps; ++w) t += scratch[w];
+  return t;
+}
+
+__device__ __forceinline__ float anvil_block_max(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = -ANVIL_INF;
+  for (int w = 0; w < warps; ++w) t = fmaxf(t, scratch[w]);
+  return t;
+}
+#endif

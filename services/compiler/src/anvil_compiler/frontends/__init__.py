@@ -1,0 +1,1 @@
+"""Model frontends: ONNX files and Hugging Face BERT-family checkpoints, both to `ir.Graph`."""

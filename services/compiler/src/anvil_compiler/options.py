@@ -1,0 +1,61 @@
+"""Compile options: everything besides the model bytes that changes an artifact (part of its key)."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from anvil_compiler.errors import CompileError
+
+__all__ = ["ARCHS", "CompileOptions"]
+
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOptions:
+    # INT4 group size along K (32, 64, 128, 256); a layer whose K it does not divide uses the
+    # largest smaller one that does, or stays fp32 when none does (recorded in the manifest).
+    group_size: int = 128
+    # False: the "unquantized" plan, every weight fp32, output matches the reference to ~1e-5.
+    quantize: bool = True
+    # fnmatch patterns of node names whose linear weights stay fp32 (per-layer opt-out).
+    keep_fp32: tuple[str, ...] = ()
+    # embedding tables in fp16 (halves their bytes; gathers are exact up to fp16 rounding).
+    embeddings_fp16: bool = True
+    # the activation bank is planned for this many rows and tokens per row
+    max_batch: int = 8
+    max_seq: int = 128
+    # GPU archs the kernels are built for (one fatbin holds them all)
+    archs: tuple[str, ...] = field(default=("sm_90",))
+    # also search clipping ratios when quantizing (slower compile, lower error)
+    clip_search: bool = False
+
+    def __post_init__(self) -> None:
+        if self.group_size not in (32, 64, 128, 256):
+            raise CompileError(f"group_size must be one of 32, 64, 128, 256, got {self.group_size}")
+        if not 1 <= self.max_batch <= 4096 or not 1 <= self.max_seq <= 8192:
+            raise CompileError("max_batch must be in 1..4096 and max_seq in 1..8192")
+        bad = [a for a in self.archs if a not in ARCHS]
+        if bad or not self.archs:
+            raise CompileError(f"archs must be a non-empty subset of {ARCHS}, got {list(self.archs)}")
+
+    def keeps_fp32(self, node: str) -> bool:
+        return not self.quantize or any(fnmatch.fnmatchcase(node, p) for p in self.keep_fp32)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["keep_fp32"], d["archs"] = list(self.keep_fp32), sorted(self.archs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CompileOptions:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for k in ("keep_fp32", "archs"):
+            if k in known:
+                known[k] = tuple(known[k])
+        try:
+            return cls(**known)
+        except TypeError as exc:
+            raise CompileError(f"bad compile options: {exc}") from exc

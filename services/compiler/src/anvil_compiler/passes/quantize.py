@@ -1,0 +1,62 @@
+"""Weight storage per fused op: INT4 (`anvil_kernels.quantize`) for linears, fp16 embedding tables,
+fp32 for everything else and for opted-out layers. Returns role -> array per op."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from anvil_compiler.ir import Graph, Node
+from anvil_compiler.options import CompileOptions
+from anvil_kernels import quantize
+
+__all__ = ["OpWeights", "quantize_graph"]
+
+OpWeights = dict[str, np.ndarray]
+
+
+def _group(k: int, want: int) -> int:
+    for g in (256, 128, 64, 32):
+        if g <= want and k % g == 0:
+            return g
+    return 0
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _ln(g: Graph, out: OpWeights, ln: tuple[str, str, float] | None) -> None:
+    if ln is not None:
+        out["gamma"], out["beta"] = _f32(g.consts[ln[0]]).reshape(-1), _f32(g.consts[ln[1]]).reshape(-1)
+
+
+def quantize_graph(g: Graph, opts: CompileOptions) -> dict[str, OpWeights]:
+    """Weights of every kernel op by node name; sets ``attrs['group']`` on INT4 linears."""
+    weights: dict[str, OpWeights] = {}
+    for n in g.nodes:
+        w: OpWeights = {}
+        if n.op == "linear":
+            _linear(g, n, opts, w)
+        elif n.op == "embed_ln":
+            dt = np.float16 if opts.quantize and opts.embeddings_fp16 else np.float32
+            w["table"] = np.ascontiguousarray(g.consts[n.attrs["table"]], dtype=dt)
+            w["pos"] = _f32(g.consts[n.attrs["pos"]])
+            _ln(g, w, n.attrs["ln"])
+        elif n.op == "layer_norm":
+            _ln(g, w, (n.attrs["gamma"], n.attrs["beta"], n.attrs["eps"]))
+        weights[n.name] = w
+    return weights
+
+
+def _linear(g: Graph, n: Node, opts: CompileOptions, w: OpWeights) -> None:
+    wt = _f32(g.consts[n.attrs["weight"]])  # (K, N)
+    group = 0 if opts.keeps_fp32(n.name) else _group(wt.shape[0], opts.group_size)
+    n.attrs["group"] = group
+    if group:
+        q = quantize(wt, group_size=group, scale_dtype="fp16", clip_search=opts.clip_search)
+        w["packed"], w["scales"], w["zeros"] = q.packed, q.scales, q.zeros
+    else:
+        w["weight"] = wt
+    if n.attrs.get("bias"):
+        w["bias"] = _f32(g.consts[n.attrs["bias"]]).reshape(-1)
+    _ln(g, w, n.attrs.get("ln"))

@@ -1,0 +1,75 @@
+"""The compile pipeline: model bytes -> graph -> fused ops -> weights -> plan -> kernels -> files.
+
+``compile_model`` is what a job runs (in a worker process); ``progress(stage, percent)`` reports
+each stage. Every failure is a CompileError naming the stage (and the op/node where there is one).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from anvil_compiler.errors import CompileError
+from anvil_compiler.ir import Graph
+from anvil_compiler.lower import Lowered, lower
+from anvil_compiler.options import CompileOptions
+from anvil_compiler.passes.fuse import fuse
+from anvil_compiler.passes.quantize import quantize_graph
+
+__all__ = ["Progress", "compile_graph", "compile_model", "import_model"]
+
+Progress = Callable[[str, float], None]
+
+
+def _quiet(stage: str, percent: float) -> None:
+    return None
+
+
+def import_model(fmt: str, data: bytes, name: str) -> Graph:
+    if fmt == "onnx":
+        from anvil_compiler.frontends.onnx import load_onnx
+
+        return load_onnx(data, name)
+    if fmt == "hf":
+        from anvil_compiler.frontends.hf import load_hf_bundle
+
+        return load_hf_bundle(data, name)
+    raise CompileError(f"unknown model format {fmt!r}; formats: onnx, hf", stage="load")
+
+
+def compile_graph(g: Graph, opts: CompileOptions, progress: Progress = _quiet) -> Lowered:
+    progress("fuse", 20)
+    fuse(g)
+    progress("quantize", 30)
+    weights = quantize_graph(g, opts)
+    progress("plan", 60)
+    return lower(g, weights, opts)
+
+
+def compile_model(
+    fmt: str,
+    data: bytes,
+    name: str,
+    opts: CompileOptions,
+    out_dir: Path,
+    key: str,
+    progress: Progress = _quiet,
+    build: bool = True,
+) -> dict[str, Any]:
+    """Compile into ``out_dir`` (plan.bin, weights.safetensors, kernels.cu, fatbin/cubins,
+    manifest.json); returns the manifest."""
+    from anvil_compiler.artifacts import write_artifact
+    from anvil_compiler.codegen.build import build_kernels
+
+    t0 = time.perf_counter()
+    progress("import", 5)
+    g = import_model(fmt, data, name)
+    lowered = compile_graph(g, opts, progress)
+    progress("codegen", 70)
+    kernels = build_kernels(lowered.sources, opts.archs, out_dir) if build else {}
+    progress("write", 95)
+    manifest = write_artifact(out_dir, key, name, lowered, kernels, opts, time.perf_counter() - t0)
+    progress("done", 100)
+    return manifest

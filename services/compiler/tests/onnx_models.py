@@ -1,0 +1,61 @@
+"""ONNX models built with onnx.helper (no torch needed): a small MLP and broken variants."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def mlp_bytes(seed: int = 0, d_in: int = 64, hidden: int = 128, d_out: int = 16, op: str = "Relu") -> bytes:
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((d_in, hidden)) / np.sqrt(d_in)).astype(np.float32)
+    b1 = (rng.standard_normal(hidden) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((hidden, d_out)) / np.sqrt(hidden)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1_bias"),
+        helper.make_node(op, ["h1"], ["h2"], name="act"),
+        helper.make_node("MatMul", ["h2", "w2"], ["y"], name="fc2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d_in])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", d_out])],
+        [
+            numpy_helper.from_array(w1, "w1"),
+            numpy_helper.from_array(b1, "b1"),
+            numpy_helper.from_array(w2, "w2"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model.SerializeToString()
+
+
+def mismatched_bytes() -> bytes:
+    """fc2's weight has K = 100 where fc1 produces 128 columns."""
+    rng = np.random.default_rng(1)
+    w1 = rng.standard_normal((64, 128)).astype(np.float32)
+    w2 = rng.standard_normal((100, 16)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+            helper.make_node("MatMul", ["h", "w2"], ["y"], name="fc2_bad"),
+        ],
+        "bad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def reference(data: bytes, x: np.ndarray) -> np.ndarray:
+    """numpy evaluation of mlp_bytes (Relu / Tanh / Sigmoid) for tests without onnxruntime."""
+    m = onnx.load_model_from_string(data)
+    w = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    op = m.graph.node[2].op_type
+    h = x @ w["w1"] + w["b1"]
+    h = {"Relu": np.maximum(h, 0), "Tanh": np.tanh(h), "Sigmoid": 1 / (1 + np.exp(-h))}[op]
+    return (h @ w["w2"]).astype(np.float32)

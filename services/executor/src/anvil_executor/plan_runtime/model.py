@@ -1,0 +1,150 @@
+"""`PlanModel`: a compiled artifact served by the executor on the CPU.
+
+Load: read plan.bin and weights.safetensors, put every weight in the arena's weight bank at the
+compiler's offset, size the activation bank from the plan. Run: copy each input into its slot,
+run the ops in order on views at the batch's (B, T), copy the outputs out (the bank is reused by
+the next batch). Requests of one batch are stacked along B; a model with an attention mask also
+takes requests of different lengths (padded to the longest, mask 0 on padding).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anvil_core.model_spec import ModelSpec, TensorSpec
+from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
+from anvil_executor.plan_runtime.arena import HostArena
+from anvil_executor.plan_runtime.ops import CPU_OPS, OpState
+from anvil_executor.plan_runtime.plan import DTYPES, LoadedPlan, _s, attrs_of, load_plan
+from anvil_kernels import Int4Weight, Workspace
+
+__all__ = ["PlanModel"]
+
+
+def _l(v: Any) -> list[Any]:
+    """Vectors of the flatbuffers object API are None, lists or numpy arrays."""
+    return [] if v is None else list(v)
+
+
+class PlanModel(Model):
+    def __init__(self, plan: LoadedPlan, weights: dict[str, np.ndarray], name: str | None = None) -> None:
+        p = plan.plan
+        self.plan = plan
+        self.max_batch, self.max_seq = int(p.maxBatch), int(p.maxSeq)
+        self.arena = HostArena({"weights": int(p.weightBytes), "activations": int(p.activationBytes)})
+        bank: list[np.ndarray] = []
+        for wi in p.weights:
+            arr = weights[_s(wi.name)]
+            view = self.arena.view(
+                "weights", int(wi.offset), tuple(int(d) for d in _l(wi.shape)), DTYPES[wi.dtype]
+            )
+            view[...] = arr
+            bank.append(view)
+        self.ops = [self._prepare(op, bank) for op in p.ops]
+        self.ws = Workspace()
+        self.inputs = [
+            (_s(io.name), int(io.tensor), _s(io.datatype), [int(d) for d in _l(io.dims)]) for io in p.inputs
+        ]
+        self.outputs = [
+            (_s(io.name), int(io.tensor), _s(io.datatype), [int(d) for d in _l(io.dims)]) for io in p.outputs
+        ]
+        self.seq_inputs = [n for n, t, _, _ in self.inputs if self._has_seq(t)]
+        self.mask_inputs = [n for n, _, dt, _ in self.inputs if "mask" in n.lower()]
+        self.spec = ModelSpec(
+            name=name or plan.name,
+            platform="anvil_plan_cpu",
+            max_batch=self.max_batch,
+            inputs=tuple(TensorSpec(n, dt, tuple(d)) for n, _, dt, d in self.inputs),
+            outputs=tuple(TensorSpec(n, dt, tuple(d)) for n, _, dt, d in self.outputs),
+        )
+
+    @classmethod
+    def load(cls, artifact_dir: str | Path, name: str | None = None) -> PlanModel:
+        from safetensors.numpy import load_file
+
+        root = Path(artifact_dir)
+        return cls(load_plan(root / "plan.bin"), load_file(str(root / "weights.safetensors")), name)
+
+    def _has_seq(self, tensor: int) -> bool:
+        return any(d.t for d in self.plan.plan.tensors[tensor].shape)
+
+    def _prepare(self, op: Any, bank: list[np.ndarray]) -> OpState:
+        roles = [_s(r) for r in _l(op.weightRoles)]
+        w: dict[str, Any] = {r: bank[i] for r, i in zip(roles, _l(op.weights), strict=True)}
+        attrs = attrs_of(op)
+        if "packed" in w:
+            k2, n = w["packed"].shape
+            group = int(attrs["group"])
+            w["int4"] = Int4Weight(w["packed"], w["scales"], w["zeros"], group, 2 * k2, n, "fp16")
+        if "table" in w and w["table"].dtype != np.float32:
+            w["table"] = w["table"].astype(np.float32)  # anvil_kernels.embedding gathers fp32 rows
+        ins = {_s(r): int(i) for r, i in zip(_l(op.inputRoles), _l(op.inputs), strict=True)}
+        return OpState(_s(op.kind), _s(op.name), attrs, ins, int(op.outputs[0]), w)
+
+    def _view(self, tensor: int, b: int, t: int) -> np.ndarray:
+        ti = self.plan.plan.tensors[tensor]
+        return self.arena.view("activations", int(ti.offset), self.plan.shape(tensor, b, t), DTYPES[ti.dtype])
+
+    def forward(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One padded batch: every input (B, ...) with B <= max_batch, T <= max_seq."""
+        first = feeds[self.inputs[0][0]]
+        b = first.shape[0]
+        t = feeds[self.seq_inputs[0]].shape[1] if self.seq_inputs else 1
+        if not 1 <= b <= self.max_batch or not 1 <= t <= self.max_seq:
+            raise ValueError(f"batch {b} x seq {t} exceeds the plan's {self.max_batch} x {self.max_seq}")
+        for name, tensor, _, _ in self.inputs:
+            view = self._view(tensor, b, t)
+            if feeds[name].shape != view.shape:
+                raise ValueError(f"input {name!r}: shape {feeds[name].shape}, plan expects {view.shape}")
+            view[...] = feeds[name]
+        for op in self.ops:
+            views = {r: self._view(i, b, t) for r, i in op.inputs.items()}
+            views["out"] = self._view(op.output, b, t)
+            CPU_OPS[op.kind](op, views, self.ws)
+        return {name: self._view(tensor, b, t).copy() for name, tensor, _, _ in self.outputs}
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        results: list[RequestOutputs] = []
+        start = 0
+        while start < len(batch):  # chunks whose rows fit max_batch
+            rows, end = 0, start
+            while end < len(batch) and (rows + self._rows(batch[end]) <= self.max_batch or end == start):
+                rows += self._rows(batch[end])
+                end += 1
+            results.extend(self._run_chunk(batch[start:end]))
+            start = end
+        return results
+
+    def _rows(self, req: RequestInputs) -> int:
+        return int(req[self.inputs[0][0]].shape[0])
+
+    def _run_chunk(self, reqs: list[RequestInputs]) -> list[RequestOutputs]:
+        lens = [int(r[self.seq_inputs[0]].shape[1]) for r in reqs] if self.seq_inputs else [1] * len(reqs)
+        t = max(lens)
+        if len(set(lens)) > 1 and not self.mask_inputs:
+            raise ValueError("requests of different sequence lengths need a model with an attention mask")
+        feeds: dict[str, np.ndarray] = {}
+        for name, tensor, _, _ in self.inputs:
+            dt = self.plan.dtype(tensor)
+            parts = []
+            for r, n in zip(reqs, lens, strict=True):
+                a = np.asarray(r[name], dtype=dt)
+                if name in self.seq_inputs and n < t:
+                    a = np.concatenate([a, np.zeros((a.shape[0], t - n, *a.shape[2:]), dt)], axis=1)
+                parts.append(a)
+            feeds[name] = np.concatenate(parts, axis=0)
+        outs = self.forward(feeds)
+        results: list[RequestOutputs] = []
+        row = 0
+        for r, n in zip(reqs, lens, strict=True):
+            k = self._rows(r)
+            res: RequestOutputs = {}
+            for name, tensor, _, _ in self.outputs:
+                o = outs[name][row : row + k]
+                res[name] = o[:, :n] if self._has_seq(tensor) else o
+            results.append(res)
+            row += k
+        return results
