@@ -40,8 +40,8 @@ test-integration: sync
 	$(PY) pytest tests/integration -q
 
 proto:
-	$(PY) flatc --python --gen-onefile --gen-object-api -o $(PROTO_OUT) proto/anvil.fbs
-	@echo "regenerated $(PROTO_OUT)/anvil_generated.py"
+	for f in proto/*.fbs; do $(PY) flatc --python --gen-onefile --gen-object-api -o $(PROTO_OUT) $$f; done
+	@echo "regenerated $(PROTO_OUT)/*_generated.py from proto/*.fbs"
 
 lint: sync
 	$(PY) ruff check .

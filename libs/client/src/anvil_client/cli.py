@@ -15,6 +15,7 @@ from typing import Any
 
 from anvil_client.admin import add_admin_commands
 from anvil_client.demo import run_demo
+from anvil_client.deploy import add_deploy_commands
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
 from anvil_client.procs import running, stop_group
 
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-f", "--file", default="compose.yaml")
     demo.set_defaults(fn=lambda a: run_demo(Path(a.file)))
     add_admin_commands(sub)
+    add_deploy_commands(sub)
     return parser
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -51,6 +52,8 @@ class Executor:
         self.inflight = 0
         self._beat_seq = 0
         self.shm: Any = None
+        self._artifacts: dict[str, str] = {}  # model -> artifact id loaded
+        self._loading: set[str] = set()
         self.bg = Background("executor-redis")
         self.registry = Registry(
             settings.redis_url,
@@ -77,7 +80,14 @@ class Executor:
         }
 
     async def _on_beat(self, redis: aioredis.Redis) -> None:
-        """Publish model specs and follow the scheduler's endpoint (it may move after a restart)."""
+        """Load newly deployed artifacts, publish model specs and follow the scheduler's endpoint."""
+        async for key in redis.scan_iter(match=keys.model_key("*")):
+            raw = await redis.hget(key, "artifact")
+            art = raw.decode() if isinstance(raw, bytes) else (raw or "")
+            name = (key.decode() if isinstance(key, bytes) else key).removeprefix(keys.model_key(""))
+            if art and self._artifacts.get(name) != art and name not in self._loading:
+                self._loading.add(name)
+                threading.Thread(target=self._load_plan, args=(name, art), daemon=True).start()
         async with redis.pipeline(transaction=False) as pipe:
             for name, model in self.models.items():
                 pipe.hset(keys.model_key(name), mapping={"spec": model.spec.to_json(), "status": "READY"})
@@ -87,6 +97,20 @@ class Executor:
             endpoint = rec.get("executor_endpoint") or endpoint
         if endpoint and endpoint != self.endpoint:
             self.bg.post(lambda: self._follow(endpoint))
+
+    def _load_plan(self, name: str, artifact: str) -> None:
+        """Loader thread (numba warm-up is slow): the model joins the served set when ready."""
+        from anvil_executor.plan_runtime import PlanModel
+
+        try:
+            self.models[name] = PlanModel.load(Path(self.s.artifact_dir) / artifact, name=name)
+            self._artifacts[name] = artifact
+            self.bg.post(self._register)  # tell the scheduler about the new model
+            log.info("artifact loaded", extra={"model": name, "artifact": artifact})
+        except Exception:
+            log.exception("cannot load artifact", extra={"model": name, "artifact": artifact})
+        finally:
+            self._loading.discard(name)
 
     # ---- I/O loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

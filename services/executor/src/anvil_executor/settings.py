@@ -20,5 +20,7 @@ class ExecutorSettings(ServiceSettings):
     # The `busy` stand-in device: t(B) = base + per_row x rows, sleeping (tests and simulations).
     busy_base_us: int = 4000
     busy_per_row_us: int = 500
+    # Compiled artifacts (the compiler's volume); models deployed with `anvil deploy` load from here.
+    artifact_dir: str = "/var/lib/anvil/artifacts"
     # Accept inputs that stay in a client's shared memory (ZeroCopy, same host only).
     shm_inputs: bool = True
