@@ -248,3 +248,13 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     yield make
     for s in made:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def busy_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """A private stack that also loads `busy` (slow on purpose), for tests that abuse the gateway."""
+    if os.environ.get("ANVIL_STACK", "local") != "local":
+        pytest.skip("needs local processes")
+    local = LocalStack(tmp_path_factory.mktemp("busy"), extra_env={"ANVIL_MODELS": "identity,mlp,busy"})
+    yield local
+    local.stop()

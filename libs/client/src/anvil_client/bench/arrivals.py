@@ -1,0 +1,99 @@
+"""Open-loop arrival schedules: the intended send time of every request, fixed before the run.
+
+Latency is measured from these intended times, so a server (or generator) that falls behind is
+charged for the wait it caused (no coordinated omission).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["PATTERNS", "Schedule", "schedule"]
+
+PATTERNS = ("poisson", "constant", "step", "onoff", "trace")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Send offsets in seconds from the start of the run, ascending. `(n,) float64`."""
+
+    offsets_s: np.ndarray
+    pattern: str
+    rate_rps: float
+    duration_s: float
+
+    def __len__(self) -> int:
+        return int(self.offsets_s.shape[0])
+
+
+def _poisson(rate: float, start: float, end: float, rng: np.random.Generator) -> np.ndarray:
+    if rate <= 0 or end <= start:
+        return np.empty(0)
+    n = int((end - start) * rate * 1.2) + 16  # enough gaps to pass `end` with near certainty
+    t = start + np.cumsum(rng.exponential(1.0 / rate, n))
+    while t[-1] < end:
+        t = np.concatenate([t, t[-1] + np.cumsum(rng.exponential(1.0 / rate, n))])
+    return t[t < end]
+
+
+def _constant(rate: float, start: float, end: float) -> np.ndarray:
+    if rate <= 0 or end <= start:
+        return np.empty(0)
+    return start + np.arange(int(np.ceil((end - start) * rate))) / rate
+
+
+def schedule(
+    pattern: str,
+    rate_rps: float,
+    duration_s: float,
+    *,
+    seed: int = 0,
+    burst_factor: float = 4.0,
+    burst_at_s: float | None = None,
+    burst_len_s: float | None = None,
+    period_s: float = 2.0,
+    trace: Path | None = None,
+) -> Schedule:
+    """Arrival offsets for one run.
+
+    poisson: exponential gaps at `rate_rps`. constant: evenly spaced. step: Poisson at `rate_rps`, with
+    `burst_factor` x the rate from `burst_at_s` (default a third in) for `burst_len_s` (a third).
+    onoff: Poisson at `rate_rps` for half of each `period_s`, silent for the other half.
+    trace: one send offset in seconds per line of `trace` (sorted; lines after `duration_s` dropped).
+    """
+    rng = np.random.default_rng(seed)
+    if pattern == "poisson":
+        t = _poisson(rate_rps, 0.0, duration_s, rng)
+    elif pattern == "constant":
+        t = _constant(rate_rps, 0.0, duration_s)
+    elif pattern == "step":
+        at = duration_s / 3 if burst_at_s is None else burst_at_s
+        length = duration_s / 3 if burst_len_s is None else burst_len_s
+        end = min(duration_s, at + length)
+        t = np.concatenate(
+            [
+                _poisson(rate_rps, 0.0, at, rng),
+                _poisson(rate_rps * burst_factor, at, end, rng),
+                _poisson(rate_rps, end, duration_s, rng),
+            ]
+        )
+    elif pattern == "onoff":
+        parts = []
+        for start in np.arange(0.0, duration_s, period_s):
+            parts.append(_poisson(rate_rps, start, min(duration_s, start + period_s / 2), rng))
+        t = np.concatenate(parts) if parts else np.empty(0)
+    elif pattern == "trace":
+        if trace is None:
+            raise ValueError("pattern 'trace' needs a trace file (--trace): one send offset in s per line")
+        lines = [ln.split("#")[0].strip() for ln in trace.read_text().splitlines()]
+        t = np.sort(np.array([float(x) for x in lines if x], dtype=np.float64))
+        if t.size and t[0] < 0:
+            raise ValueError("trace offsets must be >= 0 s")
+        t = t[t <= duration_s] if duration_s > 0 else t
+        duration_s = float(t[-1]) if duration_s <= 0 and t.size else duration_s
+    else:
+        raise ValueError(f"unknown arrival pattern {pattern!r}; one of {', '.join(PATTERNS)}")
+    return Schedule(np.asarray(t, dtype=np.float64), pattern, rate_rps, duration_s)

@@ -1,0 +1,245 @@
+"""The load generator: open loop (a fixed schedule of send times) or closed loop (N clients).
+
+Open loop: a single dispatcher task wakes at each intended send time and starts the requests that
+are due; latency runs from the *intended* time, so queueing anywhere (the server, the connection
+pool, or this generator) is charged to the request. The dispatcher's own lateness is recorded per
+request as `lag_s` and reported, so a run whose generator fell behind is visible as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from anvil_client.bench.arrivals import Schedule
+from anvil_client.bench.http1 import Endpoint, HttpError, Pool
+from anvil_client.bench.workload import ID_WIDTH, Workload, request_id, response_id
+
+__all__ = ["Engine", "Progress", "RunResult"]
+
+TRANSPORT_ERROR = 0  # status recorded when no HTTP response came back
+CLIENT_TIMEOUT = -1
+_MIN_SLEEP_S = 0.001
+
+
+@dataclass
+class RunResult:
+    """Per request (arrays of equal length, ordered by request index); times in s from run start."""
+
+    intended_s: np.ndarray  # (n,) f64: when the request should have been sent
+    lag_s: np.ndarray  # (n,) f64: how late the generator started it
+    done_s: np.ndarray  # (n,) f64: when its answer was read (nan: never)
+    status: np.ndarray  # (n,) i16: HTTP status, 0 transport error, -1 client timeout
+    priority: np.ndarray  # (n,) i8
+    tenant: np.ndarray  # (n,) i16
+    answers: np.ndarray  # (n,) i16: answers received for the request's id (exactly 1 expected)
+    reasons: dict[int, str]  # request index -> error text, for every non-200
+    id_mismatches: int  # 200 answers whose echoed id was not the request's
+    started_unix: float
+    wall_s: float
+    connections_opened: int
+    mode: str
+    meta: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        return self.done_s - self.intended_s
+
+
+@dataclass
+class Progress:
+    elapsed_s: float
+    sent: int
+    done: int
+    ok: int
+    errors: int
+    inflight: int
+    max_lag_ms: float
+
+
+class Engine:
+    def __init__(
+        self,
+        url: str,
+        workload: Workload,
+        *,
+        max_connections: int = 512,
+        request_timeout_s: float = 30.0,
+    ) -> None:
+        self.ep = Endpoint.parse(url)
+        self.wl = workload
+        self.max_connections = max_connections
+        self.request_timeout_s = request_timeout_s
+        self._heads: dict[tuple[int, int], tuple[bytes, bytes, bytes]] = {}
+
+    async def run_open(self, sched: Schedule, on_tick: Callable[[Progress], None] | None = None) -> RunResult:
+        n = len(sched)
+        rec = _Recorder(n, self.wl)
+        rec.intended[:] = sched.offsets_s
+        pool = Pool(self.ep, self.max_connections)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time() + 0.05
+        rec.start(t0, time.time() + 0.05)
+        ticker = asyncio.create_task(_tick(rec, loop, on_tick)) if on_tick else None
+        tasks: set[asyncio.Task[None]] = set()
+        offs = sched.offsets_s.tolist()
+        i = 0
+        while i < n:
+            now = loop.time() - t0
+            if offs[i] > now:
+                # Never less than 1 ms: uvloop's timers have ms resolution, and a shorter sleep
+                # spins the loop at 100% CPU. Sending up to ~1 ms late is counted (lag, latency).
+                await asyncio.sleep(max(offs[i] - now, _MIN_SLEEP_S))
+                continue
+            while i < n and offs[i] <= now:
+                task = loop.create_task(self._one(pool, rec, i, t0))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                i += 1
+        if tasks:
+            await asyncio.wait(set(tasks))
+        if ticker:
+            ticker.cancel()
+        pool.close()
+        return rec.result(loop.time() - t0, pool.opened, "open", {"pattern": sched.pattern})
+
+    async def run_closed(
+        self, concurrency: int, duration_s: float, on_tick: Callable[[Progress], None] | None = None
+    ) -> RunResult:
+        """`concurrency` clients, each sending its next request as soon as the last is answered."""
+        cap = max(1024, int(duration_s * 20_000))  # enough slots for 20k req/s
+        rec = _Recorder(cap, self.wl)
+        pool = Pool(self.ep, concurrency)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        rec.start(t0, time.time())
+        ticker = asyncio.create_task(_tick(rec, loop, on_tick)) if on_tick else None
+        counter = iter(range(cap))
+
+        async def client() -> None:
+            while loop.time() - t0 < duration_s:
+                i = next(counter, None)
+                if i is None:
+                    return
+                rec.intended[i] = loop.time() - t0
+                await self._one(pool, rec, i, t0)
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        if ticker:
+            ticker.cancel()
+        pool.close()
+        return rec.result(loop.time() - t0, pool.opened, "closed", {"concurrency": concurrency})
+
+    async def _one(self, pool: Pool, rec: _Recorder, i: int, t0: float) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        rec.lag[i] = now - t0 - rec.intended[i]
+        rec.sent += 1
+        kind = (int(rec.priority[i]), int(rec.tenant[i]))
+        parts = self._heads.get(kind)
+        if parts is None:
+            before, after, headers = self.wl.parts(*kind)
+            parts = self._heads[kind] = (
+                before,
+                after,
+                pool.head(self.wl.path, headers, len(before) + len(after) + ID_WIDTH),
+            )
+        head, before, after = parts[2], parts[0], parts[1]
+        rid = request_id(i)
+        # A timer that cancels this task (cheaper than asyncio.timeout/wait_for at thousands per s).
+        deadline = now + self.request_timeout_s
+        timer = loop.call_at(deadline, _cancel, asyncio.current_task())
+        try:
+            resp = await pool.request(head, before + rid + after)
+        except asyncio.CancelledError:
+            if loop.time() < deadline:
+                raise
+            rec.finish(i, loop.time() - t0, CLIENT_TIMEOUT, f"no answer within {self.request_timeout_s} s")
+            return
+        except HttpError as exc:
+            rec.finish(i, loop.time() - t0, TRANSPORT_ERROR, str(exc))
+            return
+        finally:
+            timer.cancel()
+        done = loop.time() - t0
+        if resp.status == 200:
+            echoed = response_id(resp.body, resp.headers.get("inference-header-content-length"))
+            if echoed is not None and echoed != rid:
+                rec.id_mismatches += 1
+            rec.finish(i, done, 200, None)
+        else:
+            rec.finish(i, done, resp.status, resp.body[:300].decode("utf-8", "replace"))
+
+
+def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is not None:
+        task.cancel()
+
+
+class _Recorder:
+    def __init__(self, n: int, wl: Workload) -> None:
+        self.intended = np.zeros(n)
+        self.lag = np.full(n, np.nan)
+        self.done = np.full(n, np.nan)
+        self.status = np.full(n, -2, np.int16)  # -2: never sent
+        self.answers = np.zeros(n, np.int16)
+        self.priority, self.tenant = wl.pick(n)
+        self.reasons: dict[int, str] = {}
+        self.id_mismatches = 0
+        self.sent = self.completed = self.ok = 0
+        self.t0 = self.unix0 = 0.0
+
+    def start(self, t0: float, unix0: float) -> None:
+        self.t0, self.unix0 = t0, unix0
+
+    def finish(self, i: int, done_s: float, status: int, reason: str | None) -> None:
+        self.done[i] = done_s
+        self.status[i] = status
+        self.answers[i] += 1
+        self.completed += 1
+        if status == 200:
+            self.ok += 1
+        else:
+            self.reasons[i] = reason or ""
+
+    def progress(self, now_s: float) -> Progress:
+        n = self.sent
+        lag = self.lag[:n] if n else np.zeros(1)
+        return Progress(
+            now_s,
+            n,
+            self.completed,
+            self.ok,
+            self.completed - self.ok,
+            n - self.completed,
+            float(np.nanmax(lag) * 1e3) if n else 0.0,
+        )
+
+    def result(self, wall_s: float, opened: int, mode: str, meta: dict[str, object]) -> RunResult:
+        n = len(self.status) if mode == "open" else self.sent
+        return RunResult(
+            self.intended[:n].copy(),
+            self.lag[:n].copy(),
+            self.done[:n].copy(),
+            self.status[:n].copy(),
+            self.priority[:n].copy(),
+            self.tenant[:n].copy(),
+            self.answers[:n].copy(),
+            dict(self.reasons),
+            self.id_mismatches,
+            self.unix0,
+            wall_s,
+            opened,
+            mode,
+            meta,
+        )
+
+
+async def _tick(rec: _Recorder, loop: asyncio.AbstractEventLoop, on_tick: Callable[[Progress], None]) -> None:
+    while True:
+        await asyncio.sleep(0.5)
+        on_tick(rec.progress(loop.time() - rec.t0))

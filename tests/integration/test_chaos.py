@@ -1,0 +1,240 @@
+"""Chaos under steady load: kill an executor, restart the scheduler, restart Redis, freeze the scheduler.
+
+For every scenario, driven by the `anvil bench` engine (open loop, constant rate, one id per request):
+- every request sent gets exactly one answer: a result or an explicit error with a reason (a KServe
+  `{"error": ...}` body with a 4xx/5xx status), never a dropped connection or a client timeout;
+- no answer carries another request's id;
+- the stack returns to full health (ready, every executor connected, inference OK) without manual
+  action within RECOVERY_S;
+- with two executors, >= 99% of the requests sent around an executor kill succeed.
+
+Short form by default (~1.5 min incl. the stack); ANVIL_CHAOS_LONG=1 runs longer load and repeats
+each fault.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from anvil_client.bench.arrivals import schedule
+from anvil_client.bench.engine import Engine, Progress, RunResult
+from anvil_client.bench.workload import Workload
+from anvil_client.embedded_redis import start_redis, wait_redis
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LONG = os.environ.get("ANVIL_CHAOS_LONG") == "1"
+RATE_RPS = 80.0  # steady load; well inside what two CPU executors serve on a 2-core machine
+LOAD_S = 30.0 if LONG else 7.0
+REPEAT = 3 if LONG else 1
+FAULT_AFTER = 150  # answered requests before the fault: the load is steady by then
+RECOVERY_S = 15.0  # stated bound: full health again within this long after the fault is undone
+Waiter = Callable[..., float]
+
+
+class Load:
+    """Open-loop load on a thread of its own (its own event loop), so the test can inject faults."""
+
+    def __init__(self, url: str, seconds: float = LOAD_S, rate: float = RATE_RPS) -> None:
+        self.wl = Workload(model="mlp", width=16, priorities={3: 1.0})
+        self.engine = Engine(url, self.wl, max_connections=256, request_timeout_s=15.0)
+        self.sched = schedule("constant", rate, seconds)
+        self.progress = Progress(0, 0, 0, 0, 0, 0, 0.0)
+        self.result: RunResult | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _tick(self, p: Progress) -> None:
+        self.progress = p
+
+    def _run(self) -> None:
+        try:
+            self.result = asyncio.run(self.engine.run_open(self.sched, self._tick))
+        except BaseException as exc:  # surfaced by finish()
+            self.error = exc
+
+    def finish(self) -> RunResult:
+        self.thread.join(LOAD_S + 60)
+        assert not self.thread.is_alive(), "the load generator did not finish"
+        if self.error:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def check_exactly_once(r: RunResult, what: str) -> dict[str, int]:
+    """Every request: one answer, an HTTP status, and for errors a JSON body that states a reason."""
+    assert r.status.size == len(r.intended_s) > 0
+    assert (r.answers == 1).all(), (
+        f"{what}: {(r.answers == 0).sum()} unanswered, {(r.answers > 1).sum()} duplicated"
+    )
+    assert r.id_mismatches == 0, f"{what}: {r.id_mismatches} answers carried another request's id"
+    silent = {i: t for i, t in r.reasons.items() if r.status[i] <= 0}
+    assert not silent, (
+        f"{what}: {len(silent)} requests got no HTTP answer, e.g. {next(iter(silent.values()))}"
+    )
+    unexplained = []
+    for i, text in r.reasons.items():
+        try:
+            reason = json.loads(text).get("error", "")
+        except ValueError:
+            reason = ""
+        if not reason:
+            unexplained.append((int(r.status[i]), text[:100]))
+    assert not unexplained, f"{what}: errors without a reason: {unexplained[:3]}"
+    counts: dict[str, int] = {}
+    for s in r.status.tolist():
+        counts[str(s)] = counts.get(str(s), 0) + 1
+    return counts
+
+
+def _metric(stack: Any, service: str, name: str) -> float | None:
+    port = stack.service(service)["env"]["ANVIL_METRICS_PORT"]
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def fully_healthy(stack: Any, executors: int = 2) -> bool:
+    try:
+        if httpx.get(stack.url + "/v2/health/ready", timeout=2).status_code != 200:
+            return False
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
+        if httpx.post(stack.url + "/v2/models/mlp/infer", json=body, timeout=5).status_code != 200:
+            return False
+    except httpx.HTTPError:
+        return False
+    return _metric(stack, "scheduler", "anvil_scheduler_executors") == executors
+
+
+def _wait_load(load: Load, waiter: Waiter, answered: int = FAULT_AFTER) -> None:
+    waiter(lambda: load.progress.done >= answered, 30, f"{answered} answers before the fault", every_s=0.05)
+
+
+def _logs(stack: Any, *names: str) -> str:
+    out = []
+    for name in names:
+        text = Path(stack.service(name)["log"]).read_text(errors="replace").splitlines()
+        out.append(f"--- {name} (last 15 lines)\n" + "\n".join(text[-15:]))
+    return "\n".join(out)
+
+
+def test_stack_starts_healthy_with_two_executors(scaled_stack: Any, waiter: Waiter) -> None:
+    waiter(lambda: fully_healthy(scaled_stack), 30, "two executors and a ready stack")
+
+
+def test_kill_one_of_two_executors(scaled_stack: Any, waiter: Waiter) -> None:
+    for _ in range(REPEAT):
+        waiter(lambda: fully_healthy(scaled_stack), RECOVERY_S, "full health before the fault")
+        load = Load(scaled_stack.url)
+        _wait_load(load, waiter)
+        _kill(scaled_stack, "executor.1")
+        r = load.finish()
+        counts = check_exactly_once(r, "executor kill")
+        ok = counts.get("200", 0) / r.status.size
+        assert ok >= 0.99, f"only {ok:.2%} succeeded during the executor kill: {counts}\n" + _logs(
+            scaled_stack, "scheduler", "executor"
+        )
+        scaled_stack.start_again("executor.1")
+        took = waiter(lambda: fully_healthy(scaled_stack), RECOVERY_S, "two executors again")
+        assert took <= RECOVERY_S
+
+
+def test_scheduler_restart(scaled_stack: Any, waiter: Waiter) -> None:
+    for _ in range(REPEAT):
+        waiter(lambda: fully_healthy(scaled_stack), RECOVERY_S, "full health before the fault")
+        load = Load(scaled_stack.url)
+        _wait_load(load, waiter)
+        _kill(scaled_stack, "scheduler")
+        scaled_stack.start_again("scheduler")
+        r = load.finish()
+        counts = check_exactly_once(r, "scheduler restart")
+        assert counts.get("200", 0) > 0, counts
+        waiter(lambda: fully_healthy(scaled_stack), RECOVERY_S, "full health after the scheduler restart")
+        # after recovery, the load is served again in full
+        after = Load(scaled_stack.url, seconds=2.0)
+        tail = after.finish()
+        assert check_exactly_once(tail, "after the scheduler restart").get("200", 0) == tail.status.size
+
+
+def test_redis_restart(scaled_stack: Any, waiter: Waiter, tmp_path: Path) -> None:
+    state = scaled_stack.state
+    waiter(lambda: fully_healthy(scaled_stack), RECOVERY_S, "full health before the fault")
+    redis_pid = state["redis_pid"]
+    procs = []
+    try:
+        for _ in range(REPEAT):
+            load = Load(scaled_stack.url)
+            _wait_load(load, waiter)
+            os.kill(redis_pid, signal.SIGKILL)
+            waiter(lambda: not wait_redis(scaled_stack.redis_port, 0.05), 5, "Redis to be gone")
+            proc = start_redis(scaled_stack.redis_port, tmp_path)
+            procs.append(proc)
+            redis_pid = proc.pid
+            assert wait_redis(scaled_stack.redis_port, 10)
+            r = load.finish()
+            counts = check_exactly_once(r, "Redis restart")
+            # the request path never waits on Redis (the gateway serves from its snapshot)
+            assert counts.get("200", 0) / r.status.size >= 0.99, counts
+            took = waiter(
+                lambda: fully_healthy(scaled_stack), RECOVERY_S, "full health after the Redis restart"
+            )
+            assert took <= RECOVERY_S
+    finally:
+        for proc in procs[:-1]:
+            proc.wait(1)
+        scaled_stack.extra.extend(procs[-1:])  # the live Redis is stopped with the stack
+
+
+def test_scheduler_frozen_for_two_seconds(scaled_stack: Any, waiter: Waiter) -> None:
+    for _ in range(REPEAT):
+        waiter(lambda: fully_healthy(scaled_stack), RECOVERY_S, "full health before the fault")
+        load = Load(scaled_stack.url)
+        _wait_load(load, waiter)
+        pid = _live_pid(scaled_stack, "scheduler")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(2.0)  # the fault itself: two seconds frozen
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        r = load.finish()
+        counts = check_exactly_once(r, "scheduler freeze")
+        assert counts.get("200", 0) > 0, counts
+        took = waiter(lambda: fully_healthy(scaled_stack), RECOVERY_S, "full health after the freeze")
+        assert took <= RECOVERY_S
+
+
+def _live_pid(stack: Any, name: str) -> int:
+    """A service's pid: its replacement started by an earlier fault (same argv and env), else the
+    launcher's."""
+    svc = stack.service(name)
+    for proc in reversed(stack.extra):
+        if proc.poll() is None and list(proc.args) == list(svc["argv"]) and _env_of(proc.pid) == svc["env"]:
+            return int(proc.pid)
+    return int(svc["pid"])
+
+
+def _env_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(kv.decode(errors="replace").split("=", 1) for kv in raw if b"=" in kv)
+
+
+def _kill(stack: Any, name: str) -> None:
+    os.kill(_live_pid(stack, name), signal.SIGKILL)
