@@ -59,15 +59,28 @@ def test_missing_object_does_not_echo_the_key() -> None:
     assert key.strip("/") not in str(info.value)
 
 
-def test_spans_are_bounds_checked(shm_key: str) -> None:
+def test_reads_and_writes_are_bounds_checked(shm_key: str) -> None:
     shm = SystemShm(enabled=True)
     shm.register("r", shm_key, 100, 50)
     region = shm.acquire("r")
-    region.span(0, 50, "x")[:] = b"\x07" * 50
+    region.write(0, b"\x07" * 50, "x")
     with open(f"/dev/shm{shm_key}", "rb") as f:
         assert f.read()[100:150] == b"\x07" * 50
+    assert region.read(10, 5, "x") == b"\x07" * 5
     with pytest.raises(ShmError, match="exceeds region 'r' of 50 bytes"):
-        region.span(10, 41, "x")
+        region.read(10, 41, "x")
+    with pytest.raises(ShmError, match="exceeds region 'r' of 50 bytes"):
+        region.write(49, b"ab", "x")
+    shm.release(region)
+
+
+def test_a_region_truncated_under_the_server_is_an_error_not_a_crash(shm_key: str) -> None:
+    shm = SystemShm(enabled=True)
+    shm.register("r", shm_key, 0, 4096)
+    os.truncate(f"/dev/shm{shm_key}", 10)  # the client shrinks its object after registering it
+    region = shm.acquire("r")
+    with pytest.raises(ShmError, match="truncated under the server"):
+        region.read(0, 64, "x")
     shm.release(region)
 
 

@@ -168,8 +168,8 @@ def _parse_input(
         return _from_bytes(name, datatype, shape, binary[:size], where), size
     ref = _shm_ref(params, where, shm, parsed)
     if ref is not None:
-        view = parsed.regions[-1].span(ref[1], ref[2], where)
-        return _from_bytes(name, datatype, shape, view, where), 0
+        data = parsed.regions[-1].read(ref[1], ref[2], where)
+        return _from_bytes(name, datatype, shape, memoryview(data), where), 0
     if "data" not in raw:
         raise BadRequest(f"{where} ({name}) has no 'data', binary_data_size or shared_memory_region")
     return json_data_to_tensor(name, datatype, shape, raw["data"], where), 0
@@ -216,5 +216,5 @@ def _shm_ref(
         )
     region = shm.acquire(region_name)
     parsed.regions.append(region)
-    region.span(int(offset), int(size), where)  # bounds check now, before anything is queued
+    region.check(int(offset), int(size), where)  # bounds check now, before anything is queued
     return region_name, int(offset), int(size)

@@ -47,7 +47,7 @@ def infer_response(
                     f"output {t.name!r} needs {len(raw)} bytes; shared_memory_byte_size is {size}"
                 )
             region = shm.regions[region_name]  # pinned by the request, so still registered
-            region.span(offset, len(raw), f"output {t.name!r}")[:] = raw
+            region.write(offset, raw, f"output {t.name!r}")
             entries.append(
                 {
                     "name": t.name,

@@ -7,11 +7,10 @@ unregister fails with a clear message), and no message ever echoes the client's 
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["Region", "ShmError", "SystemShm"]
 
@@ -30,25 +29,43 @@ class ShmError(ValueError):
 
 @dataclass
 class Region:
+    """A registered range of a client's shm object, accessed with pread/pwrite on a kept descriptor.
+
+    Not mmap: a client can truncate its object at any time, and touching a mapping past the new end
+    raises SIGBUS, which kills the process. pread simply returns fewer bytes, which is answered
+    with a 4xx; pwrite past the end extends the client's own object.
+    """
+
     name: str
     key: str
     offset: int
     byte_size: int
-    mapping: mmap.mmap
+    fd: int
     users: int = 0
-    view: memoryview = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.view = memoryview(self.mapping)[self.offset : self.offset + self.byte_size]
-
-    def span(self, offset: int, size: int, what: str) -> memoryview:
-        """Bytes [offset, offset + size) of the registered range, or ShmError naming the bound."""
+    def check(self, offset: int, size: int, what: str) -> None:
+        """ShmError unless [offset, offset + size) lies within the registered range."""
         if offset < 0 or size < 0 or offset + size > self.byte_size:
             raise ShmError(
                 f"{what}: offset {offset} + size {size} exceeds region {self.name!r} "
                 f"of {self.byte_size} bytes"
             )
-        return self.view[offset : offset + size]
+
+    def read(self, offset: int, size: int, what: str) -> bytes:
+        self.check(offset, size, what)
+        data = os.pread(self.fd, size, self.offset + offset)
+        if len(data) != size:
+            raise ShmError(
+                f"{what}: region {self.name!r} was truncated under the server ({len(data)} of {size} bytes)"
+            )
+        return data
+
+    def write(self, offset: int, data: bytes | memoryview, what: str) -> None:
+        self.check(offset, len(data), what)
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self.fd, view[done:], self.offset + offset + done)
 
 
 class SystemShm:
@@ -91,10 +108,10 @@ class SystemShm:
                     f"region {name!r}: offset {offset} + byte_size {byte_size} exceeds the object's "
                     f"{st.st_size} bytes"
                 )
-            mapping = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
-        self.regions[name] = Region(name, key, offset, byte_size, mapping)
+            raise
+        self.regions[name] = Region(name, key, offset, byte_size, fd)
 
     def unregister(self, name: str | None = None) -> None:
         """Unregister one region (or all). Fails, changing nothing, while a region is in use."""
@@ -107,9 +124,7 @@ class SystemShm:
             counts = ", ".join(f"{n!r} ({self.regions[n].users})" for n in busy)
             raise ShmError(f"regions in use by in-flight requests: {counts}; retry when they finish", 409)
         for n in names:
-            region = self.regions.pop(n)
-            region.view.release()
-            region.mapping.close()
+            os.close(self.regions.pop(n).fd)
 
     def status(self, name: str | None = None) -> list[dict[str, object]]:
         self._check_enabled()

@@ -1,0 +1,419 @@
+"""W4A16 GEMM/GEMV on NVIDIA GPUs (sm_90): bf16/fp16 activations, Anvil INT4 weights.
+
+``out = act(x @ W + bias) + residual`` with x (M, K) bf16 or fp16, W an ``Int4Weight`` (K, N)
+with group-wise scales and integer zero points, out (M, N) in x's dtype. The kernel source is
+``w4a16.cu`` beside this file (design and layout notes at its top, measured numbers in
+docs/kernels_gpu.md).
+
+Host side (no GPU needed):
+    prepack(w) -> {"qweight", "sz", "meta"}   weights permuted into the order the kernel loads them
+    unprepack(packed) -> Int4Weight           the inverse (prepack is a bijection)
+    w4a16_source(params) -> str               CUDA source with the requested instantiations
+    build_fatbin(params, archs, out_dir)      nvcc -> a fatbin (sm_90a + sm_90 by default)
+    plan_launch(m, n, k, g, ...)              launch geometry for one call
+
+Device side (CuPy, imported lazily):
+    load_module(path) -> cupy.RawModule
+    W4A16Linear(module, packed, m_max, dtype=..., activation=...)(x, out, bias=None, residual=None)
+
+Compiler seam: ``OPS`` maps an op id to the function that runs it on the GPU. Today one op:
+    OPS["int4_linear"] = int4_linear_cuda(x, layer, out, bias=None, residual=None)
+where ``layer`` is a ``W4A16Linear`` built once per weight at load time (its activation is fixed
+at construction, as the CPU op's ``activation`` argument is per call site). x, out, bias and
+residual are CuPy arrays (uint16 holding bf16 bits, or float16), C-contiguous; out is written in
+full and must not alias an input. Nothing is allocated per call.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from anvil_kernels.activations import ACTIVATIONS
+from anvil_kernels.format import Int4Weight, f32_to_bf16_bits, pack_nibbles, unpack_nibbles
+
+ActDType = Literal["bf16", "fp16"]
+_DT_CODE: dict[str, int] = {"bf16": 0, "fp16": 1}
+SUPPORTED_GROUPS: tuple[int, ...] = (64, 128, 256)
+FLAG_SCALE_BF16 = 1
+FLAG_EVICT_FIRST = 2
+SCALE_FP16, SCALE_BF16 = 0, 1
+_SRC_PATH = Path(__file__).with_name("w4a16.cu")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled kernel: activation dtype, 8-row M tiles per block (mt), 16-column strips
+    per warp (ns), 64-k chunks per group (cpg = g / 64) and groups in flight per warp (gd)."""
+
+    dtype: ActDType
+    mt: int
+    ns: int
+    cpg: int
+    gd: int
+
+    @property
+    def name(self) -> str:
+        return f"w4a16_{self.dtype}_m{self.mt}_n{self.ns}_c{self.cpg}_d{self.gd}"
+
+
+def default_gd(mt: int, ns: int, cpg: int) -> int:
+    """Groups in flight: about 8 chunks (4 KiB per warp) for one strip, fewer for wide tiles."""
+    chunks = 8 // ns if mt <= 2 else 4 // ns
+    return max(1, chunks // cpg)
+
+
+TILES: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (2, 2), (4, 1))  # (mt, ns)
+
+
+@dataclass(frozen=True)
+class W4A16Params:
+    """Which variants to compile."""
+
+    dtypes: tuple[ActDType, ...] = ("bf16", "fp16")
+    tiles: tuple[tuple[int, int], ...] = TILES
+    groups: tuple[int, ...] = SUPPORTED_GROUPS
+    variants: tuple[Variant, ...] = field(default=())
+
+    def all_variants(self) -> list[Variant]:
+        if self.variants:
+            return list(self.variants)
+        out = []
+        for dt in self.dtypes:
+            for mt, ns in self.tiles:
+                for g in self.groups:
+                    cpg = g // 64
+                    out.append(Variant(dt, mt, ns, cpg, default_gd(mt, ns, cpg)))
+        return out
+
+
+def w4a16_source(params: W4A16Params | None = None) -> str:
+    """The CUDA source: w4a16.cu plus one extern "C" kernel per variant."""
+    params = params or W4A16Params()
+    lines = [_SRC_PATH.read_text()]
+    for v in params.all_variants():
+        lines.append(f"ANVIL_W4A16_KERNEL({v.name}, {_DT_CODE[v.dtype]}, {v.mt}, {v.ns}, {v.cpg}, {v.gd})")
+    return "\n".join(lines) + "\n"
+
+
+DEFAULT_ARCHS: tuple[str, ...] = ("compute_90a,code=sm_90a", "compute_90,code=sm_90")
+
+
+def build_fatbin(
+    params: W4A16Params | None = None,
+    archs: Sequence[str] = DEFAULT_ARCHS,
+    out_dir: str | Path | None = None,
+    *,
+    nvcc: str | None = None,
+    extra_flags: Sequence[str] = (),
+) -> Path:
+    """Compile ``w4a16_source(params)`` with nvcc into ``out_dir/w4a16.fatbin`` and return its path.
+
+    ``archs`` are ``-gencode arch=...`` values. Raises RuntimeError with nvcc's output on failure.
+    """
+    exe = nvcc or shutil.which("nvcc")
+    if exe is None:
+        raise RuntimeError("nvcc not found on PATH")
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="anvil_w4a16_"))
+    out.mkdir(parents=True, exist_ok=True)
+    src = out / "w4a16_gen.cu"
+    src.write_text(w4a16_source(params))
+    fatbin = out / "w4a16.fatbin"
+    cmd = [exe, "--fatbin", "-O3", "-std=c++17", "-lineinfo", *extra_flags]
+    for a in archs:
+        cmd += ["-gencode", f"arch={a}"]
+    cmd += ["-o", str(fatbin), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nvcc failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    return fatbin
+
+
+# ---------------------------------------------------------------------------------------------
+# prepack
+
+
+def _check_prepackable(w: Int4Weight) -> None:
+    if not isinstance(w, Int4Weight):
+        raise ValueError(f"w must be an Int4Weight, got {type(w).__name__}")
+    if w.group_size not in SUPPORTED_GROUPS:
+        raise ValueError(
+            f"group_size must be one of {SUPPORTED_GROUPS} for the CUDA kernel, got {w.group_size}"
+        )
+    if w.n % 16 != 0:
+        raise ValueError(f"N={w.n} must be a multiple of 16 for the CUDA kernel")
+
+
+def prepack(w: Int4Weight) -> dict[str, np.ndarray]:
+    """Int4Weight -> the arrays the kernel reads (layout in w4a16.cu's header comment).
+
+    qweight uint32 (N/16, K/64, 32, 4); sz uint32 (N/16, K/g, 8, 2) = scale bits | zero << 16;
+    meta int64 [K, N, g, scale kind (0 fp16, 1 bf16)]. fp32 scales are rounded to bf16 (nearest
+    even). Zero points must be integers in [0, 64] (Anvil's quantizer and the AWQ/GPTQ
+    importers give 0..16).
+    """
+    _check_prepackable(w)
+    k, n, g = w.k, w.n, w.group_size
+    q = unpack_nibbles(w.packed)  # (K, N)
+    # k = 64 kc + 16 t + 8 jj + 4 odd + 2 h + e ; n = 16 strip + 8 rowhi + r
+    q9 = q.reshape(k // 64, 4, 2, 2, 2, 2, n // 16, 2, 8)
+    # -> (strip, kc, r, t, jj, h, e, rowhi, odd):
+    #    lane = 4 r + t, word = 2 jj + h, nibble = 4 e + 2 rowhi + odd
+    qt = np.ascontiguousarray(q9.transpose(6, 0, 8, 1, 2, 4, 5, 7, 3)).reshape(n // 16, k // 64, 32, 4, 8)
+    words = np.zeros(qt.shape[:-1], np.uint32)
+    for p in range(8):
+        words |= qt[..., p].astype(np.uint32) << np.uint32(4 * p)
+
+    if w.scale_dtype == "fp16":
+        sbits, kind = w.scales.view(np.uint16), SCALE_FP16
+    elif w.scale_dtype == "bf16":
+        sbits, kind = w.scales, SCALE_BF16
+    else:
+        sbits, kind = f32_to_bf16_bits(w.scales_f32), SCALE_BF16
+    z = w.zeros_f32
+    if not np.all((z == np.round(z)) & (z >= 0) & (z <= 64)):
+        raise ValueError("zeros must be integers in [0, 64] for the CUDA kernel")
+    word_sz = sbits.astype(np.uint32) | (z.astype(np.uint32) << np.uint32(16))  # (G, N)
+    sz = np.ascontiguousarray(word_sz.reshape(k // g, n // 16, 2, 8).transpose(1, 0, 3, 2))
+    meta = np.array([k, n, g, kind], np.int64)
+    return {"qweight": words, "sz": sz, "meta": meta}
+
+
+def unprepack(packed: Mapping[str, np.ndarray]) -> Int4Weight:
+    """Inverse of ``prepack`` (fp32 scales come back as bf16)."""
+    k, n, g, kind = (int(v) for v in packed["meta"])
+    words = packed["qweight"]
+    nib = np.empty((*words.shape, 8), np.uint8)
+    for p in range(8):
+        nib[..., p] = (words >> np.uint32(4 * p)) & np.uint32(15)
+    # (strip, kc, r, t, jj, h, e, rowhi, odd) -> (kc, t, jj, odd, h, e, strip, rowhi, r)
+    nib9 = nib.reshape(n // 16, k // 64, 8, 4, 2, 2, 2, 2, 2)
+    q = np.ascontiguousarray(nib9.transpose(1, 3, 4, 8, 5, 6, 0, 7, 2)).reshape(k, n)
+    word_sz = packed["sz"].transpose(1, 0, 3, 2).reshape(k // g, n)
+    sbits = np.ascontiguousarray((word_sz & np.uint32(0xFFFF)).astype(np.uint16))
+    zf = (word_sz >> np.uint32(16)).astype(np.float32)
+    if kind == SCALE_FP16:
+        return Int4Weight(pack_nibbles(q), sbits.view(np.float16), zf.astype(np.float16), g, k, n, "fp16")
+    zb = f32_to_bf16_bits(zf)
+    return Int4Weight(pack_nibbles(q), sbits, zb, g, k, n, "bf16")
+
+
+# ---------------------------------------------------------------------------------------------
+# launch planning
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    mt: int
+    ns: int
+    sn: int  # warps across N per block
+    sk: int  # warps across K per block (split-K inside the block)
+    grid: tuple[int, int]
+    block: int
+    smem: int
+    evict_first: bool
+
+
+def tile_for(m: int, n: int) -> tuple[int, int]:
+    """(mt, ns) for an M: one 8-row tile up to 8 rows, two up to 16, else 32-row tiles."""
+    if m <= 8:
+        return 1, 1
+    if m <= 16:
+        return 2, 1
+    return 4, 1
+
+
+def plan_launch(
+    m: int,
+    n: int,
+    k: int,
+    g: int,
+    *,
+    sm_count: int = 132,
+    mt: int | None = None,
+    ns: int | None = None,
+    sn: int | None = None,
+    sk: int | None = None,
+    warps_per_sm: int = 16,
+) -> LaunchPlan:
+    """Launch geometry: about ``warps_per_sm`` streaming warps per SM, split K inside a block
+    until there are that many; overrides (mt, ns, sn, sk) are for tuning."""
+    tmt, tns = tile_for(m, n)
+    mt = mt or tmt
+    ns = ns or tns
+    if n % (16 * ns) != 0:
+        raise ValueError(f"N={n} must be a multiple of {16 * ns} for ns={ns}")
+    groups = k // g
+    mblocks = -(-m // (8 * mt))
+    warp_cols = n // (16 * ns)
+    # 0.85: on the H200 sweep (bench/results/kernels_gpu.json) one full wave of 16 warps/SM
+    # (e.g. 2048 warps for 8192 x 8192, M = 1) beat doubling split-K to overshoot it.
+    target = 0.85 * sm_count * warps_per_sm
+    if sn is None:
+        sn = 1 if mt <= 2 else 4
+        while sn > 1 and warp_cols % sn != 0:
+            sn //= 2
+    if sk is None:
+        sk = 1
+        while sk < 16 and sk * 2 <= groups and mblocks * warp_cols * sk < target and sn * sk * 2 <= 16:
+            sk *= 2
+    if sn * sk > 16:
+        raise ValueError(f"sn*sk={sn * sk} warps exceeds 16 per block")
+    if sk > groups:
+        raise ValueError(f"sk={sk} exceeds the {groups} groups along K")
+    grid = (mblocks, -(-warp_cols // sn))
+    smem = sk * sn * ns * mt * 512
+    return LaunchPlan(mt, ns, sn, sk, grid, 32 * sn * sk, smem, evict_first=mblocks == 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# CuPy launcher
+
+
+def load_module(path: str | Path) -> Any:
+    """cupy.RawModule from a fatbin/cubin built by ``build_fatbin``."""
+    import cupy
+
+    return cupy.RawModule(path=str(path))
+
+
+def _ptr(a: Any) -> np.uint64:
+    return np.uint64(0 if a is None else a.data.ptr)
+
+
+class W4A16Linear:
+    """One INT4 linear layer on the GPU: weights uploaded once, kernels looked up once.
+
+    ``module``: a cupy.RawModule holding the variants this layer needs (``build_fatbin`` with
+    the default params holds all). ``packed``: ``prepack(w)``. ``m_max``: the largest M a call may
+    pass. A call's plan and kernel are made on the first call with that M and then kept (a dict
+    lookup), so steady-state calls allocate nothing and only launch. The kernel keeps no state
+    between launches (split-K is reduced inside the block), so a layer may be called from several
+    streams; results are deterministic.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        packed: Mapping[str, np.ndarray],
+        m_max: int,
+        *,
+        dtype: ActDType = "bf16",
+        activation: str = "none",
+        sm_count: int | None = None,
+        overrides: Mapping[str, int] | None = None,
+    ) -> None:
+        import cupy
+
+        if dtype not in _DT_CODE:
+            raise ValueError(f"dtype must be one of {tuple(_DT_CODE)}, got {dtype!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+        if m_max < 1:
+            raise ValueError(f"m_max must be >= 1, got {m_max}")
+        self.k, self.n, self.group_size, kind = (int(v) for v in packed["meta"])
+        self.dtype: ActDType = dtype
+        self.activation = activation
+        self.m_max = m_max
+        self._act = ACTIVATIONS[activation]
+        self._scale_flag = FLAG_SCALE_BF16 if kind == SCALE_BF16 else 0
+        self.qweight = cupy.asarray(packed["qweight"])
+        self.sz = cupy.asarray(packed["sz"])
+        self._module = module
+        if sm_count is None:
+            sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        self._sm_count = sm_count
+        self._overrides = dict(overrides or {})
+        self._plans: dict[int, tuple[LaunchPlan, Any]] = {}
+        self._make(1)  # fail early if the module lacks this layer's variant
+
+    def set_overrides(self, overrides: Mapping[str, int] | None) -> None:
+        """Replace the launch-geometry overrides (mt, ns, sn, sk) used for every M (tuning)."""
+        self._overrides = dict(overrides or {})
+        self._plans.clear()
+
+    @property
+    def xdtype(self) -> np.dtype:
+        return np.dtype(np.uint16) if self.dtype == "bf16" else np.dtype(np.float16)
+
+    def _make(self, m: int) -> tuple[LaunchPlan, Any]:
+        """Plan and kernel for M = m, made on the first call with that M and kept."""
+        hit = self._plans.get(m)
+        if hit is not None:
+            return hit
+        plan = plan_launch(m, self.n, self.k, self.group_size, sm_count=self._sm_count, **self._overrides)
+        cpg = self.group_size // 64
+        v = Variant(self.dtype, plan.mt, plan.ns, cpg, default_gd(plan.mt, plan.ns, cpg))
+        fn = self._module.get_function(v.name)
+        if plan.smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = plan.smem
+        self._plans[m] = (plan, fn)
+        return plan, fn
+
+    def plan(self, m: int) -> LaunchPlan:
+        return self._make(m)[0]
+
+    def __call__(self, x: Any, out: Any, bias: Any = None, residual: Any = None) -> Any:
+        """out = act(x @ W + bias) + residual; x (M, K), out/residual (M, N), bias (N,). Returns out."""
+        m = int(x.shape[0])
+        if x.ndim != 2 or x.shape[1] != self.k:
+            raise ValueError(f"x must have shape (M, K={self.k}), got {tuple(x.shape)}")
+        if not 1 <= m <= self.m_max:
+            raise ValueError(f"M={m} must be in [1, m_max={self.m_max}]")
+        if tuple(out.shape) != (m, self.n):
+            raise ValueError(f"out must have shape ({m}, {self.n}), got {tuple(out.shape)}")
+        for name, a in (("x", x), ("out", out), ("bias", bias), ("residual", residual)):
+            if a is None:
+                continue
+            if a.dtype != self.xdtype:
+                raise ValueError(f"{name} must have dtype {self.xdtype} ({self.dtype}), got {a.dtype}")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{name} must be C-contiguous")
+        if bias is not None and tuple(bias.shape) != (self.n,):
+            raise ValueError(f"bias must have shape ({self.n},), got {tuple(bias.shape)}")
+        if residual is not None and tuple(residual.shape) != (m, self.n):
+            raise ValueError(f"residual must have shape ({m}, {self.n}), got {tuple(residual.shape)}")
+        plan, fn = self._make(m)
+        flags = self._scale_flag | (FLAG_EVICT_FIRST if plan.evict_first else 0)
+        fn(
+            plan.grid,
+            (plan.block,),
+            (
+                self.qweight,
+                self.sz,
+                x,
+                out,
+                _ptr(bias),
+                _ptr(residual),
+                np.int32(m),
+                np.int32(self.n),
+                np.int32(self.k),
+                np.int32(plan.sn),
+                np.int32(plan.sk),
+                np.int32(self._act),
+                np.int32(flags),
+            ),
+            shared_mem=plan.smem,
+        )
+        return out
+
+
+def int4_linear_cuda(x: Any, layer: W4A16Linear, out: Any, bias: Any = None, residual: Any = None) -> Any:
+    """The compiler's seam for op id ``int4_linear`` on a GPU (see the module docstring)."""
+    return layer(x, out, bias=bias, residual=residual)
+
+
+OPS: dict[str, Callable[..., Any]] = {"int4_linear": int4_linear_cuda}
+
+
+def bf16_bits(a: NDArray[np.floating]) -> NDArray[np.uint16]:
+    """float -> bf16 bit patterns (round to nearest even), for building kernel inputs."""
+    return f32_to_bf16_bits(np.asarray(a, dtype=np.float32))
