@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from anvil_core import infer_codec as codec
 from anvil_core import wire
@@ -82,11 +83,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise too_big
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client hung up mid-body: nobody to answer, nothing to log loudly
+        raise Failed(499, "client disconnected before sending the whole body", "client_disconnect") from None
     return b"".join(chunks)
 
 
