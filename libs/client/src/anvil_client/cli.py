@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from anvil_client.admin import add_admin_commands
+from anvil_client.bench import add_bench_command
 from anvil_client.demo import run_demo
 from anvil_client.deploy import add_deploy_commands
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(fn=lambda a: run_demo(Path(a.file)))
     add_admin_commands(sub)
     add_deploy_commands(sub)
+    add_bench_command(sub)
     return parser
 
 
