@@ -65,6 +65,9 @@ class Request:
     state: RequestState = RequestState.RECEIVED
     attempts: int = 0  # executions started (re-dispatch after an executor loss increments it)
     finished_s: float | None = field(default=None)  # set when answered (any terminal state)
+    # The class SLO in s. Upstream time (a request that waited in a saturated gateway) tightens the
+    # deadline but is not something batching can fix: the PID regulates against this budget.
+    class_budget_s: float = 0.0
 
     @classmethod
     def create(
@@ -85,12 +88,25 @@ class Request:
             if timeout_s <= 0:
                 raise ValueError(f"timeout_s must be > 0 (an expired request is shed), got {timeout_s}")
             budget_s = min(budget_s, timeout_s)
-        return cls(request_id, model, klass.priority, arrival_s, arrival_s + budget_s, payload)
+        return cls(
+            request_id,
+            model,
+            klass.priority,
+            arrival_s,
+            arrival_s + budget_s,
+            payload,
+            class_budget_s=klass.slo_ms / 1e3,
+        )
 
     @property
     def budget_s(self) -> float:
         """The request's whole latency budget (its effective SLO)."""
         return self.deadline_s - self.arrival_s
+
+    @property
+    def control_budget_s(self) -> float:
+        """The budget batching is judged against: the class SLO (the effective one if unknown)."""
+        return self.class_budget_s or self.budget_s
 
     def advance(self, new: RequestState, now_s: float | None = None) -> None:
         assert new in _ALLOWED[self.state], f"{self.request_id}: illegal transition {self.state} -> {new}"

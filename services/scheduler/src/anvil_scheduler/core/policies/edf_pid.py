@@ -115,8 +115,9 @@ class EdfPidPolicy(BatchingPolicy):
 
     def observe_arrival(self, request: Request, best_finish_s: float, now_s: float) -> None:
         loop = self._loops[request.model]
-        ratio = (best_finish_s - request.arrival_s) / request.budget_s
-        loop.samples.append((now_s, ratio, request.budget_s))
+        budget_s = request.control_budget_s
+        ratio = (best_finish_s - request.arrival_s) / budget_s
+        loop.samples.append((now_s, ratio, budget_s))
         period_s = self.config.period_ms / 1e3
         if loop.last_update_s is None:
             loop.last_update_s = now_s
