@@ -28,7 +28,15 @@ def test_generated_python_is_fresh(tmp_path: Path, schema: str) -> None:
     runtime = getattr(flatbuffers, "__version__", "")
     assert runtime and runtime in version, f"flatc {version.strip()} does not match runtime {runtime}"
     subprocess.run(
-        [flatc, "--python", "--gen-onefile", "--gen-object-api", "-o", str(tmp_path), str(ROOT / "proto" / schema)],
+        [
+            flatc,
+            "--python",
+            "--gen-onefile",
+            "--gen-object-api",
+            "-o",
+            str(tmp_path),
+            str(ROOT / "proto" / schema),
+        ],
         check=True,
     )
     name = schema.removesuffix(".fbs") + "_generated.py"

@@ -183,10 +183,11 @@ def _op(
 ) -> pg.OpT:
     op = pg.OpT()
     op.name, op.kind, op.kernel = n.name, n.op, spec.name
-    op.inputs, op.inputRoles = [ins[r][0] for r in roles], roles
+    weight_roles = list(wroles)
+    op.inputs, op.inputRoles = [ins[r][0] for r in roles], list[str | None](roles)
     op.outputs = [i for i, _ in view.outputs]
-    op.weightRoles = list(wroles)
-    op.weights = [wroles[r][0] for r in op.weightRoles]
+    op.weightRoles = list[str | None](weight_roles)
+    op.weights = [wroles[r][0] for r in weight_roles]
     attrs = {
         k2: v
         for k2, v in n.attrs.items()

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -119,8 +120,8 @@ class Qos:
         self._say(sample.notes)
         self.measures = self.meter.update(sample)
         self.exporter.observe(sample, self.measures)
-        slo = parse_slo(await redis.hgetall(keys.slo_key()))
-        bases, errors = parse_bases(self.s.base_rates, await redis.hgetall(BASE_KEY))
+        slo = parse_slo(_strs(await redis.hgetall(keys.slo_key())))
+        bases, errors = parse_bases(self.s.base_rates, _strs(await redis.hgetall(BASE_KEY)))
         self._say(errors)
         decisions = self.policy.step(time.time(), slo, self.measures, bases)
         if log.isEnabledFor(logging.DEBUG):
@@ -152,7 +153,7 @@ class Qos:
         except (RedisError, OSError):
             return
         ours = {}
-        for key, value in raw.items():
+        for key, value in _strs(raw).items():
             parsed = parse_limit_rate(value)
             if parsed and parsed[1].startswith(QOS_REASON_PREFIX):
                 ours[key] = parsed[0]
@@ -164,3 +165,11 @@ class Qos:
             if line not in self._said:
                 self._said.add(line)
                 log.warning(line)
+
+
+def _strs(raw: dict[Any, Any]) -> dict[str, str]:
+    """A Redis hash as str -> str (the registry's client decodes responses; this keeps mypy honest)."""
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
+        for k, v in raw.items()
+    }
