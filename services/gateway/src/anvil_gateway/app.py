@@ -19,6 +19,7 @@ from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import SERVER_VERSION, GatewayState, NotFound, error
 from anvil_gateway.stats import Stats
 from anvil_gateway.sysshm import SystemShm
+from anvil_gateway.zerocopy_server import ZeroCopyServer
 
 __all__ = ["create_app"]
 
@@ -30,7 +31,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         settings.service_id,
         settings.heartbeat_ttl_s,
         settings.heartbeat_interval_s,
-        fields=lambda: {"http_port": settings.http_port, "host": settings.advertise_host},
+        fields=lambda: {
+            "http_port": settings.http_port,
+            "host": settings.advertise_host,
+            "zerocopy_endpoint": zerocopy.endpoint,
+        },
     )
     link = SchedulerLink(identity=f"gw-{settings.service_id}")
     admission = Admission(settings.require_api_key, settings.max_inflight_per_model)
@@ -38,14 +43,17 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     st = GatewayState(
         settings, registry, link, discovery, SystemShm(settings.allow_client_shm), admission, Stats()
     )
+    zerocopy = ZeroCopyServer(st, settings.zerocopy_dir)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         link.start()
+        await zerocopy.start()
         await registry.start()
         await discovery.start()
         yield
         await discovery.stop()
+        await zerocopy.stop()  # before the registry: it uses the registry's Redis client
         await registry.stop()
         await link.stop()
 

@@ -24,6 +24,9 @@ class GatewaySettings(ServiceSettings):
     allow_client_shm: bool = False
     # Refuse requests without a known API key (tenants: `anvil tenant add`).
     require_api_key: bool = False
+    # ZeroCopy ingress: directory of its ipc doorbell socket (anvil-zc.sock, mode 0600). Empty: a
+    # private directory (0700) made at start; the endpoint is in this gateway's registry entry.
+    zerocopy_dir: str = ""
     # Requests in flight per model at this gateway before new ones get 429 + Retry-After.
     max_inflight_per_model: int = 4096
 
