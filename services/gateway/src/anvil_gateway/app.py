@@ -25,6 +25,7 @@ __all__ = ["create_app"]
 
 
 def create_app(settings: GatewaySettings) -> FastAPI:
+    zerocopy: ZeroCopyServer  # made below (it needs the state); the registry beat reads its endpoint
     registry = Registry(
         settings.redis_url,
         "gateway",

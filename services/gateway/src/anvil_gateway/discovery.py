@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,10 @@ class Discovery:
         self.on_scheduler = on_scheduler
         self.scheduler_endpoint: str | None = None
         self.models: dict[str, ModelSpec] = {}
+        self._seen_at: dict[str, float] = {}  # model -> monotonic time its spec was last read
+        # A model missing from Redis for less than this is kept: after a Redis restart the specs
+        # come back with the executors' next beats, and requests must not 404 meanwhile.
+        self.forget_after_s = 10.0
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -63,7 +68,15 @@ class Discovery:
                 self.on_limits(_strs(limits), _strs(tenants))
         except (RedisError, OSError):
             return  # keep the last snapshot; the registry logs the outage once
-        self.models = models
+        now = time.monotonic()
+        for name in models:
+            self._seen_at[name] = now
+        kept = {
+            n: spec
+            for n, spec in self.models.items()
+            if n not in models and now - self._seen_at.get(n, now) < self.forget_after_s
+        }
+        self.models = {**kept, **models}
         endpoint = schedulers[0].get("gateway_endpoint") if schedulers else None
         if endpoint and endpoint != self.scheduler_endpoint:
             self.scheduler_endpoint = endpoint
