@@ -48,14 +48,9 @@ def infer_response(
                 )
             region = shm.regions[region_name]  # pinned by the request, so still registered
             region.write(offset, raw, f"output {t.name!r}")
-            entries.append(
-                {
-                    "name": t.name,
-                    "datatype": t.datatype,
-                    "shape": list(t.shape),
-                    "parameters": {"shared_memory_region": region_name, "shared_memory_byte_size": len(raw)},
-                }
-            )
+            # As Triton answers: no data and no parameters (its C++ client reads binary_data_size
+            # from any output that has parameters); the bytes are in the client's region.
+            entries.append({"name": t.name, "datatype": t.datatype, "shape": list(t.shape)})
             continue
         binary = parsed.binary_output if req is None or req.binary is None else req.binary
         if binary:
