@@ -97,7 +97,8 @@ class Discovery:
         return out
 
     async def ready(self, model: str | None = None) -> tuple[bool, str]:
-        """(ready, why-not): a scheduler and an executor (serving `model`, if given) are registered."""
+        """(ready, why-not): an executor (serving `model`, if given) is registered in Redis AND a
+        scheduler reports it connected — both, so that readiness never runs ahead of dispatch."""
         try:
             schedulers = await self.registry.services("scheduler")
             executors = await self.registry.services("executor")
@@ -105,12 +106,17 @@ class Discovery:
             return False, "registry (redis) unreachable"
         if not schedulers:
             return False, "no scheduler registered"
+        served = {m for rec in schedulers for m in _json_list(rec.get("served", "[]"))}
         if model is not None:
             executors = [e for e in executors if model in _json_list(e.get("models", "[]"))]
             if not executors:
                 return False, f"no executor serving model {model!r}"
+            if model not in served:
+                return False, f"no executor serving model {model!r} is connected to a scheduler yet"
         elif not executors:
             return False, "no executor registered"
+        elif not served:
+            return False, "no executor is connected to a scheduler yet"
         return True, ""
 
 

@@ -117,6 +117,8 @@ class Scheduler:
             "executors": len(self.executors),
             "policy": self.s.policy,
             "models": sorted(self.core.models()),
+            # models that a connected executor serves now: the gateway's readiness waits for this
+            "served": sorted({m for spec in self.core.pool.specs() for m in spec.models}),
         }
 
     # ---- loop ---------------------------------------------------------------------------------
