@@ -46,7 +46,10 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def start_stack(tmp: Path) -> tuple[subprocess.Popen[str], dict[str, str], str]:
+def start_stack(
+    tmp: Path, extra: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], dict[str, str], str]:
+    """`anvil up` on free ports in a private run root; waits for its ready line."""
     names = [
         "ANVIL_HTTP_PORT",
         "ANVIL_GATEWAY_METRICS_PORT",
@@ -71,8 +74,9 @@ def start_stack(tmp: Path) -> tuple[subprocess.Popen[str], dict[str, str], str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    env.update(extra or {})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "anvil_client.cli", "up", "--no-restart"],
+        [sys.executable, "-m", "anvil_client.cli", "up", "--no-restart", "--timeout", "180"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

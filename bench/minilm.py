@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from gateway_overhead import free_ports  # noqa: E402
+from gateway_overhead import start_stack  # noqa: E402
 
 WORDS = [
     "time",
@@ -135,43 +135,9 @@ def reference(texts: list[str]) -> tuple[np.ndarray, Any]:
     return st.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True), st
 
 
-def start_stack(tmp: Path) -> tuple[subprocess.Popen[str], str]:
-    names = [
-        "ANVIL_HTTP_PORT",
-        "ANVIL_GATEWAY_METRICS_PORT",
-        "ANVIL_SCHEDULER_GATEWAY_PORT",
-        "ANVIL_SCHEDULER_EXECUTOR_PORT",
-        "ANVIL_SCHEDULER_METRICS_PORT",
-        "ANVIL_EXECUTOR_METRICS_PORT",
-        "ANVIL_COMPILER_PORT",
-        "ANVIL_COMPILER_METRICS_PORT",
-        "ANVIL_QOS_METRICS_PORT",
-        "ANVIL_REDIS_PORT",
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_")}
-    env.update(dict(zip(names, map(str, free_ports(len(names))), strict=True)))
-    env.update(
-        {
-            "ANVIL_RUN_ROOT": str(tmp / "run"),
-            "ANVIL_PROFILES": "cpu",
-            "ANVIL_MODELS": "minilm",
-            "ANVIL_SLO_P2_MS": "60000",
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "anvil_client.cli", "up", "--no-restart", "--timeout", "180"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("anvil: ready"):
-            return proc, f"http://127.0.0.1:{env['ANVIL_HTTP_PORT']}"
-    raise SystemExit("the stack did not start")
+def start_minilm_stack(tmp: Path) -> tuple[subprocess.Popen[str], str]:
+    proc, _, url = start_stack(tmp, {"ANVIL_MODELS": "minilm", "ANVIL_SLO_P2_MS": "60000"})
+    return proc, url
 
 
 async def anvil_embed(url: str, texts: list[str], batch: int = 32) -> np.ndarray:
@@ -248,7 +214,7 @@ def main() -> None:
     args = ap.parse_args()
     texts = sentences(args.sentences)
     ref, st = reference(texts)
-    proc, url = start_stack(Path(tempfile.mkdtemp(prefix="anvil-minilm-")))
+    proc, url = start_minilm_stack(Path(tempfile.mkdtemp(prefix="anvil-minilm-")))
     try:
         got = asyncio.run(anvil_embed(url, texts))
         cos = np.sum(got * ref, axis=1)

@@ -206,19 +206,24 @@ def waiter() -> Callable[..., float]:
     return wait_for
 
 
-@pytest.fixture
-def new_local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalStack]]:
-    """Start extra, private stacks (stopped at teardown if the test did not)."""
+def _stacks(tmp_path_factory: pytest.TempPathFactory, label: str) -> Iterator[Callable[..., LocalStack]]:
+    """A maker of stacks with their own settings; every stack it made is stopped when it closes."""
     made: list[LocalStack] = []
 
     def make(env: dict[str, str] | None = None, scale: dict[str, int] | None = None) -> LocalStack:
-        s = LocalStack(tmp_path_factory.mktemp("extra"), extra_env=env, scale=scale)
+        s = LocalStack(tmp_path_factory.mktemp(label), extra_env=env, scale=scale)
         made.append(s)
         return s
 
     yield make
     for s in made:
         s.stop()
+
+
+@pytest.fixture
+def new_local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalStack]]:
+    """Start extra, private stacks (stopped at teardown if the test did not)."""
+    yield from _stacks(tmp_path_factory, "extra")
 
 
 @pytest.fixture(scope="module")
@@ -238,16 +243,7 @@ def scaled_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStac
 @pytest.fixture(scope="session")
 def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalStack]]:
     """Stacks with their own settings, for module-scoped fixtures; all stopped at session end."""
-    made: list[LocalStack] = []
-
-    def make(env: dict[str, str] | None = None, scale: dict[str, int] | None = None) -> LocalStack:
-        s = LocalStack(tmp_path_factory.mktemp("custom"), extra_env=env, scale=scale)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.stop()
+    yield from _stacks(tmp_path_factory, "custom")
 
 
 @pytest.fixture(scope="module")
