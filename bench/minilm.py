@@ -143,7 +143,7 @@ def start_minilm_stack(tmp: Path) -> tuple[subprocess.Popen[str], str]:
 async def anvil_embed(url: str, texts: list[str], batch: int = 32) -> np.ndarray:
     from anvil_client.rawhttp import RawHttpPool
 
-    pool = RawHttpPool(url, size=4)
+    pool = RawHttpPool(url, size=4, timeout_s=600)
     out: list[list[float]] = []
     for i in range(0, len(texts), batch):
         r = await pool.request(
