@@ -254,7 +254,9 @@ def write(acc: dict[str, Any], speed: list[dict[str, Any]]) -> None:
     lines = [
         "# all-MiniLM-L6-v2: Anvil vs sentence-transformers",
         "",
-        f"{meta['date']}, {meta['machine']} (CPU, no GPU); `uv run python bench/minilm.py`.",
+        f"{meta['date']}, {meta['machine']} (CPU, no GPU); `uv run python bench/minilm.py`. Anvil serves "
+        "`minilm` with its float32 numpy BERT encoder (the reference path; the compiled INT4 plan is not "
+        "served yet), so this is the accuracy of the unquantized path.",
         "",
         "## Accuracy against sentence-transformers float32",
         "",
