@@ -174,3 +174,18 @@ def test_shared_memory_is_refused_where_not_enabled() -> None:
     }
     with pytest.raises(BadRequest, match="shared memory is not accepted"):
         parse_request(json.dumps(doc).encode(), None, None)
+
+
+def test_cuda_shared_memory_is_declined_cleanly() -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from anvil_gateway import routes_shm
+
+    app = FastAPI()
+    app.include_router(routes_shm.router)
+    with TestClient(app) as client:
+        assert client.get("/v2/cudasharedmemory/status").json() == []
+        assert client.post("/v2/cudasharedmemory/unregister").status_code == 200
+        r = client.post("/v2/cudasharedmemory/region/x/register", json={})
+        assert r.status_code == 400 and "not supported" in r.json()["error"]

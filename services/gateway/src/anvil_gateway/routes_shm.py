@@ -53,3 +53,23 @@ async def unregister(request: Request, name: str | None = None) -> Response:
         return error(exc.status, str(exc))
     m.shm_regions.set(len(st.shm.regions))
     return JSONResponse({})
+
+
+# CUDA shared memory (the KServe cudasharedmemory extension) is not offered: nothing can be
+# registered, so status is empty and unregister-all succeeds (clients such as perf_analyzer call it
+# on exit whatever they used).
+@router.get("/v2/cudasharedmemory/status")
+@router.get("/v2/cudasharedmemory/region/{name}/status")
+async def cuda_status(name: str | None = None) -> list[dict[str, Any]]:
+    return []
+
+
+@router.post("/v2/cudasharedmemory/unregister")
+async def cuda_unregister_all() -> dict[str, Any]:
+    return {}
+
+
+@router.post("/v2/cudasharedmemory/region/{name}/register", response_model=None)
+@router.post("/v2/cudasharedmemory/region/{name}/unregister", response_model=None)
+async def cuda_region(name: str) -> Response:
+    return error(400, "CUDA shared memory is not supported by this server; use system shared memory")
