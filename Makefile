@@ -1,5 +1,6 @@
 # Anvil — one entry point for humans and CI. Every target runs inside the uv workspace.
-UV ?= uv
+# uv from PATH; on a machine without it, installed once with pip and run as `python3 -m uv`.
+UV ?= $(shell command -v uv 2>/dev/null || { python3 -m pip install -q --disable-pip-version-check "uv==0.13.9" >/dev/null 2>&1; echo "python3 -m uv"; })
 PY := $(UV) run --frozen
 PROTO_OUT := libs/core/src/anvil_core/proto_gen
 
