@@ -19,7 +19,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,40 +29,20 @@ from typing import Any
 
 import numpy as np
 
+from anvil_client.launcher import private_port_env
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SIZES = {"1KB": 256, "1MB": 262_144}  # FP32 elements
 CONCURRENCY = (1, 16)
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [int(s.getsockname()[1]) for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def start_stack(
     tmp: Path, extra: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], dict[str, str], str]:
     """`anvil up` on free ports in a private run root; waits for its ready line."""
-    names = [
-        "ANVIL_HTTP_PORT",
-        "ANVIL_GATEWAY_METRICS_PORT",
-        "ANVIL_SCHEDULER_GATEWAY_PORT",
-        "ANVIL_SCHEDULER_EXECUTOR_PORT",
-        "ANVIL_SCHEDULER_METRICS_PORT",
-        "ANVIL_EXECUTOR_METRICS_PORT",
-        "ANVIL_COMPILER_PORT",
-        "ANVIL_COMPILER_METRICS_PORT",
-        "ANVIL_QOS_METRICS_PORT",
-        "ANVIL_REDIS_PORT",
-    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_")}
-    env.update(dict(zip(names, map(str, free_ports(len(names))), strict=True)))
+    env.update(private_port_env(ROOT / "compose.yaml"))
     env.update(
         {
             "ANVIL_RUN_ROOT": str(tmp / "run"),

@@ -18,33 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
+from anvil_client.launcher import free_ports, private_port_env
+
 ROOT = Path(__file__).resolve().parents[2]
-PORT_VARS = (
-    "ANVIL_HTTP_PORT",
-    "ANVIL_GATEWAY_METRICS_PORT",
-    "ANVIL_SCHEDULER_GATEWAY_PORT",
-    "ANVIL_SCHEDULER_EXECUTOR_PORT",
-    "ANVIL_SCHEDULER_METRICS_PORT",
-    "ANVIL_EXECUTOR_METRICS_PORT",
-    "ANVIL_COMPILER_PORT",
-    "ANVIL_COMPILER_METRICS_PORT",
-    "ANVIL_QOS_METRICS_PORT",
-    "ANVIL_REDIS_PORT",
-)
 HEARTBEAT_TTL_S = 1.5
-
-
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.05) -> float:
@@ -63,7 +40,7 @@ class LocalStack:
     def __init__(
         self, tmp: Path, extra_env: dict[str, str] | None = None, scale: dict[str, int] | None = None
     ) -> None:
-        ports = dict(zip(PORT_VARS, map(str, _free_ports(len(PORT_VARS))), strict=True))
+        ports = private_port_env(ROOT / "compose.yaml")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_")}
         self.env.update(ports)
         self.env.update(
@@ -154,7 +131,7 @@ class LocalStack:
 def _docker_stack(tmp: Path) -> Any:
     from anvil_client.docker_stack import DockerStack, DockerUnavailable
 
-    port = _free_ports(1)[0]
+    port = free_ports(1)[0]
     stack = DockerStack(
         ROOT / "compose.yaml", project=f"anvil-test-{os.getpid()}", env=dict(os.environ), http_port=port
     )

@@ -94,3 +94,13 @@ def test_dependency_order_puts_dependencies_first() -> None:
     order = [s.name for s in _in_dependency_order(services)]
     assert order.index("redis") < order.index("gateway")
     assert order.index("redis") < order.index("executor")
+
+
+def test_private_ports_cover_every_port_compose_reads() -> None:
+    from anvil_client.launcher import private_port_env
+
+    ports = private_port_env(ROOT / "compose.yaml")
+    assert {"ANVIL_HTTP_PORT", "ANVIL_REDIS_PORT", "ANVIL_SCHEDULER_GATEWAY_PORT"} <= set(ports)
+    assert len(set(ports.values())) == len(ports)  # distinct
+    services = load_services(ROOT / "compose.yaml", ports, {"cpu"})
+    assert services["gateway"].environment["ANVIL_HTTP_PORT"] == ports["ANVIL_HTTP_PORT"]

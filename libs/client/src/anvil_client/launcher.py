@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from anvil_client.compose_file import ServiceDef, load_services
 from anvil_client.embedded_redis import start_redis, wait_redis
 from anvil_client.procs import spawn, stop_group
 
-__all__ = ["Stack", "StackError", "default_profiles", "run_root"]
+__all__ = ["Stack", "StackError", "default_profiles", "free_ports", "private_port_env", "run_root"]
 
 EMBEDDED = "redis"  # the compose service replaced by the embedded server
 
@@ -36,6 +37,25 @@ class StackError(RuntimeError):
 
 def run_root(env: Mapping[str, str]) -> Path:
     return Path(env.get("ANVIL_RUN_ROOT", ".anvil/run")).resolve()
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports free on 127.0.0.1 right now."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def private_port_env(compose: Path) -> dict[str, str]:
+    """A free port for every `${ANVIL_*PORT}` that compose.yaml reads: set them to run a second
+    stack beside another one (tests, benchmarks). compose.yaml stays the one list of ports."""
+    names = sorted(set(re.findall(r"\$\{(ANVIL_[A-Z0-9_]*PORT)\b", compose.read_text())))
+    return dict(zip(names, map(str, free_ports(len(names))), strict=True))
 
 
 def default_profiles(env: Mapping[str, str]) -> set[str]:

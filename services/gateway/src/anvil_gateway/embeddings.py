@@ -19,7 +19,7 @@ from anvil_core.model_spec import ModelSpec
 from anvil_core.tensors import HostTensor
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
-from anvil_gateway.infer import TRACE_HEADER, Failed, admit, forward, read_body, trace_id
+from anvil_gateway.infer import TRACE_HEADER, Failed, forward, read_body, trace_id
 from anvil_gateway.kserve import BadRequest, parse_json_document
 from anvil_gateway.state import GatewayState, state_of
 
@@ -95,20 +95,16 @@ async def embeddings(request: Request) -> Response:
     t0 = time.perf_counter()
     tensor = HostTensor.from_array(text_in, "BYTES", np.array([t.encode() for t in texts], dtype=object))
     try:
-        admit(st, name, tenant, priority)
-        try:
-            _, outputs = await forward(
-                st,
-                spec,
-                [tensor],
-                [vec_out] + ([tok_out] if tok_out else []),
-                tenant,
-                priority,
-                timeout_s,
-                hdr[TRACE_HEADER],
-            )
-        finally:
-            st.admission.done(name)
+        _, outputs = await forward(
+            st,
+            spec,
+            [tensor],
+            [vec_out] + ([tok_out] if tok_out else []),
+            tenant,
+            priority,
+            timeout_s,
+            hdr[TRACE_HEADER],
+        )
     except Failed as exc:
         m.failure.labels(model=name, version=spec.version, reason=exc.reason).inc()
         kind = (

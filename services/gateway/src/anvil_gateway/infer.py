@@ -33,7 +33,6 @@ from anvil_gateway.sysshm import ShmError
 __all__ = [
     "TRACE_HEADER",
     "Failed",
-    "admit",
     "forward",
     "handle_infer",
     "qos_params",
@@ -172,20 +171,16 @@ async def _run(
             raise BadRequest(f"model {name!r} has no outputs {unknown}; outputs: {sorted(known)}")
     except (BadRequest, SpecError, TensorError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
-    admit(st, name, tenant, priority)
-    try:
-        resp, outputs = await forward(
-            st,
-            spec,
-            parsed.inputs,
-            [o.name for o in parsed.outputs],
-            tenant,
-            priority,
-            timeout_s,
-            hdr[TRACE_HEADER],
-        )
-    finally:
-        st.admission.done(name)
+    resp, outputs = await forward(
+        st,
+        spec,
+        parsed.inputs,
+        [o.name for o in parsed.outputs],
+        tenant,
+        priority,
+        timeout_s,
+        hdr[TRACE_HEADER],
+    )
     try:
         response = infer_response(name, spec.version, parsed, outputs, st.shm, hdr)
     except (BadRequest, ShmError) as exc:
@@ -202,8 +197,7 @@ async def _run(
 
 
 def admit(st: GatewayState, model: str, tenant: str, priority: int) -> None:
-    """Take a token and an in-flight slot, or raise Failed(429) with Retry-After; pair with
-    `st.admission.done(model)`."""
+    """Take a token and an in-flight slot, or raise Failed(429) with Retry-After (used by `forward`)."""
     try:
         st.admission.admit(model, tenant, priority, time.monotonic())
     except Rejected as exc:
@@ -222,7 +216,25 @@ async def forward(
     timeout_s: float,
     trace: str,
 ) -> tuple[pb.InferResponse, list[HostTensor]]:
-    """Send one validated request to the scheduler; the answer's outputs, or Failed with a status."""
+    """Admit one validated request, send it to the scheduler and return the answer's outputs, or
+    raise Failed with a status (429 from admission, 503/504 from the backend, the executor's error)."""
+    admit(st, spec.name, tenant, priority)
+    try:
+        return await _send(st, spec, inputs, outputs, tenant, priority, timeout_s, trace)
+    finally:
+        st.admission.done(spec.name)
+
+
+async def _send(
+    st: GatewayState,
+    spec: ModelSpec,
+    inputs: list[HostTensor],
+    outputs: list[str],
+    tenant: str,
+    priority: int,
+    timeout_s: float,
+    trace: str,
+) -> tuple[pb.InferResponse, list[HostTensor]]:
     request_id = uuid.uuid4().hex
     payloads: list[Any] = []
     envelope = codec.build_request(
