@@ -160,8 +160,8 @@ def test_unregister_while_in_flight_is_refused_until_the_request_ends(url: str) 
     name = f"r{uuid.uuid4().hex[:8]}"
     x = np.arange(rows * 16, dtype=np.float32).reshape(rows, 16)
     obj.write(x.tobytes())
-    reg = httpx.post(f"{url}/v2/systemsharedmemory/region/{name}/register",
-                     json={"key": "/" + obj.key, "offset": 0, "byte_size": x.nbytes}, timeout=10)  # fmt: skip
+    spec = {"key": "/" + obj.key, "offset": 0, "byte_size": x.nbytes}
+    reg = httpx.post(f"{url}/v2/systemsharedmemory/region/{name}/register", json=spec, timeout=10)
     assert reg.status_code == 200, reg.text
     results: list[httpx.Response] = []
 
@@ -176,8 +176,14 @@ def test_unregister_while_in_flight_is_refused_until_the_request_ends(url: str) 
     try:
         while any(t.is_alive() for t in threads):
             r = httpx.post(f"{url}/v2/systemsharedmemory/region/{name}/unregister", timeout=10)
-            if r.status_code == 200:
+            if r.status_code == 200 and refused:
                 break  # no request held it at that instant: later ones must fail cleanly
+            if r.status_code == 200:  # before the first request pinned it: put it back, keep trying
+                again = httpx.post(
+                    f"{url}/v2/systemsharedmemory/region/{name}/register", json=spec, timeout=10
+                )
+                assert again.status_code == 200, again.text
+                continue
             assert r.status_code == 409 and "in use" in r.json()["error"], r.text
             refused += 1
     finally:
