@@ -34,6 +34,19 @@ def test_slo_attainment_over_a_sliding_window() -> None:
     assert slo.total_met[1] == 9 and slo.total[1] == 10
 
 
+def test_slo_p99_is_over_the_windows_answers_with_a_result() -> None:
+    slo = SLOTracker(window_s=10.0)
+    assert slo.p99_s(1, 0.0) is None
+    for i in range(200):  # latencies 1..200 ms, answered over 2 s
+        slo.record(1, True, i * 0.01, latency_s=(i + 1) / 1000)
+    slo.record(1, False, 2.0)  # shed: counts against attainment, has no latency
+    assert slo.p99_s(1, 2.0) == 0.198  # nearest rank: the 198th of 200
+    assert slo.attainment(1, 2.0) == 200 / 201
+    slo.record(1, True, 12.5, latency_s=0.005)
+    assert slo.p99_s(1, 12.5) == 0.005  # the first 200 left the window
+    assert slo.p99_s(2, 12.5) is None
+
+
 def test_pool_tracks_predicted_free_time_and_releases_credit() -> None:
     pool = ExecutorPool()
     pool.register(ExecutorSpec("e0", "gpu", 8, frozenset({"m"}), credits=2))

@@ -84,7 +84,11 @@ class Scheduler:
             PriorityClass(2, "standard", settings.slo_p2_ms),
             PriorityClass(3, "batch", settings.slo_p3_ms),
         )
-        config = SchedulerConfig(priorities=priorities, max_queue_depth=settings.max_queue_per_model)
+        config = SchedulerConfig(
+            priorities=priorities,
+            max_queue_depth=settings.max_queue_per_model,
+            slo_window_s=settings.slo_window_ms / 1000,
+        )
         self.core = SchedulerCore(make_policy(settings), config)
         self.executors: dict[str, bytes] = {}  # executor id -> ROUTER identity
         self.last_seen: dict[str, float] = {}
@@ -357,6 +361,7 @@ class Scheduler:
                     {
                         "attainment": a,
                         "requests": self.core.slo.count(p, now),
+                        "p99_ms": None if (p99 := self.core.slo.p99_s(p, now)) is None else p99 * 1000,
                         "slo_ms": self.core.config.priority(p).slo_ms,
                         "window_s": self.core.config.slo_window_s,
                         "ts": time.time(),

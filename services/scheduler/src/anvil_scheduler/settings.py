@@ -23,6 +23,8 @@ class SchedulerSettings(ServiceSettings):
     slo_p1_ms: int = 50
     slo_p2_ms: int = 200
     slo_p3_ms: int = 2000
+    # SLO attainment and p99 (published to `anvil:slo` for qos) are over answers of this window.
+    slo_window_ms: int = 10000
     # Requests waiting per model before the lowest-priority ones are shed with OVERLOAD.
     max_queue_per_model: int = 4096
     # An executor silent for this long is declared lost and its in-flight batches re-dispatched.

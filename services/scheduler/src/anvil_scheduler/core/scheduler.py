@@ -319,7 +319,7 @@ class SchedulerCore:
         for r in batch.requests:
             if self.ledger.close(r.request_id, now_s):
                 r.advance(RequestState.DONE, now_s)
-                self.slo.record(r.priority, now_s <= r.deadline_s, now_s)
+                self.slo.record(r.priority, now_s <= r.deadline_s, now_s, now_s - r.arrival_s)
                 answered.append(r)
             else:
                 late.append(r.request_id)
