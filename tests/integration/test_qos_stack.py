@@ -1,0 +1,198 @@
+"""qos on the whole stack: a priority-1 tenant and a priority-3 tenant load the real gateway ->
+scheduler -> executor (mlp4x1024, CPU) while qos watches; a CPU hog lands on the executor's core.
+
+What must happen (the qos issue's acceptance): qos sees the executor's run-queue delay rise while the
+scheduler's published p1 p99 loses headroom, lowers the priority-3 tenant's token-bucket rate (its 429
+share rises), priority 1 keeps >= 99% of its requests within its SLO, and once the hog stops the rate
+climbs back to its base. The decisions are on `anvil:events` and on qos's /metrics.
+
+Calibration, measured on the 2-core CI-like machine (the load generator, the five services, Redis and
+the hog share 2 cores; numbers from `tests/integration/test_qos_stack.py` runs):
+- The hog is a busy loop pinned to the executor's core, in its own session whose autogroup nice is
+  -5 (every service runs in its own session, so a plain nice would not weigh against the executor's
+  autogroup): the executor keeps ~25% of that core. Executor run-queue p99: 3-7 ms idle or loaded,
+  16-27 ms under the hog. Threshold 12 ms; pressure clears below 0.7 x (8.4 ms). Where eBPF cannot
+  load, qos falls back to the mean wait from /proc/<pid>/schedstat: 0.1-1.1 ms idle or loaded, 2-4 ms
+  under the hog; threshold 2 ms (clears below 1.4 ms).
+- Priority 1's SLO is 100 ms here (the default 50 ms leaves no room for a load generator sharing two
+  cores with the stack): p1 p99 ~45 ms unloaded, 75-85 ms under the hog before qos acts. qos acts
+  when p99 is above half the SLO (headroom < 0.5) and calls p1 healthy below 40% (headroom >= 0.6).
+- qos probes only the executor (ANVIL_TARGET_KINDS=executor): on two cores the gateway's run-queue
+  delay is the load generator's doing, not the contention this test injects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from anvil_client.bench.arrivals import schedule
+from anvil_client.bench.engine import Engine, RunResult
+from anvil_client.bench.workload import Workload
+from anvil_qos import ctl
+
+pytestmark = pytest.mark.integration
+
+SLO_P1_MS = 100
+P1_RPS, P3_RPS, P3_BASE, P3_BURST = 20.0, 60.0, 80.0, 20
+HOG_AUTOGROUP_NICE = -5
+HOG = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+while True:
+    pass
+"""
+ENV = {
+    "ANVIL_MODELS": "identity,mlp4x1024",
+    "OPENBLAS_NUM_THREADS": "1",  # the executor's matmuls stay on the core it is pinned to
+    "ANVIL_SLO_P1_MS": str(SLO_P1_MS),
+    "ANVIL_SLO_WINDOW_MS": "3000",
+    "ANVIL_PUBLISH_INTERVAL_MS": "250",
+    "ANVIL_TARGET_KINDS": "executor",
+    "ANVIL_TICK_MS": "250",
+    "ANVIL_SIGNAL_WINDOW_MS": "1000",
+    "ANVIL_MD_INTERVAL_MS": "500",
+    "ANVIL_AI_INTERVAL_MS": "500",
+    "ANVIL_AI_STEP_FRAC": "0.25",
+    "ANVIL_HEALTHY_HOLD_MS": "2000",
+    "ANVIL_HEADROOM_LOW": "0.5",
+    "ANVIL_HEADROOM_OK": "0.6",
+    "ANVIL_RUNQ_P99_US_MAX": "12000",
+    "ANVIL_RUNQ_MEAN_US_MAX": "2000",
+    "ANVIL_PRESSURE_CLEAR_RATIO": "0.7",
+}
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "anvil_client.cli", *args], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _load(url: str, keys: tuple[str, str], seconds: float, seed: int) -> tuple[RunResult, RunResult]:
+    """Open-loop Poisson load for `seconds`: (priority-1 tenant's result, priority-3 tenant's)."""
+
+    def engine(priority: int, key: str) -> Engine:
+        wl = Workload(model="mlp4x1024", width=1024, priorities={priority: 1.0}, tenant_keys=[key], seed=seed)
+        return Engine(url, wl, request_timeout_s=10)
+
+    async def both() -> tuple[RunResult, RunResult]:
+        p1 = engine(1, keys[0]).run_open(schedule("poisson", P1_RPS, seconds, seed=seed))
+        p3 = engine(3, keys[1]).run_open(schedule("poisson", P3_RPS, seconds, seed=seed + 1))
+        return await asyncio.gather(p1, p3)
+
+    return asyncio.run(both())
+
+
+def _share(r: RunResult, status: int) -> float:
+    return float(np.mean(r.status == status)) if len(r.status) else 0.0
+
+
+def _p1_in_slo(runs: list[RunResult]) -> tuple[int, int]:
+    """(p1 requests answered with a result within the SLO, p1 requests sent), from the intended send time."""
+    met = sum(int(np.sum((r.status == 200) & (r.latency_s <= SLO_P1_MS / 1000))) for r in runs)
+    return met, sum(len(r.status) for r in runs)
+
+
+@pytest.fixture
+def hog_cpu() -> Iterator[int]:
+    """The core shared by the executor and the hog: the last one this process may use."""
+    if os.geteuid() != 0:
+        pytest.skip("the hog needs a negative autogroup nice (root) to outweigh the executor")
+    yield max(os.sched_getaffinity(0))
+
+
+def _pin(pid: int, cpu: int) -> None:
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(tid), {cpu})
+
+
+def _start_hog(cpu: int) -> subprocess.Popen[bytes]:
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(cpu)], start_new_session=True)
+    try:
+        with open(f"/proc/{hog.pid}/autogroup", "w") as f:  # its own session: its own autogroup
+            f.write(str(HOG_AUTOGROUP_NICE))
+    except FileNotFoundError:  # kernel without autogroups: a plain nice weighs the same
+        os.setpriority(os.PRIO_PROCESS, hog.pid, HOG_AUTOGROUP_NICE)
+    return hog
+
+
+def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
+    new_local_stack: Any, waiter: Any, hog_cpu: int
+) -> None:
+    stack = new_local_stack(env=ENV)
+    redis_url = f"redis://127.0.0.1:{stack.redis_port}/0"
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = (_cli(stack.env, "tenant", "add", "gold"), _cli(stack.env, "tenant", "add", "bulk"))
+    assert (
+        ctl.main(
+            ["--redis-url", redis_url, "base", "set", "bulk", "3", str(P3_BASE), "--burst", str(P3_BURST)]
+        )
+        == 0
+    )
+
+    def rate() -> float | None:
+        doc = r.hget("anvil:qos:limits", "bulk:3")
+        return float(json.loads(doc)["rate_rps"]) if doc else None
+
+    events: list[dict[str, Any]] = []
+    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(**{"anvil:events": lambda m: events.append(json.loads(m["data"]))})
+    listener = pubsub.run_in_thread(sleep_time=0.05, daemon=True)
+    hog: subprocess.Popen[bytes] | None = None
+    try:
+        waiter(lambda: rate() == P3_BASE, 20, "qos to apply the operator's base rate")
+        _pin(int(stack.service("executor")["pid"]), hog_cpu)
+
+        calm = _load(stack.url, keys, 6, seed=1)
+        assert rate() == P3_BASE, "qos throttled without a hog"
+        assert _share(calm[1], 429) < 0.05, calm[1].reasons
+
+        hog = _start_hog(hog_cpu)
+        hogged = _load(stack.url, keys, 14, seed=2)
+        throttled = [e for e in events if e.get("event") == "qos.decrease"]
+        assert throttled, f"qos never throttled; limit now {rate()}"
+        assert {e["key"] for e in throttled} == {"bulk:3"} and {e["cause"] for e in throttled} == {
+            "cpu_runqueue"
+        }
+        assert "executor" in throttled[0]["reason"], throttled[0]
+        assert _share(hogged[1], 429) > 0.5, "the priority-3 tenant's 429 share did not rise"
+        assert all(
+            "over its rate" in hogged[1].reasons[int(i)] for i in np.flatnonzero(hogged[1].status == 429)
+        )
+
+        hog.kill()
+        hog.wait(10)
+        after = _load(stack.url, keys, 12, seed=3)
+        waiter(lambda: rate() == P3_BASE, 30, "priority 3's rate to climb back to its base")
+        assert any(e.get("event") == "qos.increase" for e in events)
+
+        for p1, p3 in (calm, hogged, after):
+            assert _share(p1, 429) == 0.0, "priority 1 was throttled"
+            assert np.all(p1.answers == 1) and np.all(p3.answers == 1), "a request got no answer, or two"
+        met, sent = _p1_in_slo([calm[0], hogged[0], after[0]])
+        assert met >= 0.99 * sent, f"priority 1: {met} of {sent} within {SLO_P1_MS} ms"
+
+        port = stack.env["ANVIL_QOS_METRICS_PORT"]
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert 'anvil_qos_decisions_total{action="decrease",cause="cpu_runqueue"}' in body
+        assert 'anvil_qos_decisions_total{action="increase",cause="healthy"}' in body
+    finally:
+        if hog is not None and hog.poll() is None:
+            hog.kill()
+            hog.wait(10)
+        listener.stop()
+        listener.join(5)
+        pubsub.close()
