@@ -183,6 +183,11 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
             assert _share(p1, 429) == 0.0, "priority 1 was throttled"
             assert np.all(p1.answers == 1) and np.all(p3.answers == 1), "a request got no answer, or two"
         met, sent = _p1_in_slo([calm[0], hogged[0], after[0]])
+        print(  # shown with `pytest -s`: the figures docs/qos.md quotes
+            f"p3 429 share: calm {_share(calm[1], 429):.1%}, hog {_share(hogged[1], 429):.1%}, "
+            f"after {_share(after[1], 429):.1%}; p1 within {SLO_P1_MS} ms: {met}/{sent}; "
+            f"decreases {len(throttled)}, first: {throttled[0]['reason']}"
+        )
         assert met >= 0.99 * sent, f"priority 1: {met} of {sent} within {SLO_P1_MS} ms"
 
         port = stack.env["ANVIL_QOS_METRICS_PORT"]
