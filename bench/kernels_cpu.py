@@ -1,13 +1,16 @@
 """CPU benchmark: anvil_kernels INT4 GEMV/GEMM vs numpy float32 matmul, measured in the same run.
 
     uv run python bench/kernels_cpu.py [--threads N] [--reps R] [--modes default,wide]
+                                       [--shapes 4096x4096,11008x4096] [--batches 1,32]
 
 Each mode runs in a child process (numba's CPU features are fixed at process start):
 - default: numba's defaults; on AVX-512 hosts LLVM's tuning still prefers 256-bit vectors.
 - wide:    NUMBA_CPU_FEATURES = host features + "-prefer-256-bit" (512-bit vectors in the loops).
 numba and BLAS get the same thread count (NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS / OMP_NUM_THREADS
 set before import). int4 and numpy run in interleaved blocks (ROUNDS of each), so both see the
-same machine load; the table holds medians after warm-up. Writes bench/results/kernels_cpu.{md,json}.
+same machine load; the table holds medians after warm-up. Writes bench/results/kernels_cpu.{md,json}
+only for a full run: --shapes/--batches (a subset, for quick A/B checks) print the table and write
+nothing.
 """
 
 from __future__ import annotations
@@ -112,7 +115,9 @@ def _block(fn: Any, reps: int, warmup: int) -> list[float]:
     return [_timed(fn) for _ in range(max(reps, 1))]
 
 
-def _child(mode: str, reps: int, warmup: int) -> dict[str, Any]:
+def _child(
+    mode: str, reps: int, warmup: int, shapes: list[tuple[int, int]], batches: list[int]
+) -> dict[str, Any]:
     import numba
     import numpy as np
 
@@ -121,11 +126,11 @@ def _child(mode: str, reps: int, warmup: int) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()
     rows = []
-    for k, n in SHAPES:
+    for k, n in shapes:
         w32 = rng.standard_normal((k, n), dtype=np.float32)
         w4 = ak.quantize(w32, group_size=GROUP)
         ws = ak.Workspace()
-        for m in BATCHES:
+        for m in batches:
             x = rng.standard_normal((m, k), dtype=np.float32)
             out_q = np.empty((m, n), np.float32)
             out_f = np.empty((m, n), np.float32)
@@ -244,20 +249,27 @@ def main() -> None:
     ap.add_argument("--modes", default="default,wide")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--notes", default="", help="a markdown paragraph appended to the report")
+    ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES), help="KxN,...")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="M,...")
     args = ap.parse_args()
+    shapes = [(int(k), int(n)) for k, n in (s.split("x") for s in args.shapes.split(","))]
+    batches = [int(m) for m in args.batches.split(",")]
     if args.child:
-        print(json.dumps(_child(args.child, args.reps, args.warmup)))
+        print(json.dumps(_child(args.child, args.reps, args.warmup, shapes, batches)))
         return
     runs = []
     for mode in args.modes.split(","):
         cmd = [sys.executable, __file__, "--child", mode]
         cmd += ["--reps", str(args.reps), "--warmup", str(args.warmup)]
+        cmd += ["--shapes", args.shapes, "--batches", args.batches]
         proc = subprocess.run(cmd, env=_env_for(mode, args.threads), capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(f"mode {mode} failed:\n{proc.stderr}")
         runs.append(json.loads(proc.stdout))
     md = _markdown(runs, args.threads) + ("\n" + args.notes + "\n" if args.notes else "")
     print(md)
+    if shapes != SHAPES or batches != BATCHES:
+        return  # a subset: not the report
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "kernels_cpu.md").write_text(md)
     (RESULTS / "kernels_cpu.json").write_text(json.dumps({"threads": args.threads, "runs": runs}, indent=2))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from anvil_kernels import Int4Weight, Workspace, int4_linear, quantize
-from anvil_kernels.format import pack_nibbles, unpack_nibbles
+from anvil_kernels.format import pack_nibbles, pack_words, unpack_nibbles
 from anvil_kernels.tolerances import ACT_RTOL, MATMUL_ATOL, MATMUL_RTOL
 
 _ERF = np.vectorize(math.erf)
@@ -115,6 +115,30 @@ def test_scale_dtypes(rng: np.random.Generator, scale_dtype: str) -> None:
     w = quantize(rng.standard_normal((128, 40)).astype(np.float32), group_size=32, scale_dtype=scale_dtype)
     x = rng.standard_normal((2, 128)).astype(np.float32)
     out = np.empty((2, 40), np.float32)
+    int4_linear(x, w, out)
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    _check(out, xa @ wd, np.abs(xa) @ wmag)
+
+
+def test_words_hold_eight_k_rows_per_column(rng: np.random.Generator) -> None:
+    k, n = 64, 9
+    q = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
+    words = pack_words(pack_nibbles(q))
+    assert words.shape == (k // 8, n) and words.dtype == np.uint32
+    for r in range(8):
+        np.testing.assert_array_equal((words >> np.uint32(4 * r)) & np.uint32(15), q[r::8])
+
+
+def test_gemv_extreme_nibbles(rng: np.random.Generator) -> None:
+    """All-15 nibbles put the top nibble's bit 31 to use: it must read as 15, not as a sign."""
+    k, n, g = 256, 70, 64
+    q = np.full((k, n), 15, np.uint8)
+    s = rng.uniform(0.001, 0.05, size=(k // g, n)).astype(np.float16)
+    z = rng.integers(0, 16, size=(k // g, n)).astype(np.float16)
+    w = Int4Weight(pack_nibbles(q), s, z, g, k, n, "fp16")
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    out = np.empty((1, n), np.float32)
     int4_linear(x, w, out)
     wd, wmag = _terms(w)
     xa = x.astype(np.float64)

@@ -11,9 +11,14 @@ Storage:
     scales  (K/g, N)        float16, float32, or bfloat16 stored as its uint16 bit pattern
     zeros   (K/g, N)        same dtype as scales; integer-valued for Anvil's own quantizer (0..15)
 
-Why (K/2, N): one packed row holds a pair of K rows for every output column, so the CPU GEMV
-streams contiguous bytes and vectorizes across N with no horizontal reductions, and scales/zeros
+Why (K/2, N): one packed row holds a pair of K rows for every output column, so the CPU kernels
+stream contiguous bytes and vectorize across N with no horizontal reductions, and scales/zeros
 share AWQ/GPTQ's (K/g, N) orientation, so the importers only repack nibbles.
+
+Kernel-side copy (not a storage format): ``Int4Weight.words`` regroups the nibbles as uint32
+(K/8, N), word[i, n] holding q[8i + r, n] at bits 4r (GPTQ's qweight order), built once on first
+use. It lets the GEMV isolate a nibble with one AND and convert it with one int->float (q * 16**r
+is exact in float32; the kernel folds 16**-r into x), where bytes need an extra widening step.
 """
 
 from __future__ import annotations
@@ -137,6 +142,11 @@ class Int4Weight:
         """(K/g, N) float32 copy of the zero points."""
         return np.ascontiguousarray(to_f32(self.zeros, self.scale_dtype))
 
+    @cached_property
+    def words(self) -> NDArray[np.uint32]:
+        """(K/8, N) uint32 copy of the nibbles for the CPU GEMV (see the module docstring)."""
+        return pack_words(self.packed)
+
     @property
     def nbytes(self) -> int:
         """Stored bytes (packed + scales + zeros)."""
@@ -155,3 +165,16 @@ def unpack_nibbles(packed: NDArray[np.uint8]) -> NDArray[np.uint8]:
     q[0::2] = packed & np.uint8(0x0F)
     q[1::2] = packed >> np.uint8(4)
     return q
+
+
+def pack_words(packed: NDArray[np.uint8]) -> NDArray[np.uint32]:
+    """(K/2, N) packed bytes, K a multiple of 8 -> (K/8, N) uint32, nibble r of word[i, n] (bits
+    4r..4r+3) = q[8i + r, n]. Byte t of the word is packed row 4i + t, built with shifts, so the
+    result does not depend on the host's byte order."""
+    kh, n = packed.shape
+    assert kh % 4 == 0, "K must be a multiple of 8"
+    p = packed.reshape(kh // 4, 4, n)
+    words = p[:, 0].astype(np.uint32)
+    for t in range(1, 4):
+        words |= p[:, t].astype(np.uint32) << np.uint32(8 * t)
+    return words

@@ -1,14 +1,17 @@
 """INT4 GEMM/GEMV with a fused epilogue: ``out = act(x @ W + bias) + residual``.
 
-CPU kernel design (x (M, K) f32, W as Int4Weight, packed (K/2, N)):
+CPU kernel design (x (M, K) f32, W as Int4Weight):
 - N is split into chunks, one prange task per chunk; a task streams its column range of every
-  packed row (contiguous bytes) and vectorizes across N, so there is no horizontal reduction.
-- Per group: acc[m, n] = sum_k q[k, n] * x[m, k] over the g rows of the group (two packed rows,
-  i.e. four K rows, per pass), then out[m, n] += s * (acc - z * sum_k x[m, k]); the per-group
-  sums of x are computed once per call. This is sum (q - z) * s * x with one multiply by the
-  scale per group instead of one per weight.
-- M == 1 decodes nibbles straight into the FMAs; M > 1 decodes two packed rows once into a
-  float32 tile and reuses it for every row of x (two rows of x per pass).
+  weight row (contiguous bytes) and vectorizes across N, so there is no horizontal reduction.
+- Zero points are hoisted: per group, acc[m, n] = sum_k q[k, n] * x[m, k], then
+  out[m, n] += s * (acc - z * sum_k x[m, k]) with the per-group sums of x computed once per call,
+  so the inner loop is only nibble decode + int->float + FMA.
+- M == 1 (GEMV) reads ``w.words`` (K/8, N) uint32, eight K rows of a column per word: nibble r is
+  isolated with one AND (no shift, no widening) and converted as q * 16**r, exact in float32,
+  with 16**-r folded into x[k]. That is 3 vector ops per 16 weights (and, cvt, fma) against 4 for
+  bytes (and/shift, widen, cvt, fma); the GEMV is bound by those ops, not by memory.
+- M > 1 decodes two packed rows of ``w.packed`` once into a float32 tile and reuses it for every
+  row of x (two rows of x per pass).
 - Bias, activation and residual are applied to the chunk while it is still in cache.
 Scratch (acc, decoded tile, group sums) lives in a Workspace; pass one to avoid allocation.
 """
@@ -50,7 +53,7 @@ def _int4_matmul_cpu(
     z: np.ndarray,  # (K/g, N) f32
     sx: np.ndarray,  # (M, K/g) f32, group sums of x
     acc: np.ndarray,  # (M, N) f32 scratch
-    tile: np.ndarray,  # (chunks, 4, nb) f32 scratch, decoded nibbles (M > 1 only)
+    tile: np.ndarray,  # (chunks, 4, nb) f32 scratch, decoded nibbles
     out: np.ndarray,  # (M, N) f32
     nb: int,  # columns per chunk
     bias: np.ndarray,  # (N,) f32 or empty
@@ -78,20 +81,6 @@ def _int4_matmul_cpu(
                 j = gi * rows_per_group + jj  # packed rows j, j+1 = K rows 2j .. 2j+3
                 r0 = packed[j, n0:n1]
                 r1 = packed[j + 1, n0:n1]
-                if m_rows == 1:
-                    a = acc[0, n0:n1]
-                    x0 = x[0, 2 * j]
-                    x1 = x[0, 2 * j + 1]
-                    x2 = x[0, 2 * j + 2]
-                    x3 = x[0, 2 * j + 3]
-                    for i in range(w):
-                        t = a[i]
-                        t += np.float32(np.uint8(r0[i] & _U15)) * x0
-                        t += np.float32(np.uint8(r0[i] >> _U4)) * x1
-                        t += np.float32(np.uint8(r1[i] & _U15)) * x2
-                        t += np.float32(np.uint8(r1[i] >> _U4)) * x3
-                        a[i] = t
-                    continue
                 q0 = d[0, :w]
                 q1 = d[1, :w]
                 q2 = d[2, :w]
@@ -148,6 +137,88 @@ def _int4_matmul_cpu(
                 bseg = bias[n0:n1] if use_bias else bias
                 rseg = residual[m, n0:n1] if use_res else bias[0:0]
                 epilogue_row(out[m, n0:n1], bseg, act, rseg, use_bias, use_res)
+
+
+# Nibble r of a word sits at bits 4r; masking it in place leaves q * 16**r (an exact float32).
+_NIB = (
+    np.uint32(0xF),
+    np.uint32(0xF0),
+    np.uint32(0xF00),
+    np.uint32(0xF000),
+    np.uint32(0xF0000),
+    np.uint32(0xF00000),
+    np.uint32(0xF000000),
+)
+_TOP = np.uint32(28)  # nibble 7 is shifted down instead: masked in place it would not fit an int32
+
+
+@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, boundscheck=False, error_model="numpy")
+def _int4_gemv_cpu(
+    x: np.ndarray,  # (1, K) f32
+    words: np.ndarray,  # (K/8, N) u32, Int4Weight.words
+    s: np.ndarray,  # (K/g, N) f32
+    z: np.ndarray,  # (K/g, N) f32
+    sx: np.ndarray,  # (1, K/g) f32, group sums of x
+    acc: np.ndarray,  # (1, N) f32 scratch
+    out: np.ndarray,  # (1, N) f32
+    nb: int,  # columns per chunk
+    bias: np.ndarray,  # (N,) f32 or empty
+    act: int,
+    residual: np.ndarray,  # (1, N) f32 or empty
+) -> None:
+    k8, n_cols = words.shape
+    groups = s.shape[0]
+    words_per_group = k8 // groups  # g / 8
+    use_bias = bias.size > 0
+    use_res = residual.size > 0
+    m0, m1, m2, m3, m4, m5, m6 = _NIB
+    chunks = (n_cols + nb - 1) // nb
+    for c in prange(chunks):
+        n0 = c * nb
+        n1 = min(n_cols, n0 + nb)
+        w = n1 - n0
+        a = acc[0, n0:n1]
+        o = out[0, n0:n1]
+        for gi in range(groups):
+            for i in range(w):
+                a[i] = 0.0
+            for jj in range(words_per_group):
+                j = gi * words_per_group + jj  # word row j = K rows 8j .. 8j+7
+                row = words[j, n0:n1]
+                xs = x[0, 8 * j : 8 * j + 8]
+                x0 = xs[0]  # xr = x[8j + r] / 16**r (exact: a power of two)
+                x1 = xs[1] * np.float32(2.0**-4)
+                x2 = xs[2] * np.float32(2.0**-8)
+                x3 = xs[3] * np.float32(2.0**-12)
+                x4 = xs[4] * np.float32(2.0**-16)
+                x5 = xs[5] * np.float32(2.0**-20)
+                x6 = xs[6] * np.float32(2.0**-24)
+                x7 = xs[7]
+                for i in range(w):
+                    u = row[i]
+                    t = a[i]
+                    t += np.float32(np.int32(u & m0)) * x0  # int32: LLVM emits one vcvtdq2ps
+                    t += np.float32(np.int32(u & m1)) * x1
+                    t += np.float32(np.int32(u & m2)) * x2
+                    t += np.float32(np.int32(u & m3)) * x3
+                    t += np.float32(np.int32(u & m4)) * x4
+                    t += np.float32(np.int32(u & m5)) * x5
+                    t += np.float32(np.int32(u & m6)) * x6
+                    t += np.float32(np.int32(u >> _TOP)) * x7
+                    a[i] = t
+            sg = s[gi, n0:n1]
+            zg = z[gi, n0:n1]
+            sxg = sx[0, gi]
+            if gi == 0:
+                for i in range(w):
+                    o[i] = sg[i] * (a[i] - zg[i] * sxg)
+            else:
+                for i in range(w):
+                    o[i] += sg[i] * (a[i] - zg[i] * sxg)
+        if use_bias or use_res or act != 0:
+            bseg = bias[n0:n1] if use_bias else bias
+            rseg = residual[0, n0:n1] if use_res else bias[0:0]
+            epilogue_row(o, bseg, act, rseg, use_bias, use_res)
 
 
 GEMM_MAX_CHUNK = 1024  # columns; measured best of 128..2048 for M = 8 and 32 (bench/kernels_cpu.py)
@@ -211,8 +282,13 @@ def _int4_linear_cpu(
     chunks = -(-w.n // nb)
     sx = ws.get("int4.sx", (m, w.num_groups))
     acc = ws.get("int4.acc", (m, w.n))
-    tile = ws.get("int4.tile", (chunks, 4, nb) if m > 1 else (chunks, 4, 0))
+    tile = ws.get("int4.tile", (chunks, 4, nb) if m > 1 else (chunks, 4, 0))  # GEMV needs none
     _group_sums(x, w.group_size, sx)
+    bias_arr = _jit.EMPTY1 if bias is None else bias
+    res_arr = _jit.EMPTY2 if residual is None else residual
+    if m == 1:
+        _int4_gemv_cpu(x, w.words, w.scales_f32, w.zeros_f32, sx, acc, out, nb, bias_arr, act, res_arr)
+        return out
     _int4_matmul_cpu(
         x,
         w.packed,
@@ -223,8 +299,8 @@ def _int4_linear_cpu(
         tile,
         out,
         nb,
-        _jit.EMPTY1 if bias is None else bias,
+        bias_arr,
         act,
-        _jit.EMPTY2 if residual is None else residual,
+        res_arr,
     )
     return out
