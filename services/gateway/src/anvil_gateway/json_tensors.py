@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -22,20 +23,24 @@ def json_data_to_tensor(
 ) -> HostTensor:
     """Turn a JSON 'data' list (flat or nested, row-major) into a tensor of `shape`."""
     count = element_count(shape)
-    flat = _flatten(data, where)
+    flat, types = _flatten(data, where)
     if len(flat) != count:
         raise BadRequest(f"{where} ({name}): {len(flat)} values given, shape {list(shape)} needs {count}")
+    # `types` (the exact types of the values) answers the usual cases at C speed; isinstance over
+    # every value decides the rest (subclasses: never out of JSON, possible from a caller).
     try:
         if datatype == "BYTES":
-            if not all(isinstance(v, str) for v in flat):
+            if not types <= {str} and not all(isinstance(v, str) for v in flat):
                 raise BadRequest(f"{where} ({name}): BYTES data must be strings")
             arr = np.array([v.encode() for v in flat], dtype=object).reshape(shape)
         elif datatype == "BOOL":
-            if not all(isinstance(v, bool) for v in flat):
+            if not types <= {bool} and not all(isinstance(v, bool) for v in flat):
                 raise BadRequest(f"{where} ({name}): BOOL data must be true/false")
             arr = np.array(flat, dtype=np.bool_).reshape(shape)
         else:
-            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in flat):
+            if not types <= {int, float} and not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in flat
+            ):
                 raise BadRequest(f"{where} ({name}): {datatype} data must be numbers")
             if datatype == "BF16":
                 f32 = np.array(flat, dtype=np.float32).reshape(shape)
@@ -43,12 +48,8 @@ def json_data_to_tensor(
             else:
                 dtype = DATATYPES[datatype]
                 assert dtype is not None
-                if dtype.kind in "iu":
-                    info = np.iinfo(dtype)
-                    if any(not float(v).is_integer() or v < info.min or v > info.max for v in flat):
-                        raise BadRequest(
-                            f"{where} ({name}): values must be integers within {datatype}'s range"
-                        )
+                if dtype.kind in "iu" and not _ints_within(flat, types, np.iinfo(dtype)):
+                    raise BadRequest(f"{where} ({name}): values must be integers within {datatype}'s range")
                 arr = np.array(flat, dtype=dtype).reshape(shape)
     except (OverflowError, ValueError, TypeError) as exc:
         if isinstance(exc, BadRequest):
@@ -57,9 +58,38 @@ def json_data_to_tensor(
     return HostTensor(name, datatype, shape, arr)
 
 
-def _flatten(data: Any, where: str) -> list[Any]:
+def _ints_within(flat: list[Any], types: set[type], info: np.iinfo) -> bool:
+    """Whether every value is an integer within `info`'s range (float 3.0 counts as an integer)."""
+    if types <= {int} and (not flat or (min(flat) >= info.min and max(flat) <= info.max)):
+        return True
+    # floats, or a value out of range: value by value, so a huge one raises OverflowError as before
+    return not any(not float(v).is_integer() or v < info.min or v > info.max for v in flat)
+
+
+def _flatten(data: Any, where: str) -> tuple[list[Any], set[type]]:
+    """The values of `data` in row-major order, and their exact types.
+
+    A level that holds only lists is flattened in one C call; a level that mixes lists with
+    values (a ragged or malformed body) goes value by value. Either way, a list found at rank
+    MAX_RANK + 1 or deeper is refused.
+    """
     if not isinstance(data, list):
         raise BadRequest(f"{where}.data must be a list")
+    level, rank = data, 1
+    while True:
+        types = set(map(type, level))
+        if types == {list}:
+            if rank > MAX_RANK:
+                raise BadRequest(f"{where}.data nested deeper than {MAX_RANK}")
+            level, rank = list(chain.from_iterable(level)), rank + 1
+        elif any(issubclass(t, list) for t in types):
+            flat = _flatten_mixed(data, where)
+            return flat, set(map(type, flat))
+        else:
+            return level, types
+
+
+def _flatten_mixed(data: list[Any], where: str) -> list[Any]:
     out: list[Any] = []
     stack = [iter(data)]
     while stack:
@@ -76,12 +106,14 @@ def _flatten(data: Any, where: str) -> list[Any]:
 
 
 def tensor_to_json(t: HostTensor) -> dict[str, Any]:
+    """A v2 output tensor as JSON: `data` is flat, a list of str for BYTES, else an ndarray that
+    `json_codec.dumps` writes as its `tolist()` (BF16 as the float32 numbers it stands for)."""
     if t.datatype == "BYTES":
-        data: list[Any] = [
+        data: Any = [
             v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in t.data.reshape(-1)
         ]
     elif t.datatype == "BF16":
-        data = (t.data.astype(np.uint32) << 16).view(np.float32).reshape(-1).tolist()
+        data = (t.data.astype(np.uint32) << 16).view(np.float32).reshape(-1)
     else:
-        data = t.data.reshape(-1).tolist()
+        data = t.data.reshape(-1)
     return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "data": data}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anvil_core.tensors import DATATYPES, HostTensor, TensorError
+from anvil_gateway import json_codec
 from anvil_gateway.json_tensors import MAX_RANK, BadRequest, json_data_to_tensor
 from anvil_gateway.sysshm import Region, SystemShm
 
@@ -52,7 +53,7 @@ class ParsedRequest:
 
 def parse_json_document(body: bytes | memoryview) -> dict[str, Any]:
     try:
-        doc = json.loads(bytes(body))
+        doc = json_codec.loads(bytes(body))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -145,7 +146,7 @@ def parse_tensor_header(raw: Any, where: str) -> tuple[str, str, tuple[int, ...]
     if not isinstance(name, str) or not name:
         raise BadRequest(f"{where}.name must be a non-empty string")
     datatype = raw.get("datatype")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:  # a list or dict isn't hashable
         raise BadRequest(f"{where}.datatype must be one of {', '.join(DATATYPES)}, got {datatype!r}")
     return name, str(datatype), parse_shape(raw.get("shape"), where)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi.responses import Response
 
 from anvil_core.tensors import HostTensor
+from anvil_gateway import json_codec
 from anvil_gateway.json_tensors import BadRequest, tensor_to_json
 from anvil_gateway.kserve import ParsedRequest
 from anvil_gateway.sysshm import SystemShm
@@ -67,7 +67,7 @@ def infer_response(
         else:
             entries.append(tensor_to_json(t))
     doc["outputs"] = entries
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = json_codec.dumps(doc)
     if not blobs:
         return Response(head, media_type="application/json", headers=headers)
     body = b"".join([head, *blobs])
