@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from anvil_core.model_spec import ModelSpec
 from anvil_core.tensors import HostTensor
+from anvil_gateway import json_codec
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.infer import TRACE_HEADER, Failed, forward, read_body, trace_id
@@ -120,9 +121,7 @@ async def embeddings(request: Request) -> Response:
     tokens = int(np.asarray(got[tok_out]).sum()) if tok_out and tok_out in got else 0
     data = []
     for i, vec in enumerate(vectors):
-        value: Any = (
-            base64.b64encode(vec.astype("<f4").tobytes()).decode() if fmt == "base64" else vec.tolist()
-        )
+        value: Any = base64.b64encode(vec.astype("<f4").tobytes()).decode() if fmt == "base64" else vec
         data.append({"object": "embedding", "index": i, "embedding": value})
     m.success.labels(model=name, version=spec.version).inc()
     m.inference_count.labels(model=name, version=spec.version).inc(len(texts))
@@ -133,4 +132,6 @@ async def embeddings(request: Request) -> Response:
         "model": name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    return JSONResponse(body, headers=hdr)
+    # json_codec writes the float32 vectors as their float64 values (what tolist() gave) and, like the
+    # v2 path, a non-finite value as NaN/Infinity instead of failing the response.
+    return Response(json_codec.dumps(body), media_type="application/json", headers=hdr)
