@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 import pytest
 
-from anvil_kernels import Int4Weight, Workspace, int4_linear, quantize
+from anvil_kernels import Int4Weight, Workspace, gemm_tiled, int4_linear, quantize
 from anvil_kernels.format import pack_nibbles, pack_words, unpack_nibbles
 from anvil_kernels.tolerances import ACT_RTOL, MATMUL_ATOL, MATMUL_RTOL
 
@@ -76,6 +77,28 @@ def test_fused_epilogue(rng: np.random.Generator, act: str, m: int) -> None:
     ref = _ref_act(pre, act) + res
     # the activations here are at most 1.13-Lipschitz: matmul error passes through scaled by <= 1.2
     _check(out, ref, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
+
+
+@pytest.mark.skipif(not gemm_tiled.available(), reason="numpy's bundled OpenBLAS not found")
+@pytest.mark.parametrize("act", ["none", "gelu_tanh", "silu"])
+@pytest.mark.parametrize(("k", "n", "g"), [(640, 1031, 64), (96, 67, 32)])
+def test_tiled_blas_path(rng: np.random.Generator, act: str, k: int, n: int, g: int) -> None:
+    """M above BLAS_MIN_M: K not a multiple of TILE_K, odd N over several tiles, full epilogue."""
+    m = gemm_tiled.BLAS_MIN_M + 3
+    w = _random_weight(rng, k, n, g)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    ws = Workspace()
+    int4_linear(x, w, out, bias=bias, activation=act, residual=res, workspace=ws)
+    threads = numba.get_num_threads()
+    tile_bytes = threads * gemm_tiled.TILE_K * gemm_tiled.tile_width(n, threads) * 4
+    assert ws.nbytes == tile_bytes  # the tiled path ran, and its tiles are all it allocated
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    pre = xa @ wd + bias
+    _check(out, _ref_act(pre, act) + res, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
 
 
 def test_bias_only_and_residual_only(rng: np.random.Generator) -> None:

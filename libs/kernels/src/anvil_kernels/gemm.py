@@ -10,9 +10,11 @@ CPU kernel design (x (M, K) f32, W as Int4Weight):
   isolated with one AND (no shift, no widening) and converted as q * 16**r, exact in float32,
   with 16**-r folded into x[k]. That is 3 vector ops per 16 weights (and, cvt, fma) against 4 for
   bytes (and/shift, widen, cvt, fma); the GEMV is bound by those ops, not by memory.
-- M > 1 decodes two packed rows of ``w.packed`` once into a float32 tile and reuses it for every
-  row of x (two rows of x per pass).
+- 1 < M < gemm_tiled.BLAS_MIN_M decodes two packed rows of ``w.packed`` once into a float32
+  tile and reuses it for every row of x (two rows of x per pass).
 - Bias, activation and residual are applied to the chunk while it is still in cache.
+- M >= gemm_tiled.BLAS_MIN_M dequantizes L2-sized tiles and multiplies them with OpenBLAS
+  (gemm_tiled.py), where numpy's OpenBLAS is found.
 Scratch (acc, decoded tile, group sums) lives in a Workspace; pass one to avoid allocation.
 """
 
@@ -22,7 +24,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from anvil_kernels import _jit
+from anvil_kernels import _jit, gemm_tiled
 from anvil_kernels import _validate as v
 from anvil_kernels.activations import ACTIVATIONS, epilogue_row
 from anvil_kernels.format import Int4Weight
@@ -278,14 +280,17 @@ def _int4_linear_cpu(
     ws: Workspace,
 ) -> np.ndarray:
     m = x.shape[0]
+    bias_arr = _jit.EMPTY1 if bias is None else bias
+    res_arr = _jit.EMPTY2 if residual is None else residual
+    if m >= gemm_tiled.BLAS_MIN_M and gemm_tiled.available():
+        gemm_tiled.int4_matmul_tiled(x, w, out, bias_arr, act, res_arr, ws)
+        return out
     nb = chunk_width(m, w.n, numba.get_num_threads())
     chunks = -(-w.n // nb)
     sx = ws.get("int4.sx", (m, w.num_groups))
     acc = ws.get("int4.acc", (m, w.n))
     tile = ws.get("int4.tile", (chunks, 4, nb) if m > 1 else (chunks, 4, 0))  # GEMV needs none
     _group_sums(x, w.group_size, sx)
-    bias_arr = _jit.EMPTY1 if bias is None else bias
-    res_arr = _jit.EMPTY2 if residual is None else residual
     if m == 1:
         _int4_gemv_cpu(x, w.words, w.scales_f32, w.zeros_f32, sx, acc, out, nb, bias_arr, act, res_arr)
         return out

@@ -1,0 +1,155 @@
+"""INT4 GEMM for larger M: dequantize cache-sized weight tiles, multiply them with BLAS sgemm.
+
+Why: at M >= BLAS_MIN_M the multiply, not the weight stream, bounds the GEMM, and numba's FMA
+loop reaches only ~20-25 GMAC/s per core against OpenBLAS's ~32. Dequantizing costs one write
+per weight per call, i.e. 1/M of the multiply's work, so it pays once M is large enough.
+
+Design (x (M, K) f32, W as Int4Weight, out (M, N) f32):
+- N is split into chunks of nb columns, one prange task per chunk. A task walks K in tiles of
+  kt rows: it dequantizes (q - z) * s of its (kt, nb) block into its thread's scratch tile
+  (kt * nb * 4 bytes = 512 KiB, stays in L2) and calls single-threaded sgemm on it,
+  ``out[:, chunk] (+)= x[:, k-tile] @ tile`` (beta 0 on the first tile, then 1), so the partial
+  sums never leave the caller's buffer.
+- BLAS runs inside numba's threads with OpenBLAS held at one thread (_openblas.single_threaded):
+  one thread pool, the same thread count as the rest of the kernels.
+- Bias, activation and residual are applied to the chunk of out while it is still in cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from anvil_kernels import _jit, _openblas
+from anvil_kernels.activations import epilogue_row
+from anvil_kernels.format import Int4Weight
+from anvil_kernels.workspace import Workspace
+
+BLAS_MIN_M = 16  # rows of x from which this path is used; see docs/int4.md for the measurement
+TILE_K = 256  # K rows per tile (a multiple of every group size's pair of rows)
+TILE_N = 512  # columns per tile at most: TILE_K * TILE_N * 4 B = 512 KiB, a quarter of L2
+
+_U4 = np.uint8(4)
+_U15 = np.uint8(15)
+
+
+def available() -> bool:
+    """Whether numpy's own OpenBLAS was found (else the pure-numba kernel is used for every M)."""
+    return _openblas.SGEMM is not None
+
+
+@njit(fastmath=_jit.ELEMENTWISE, cache=True, boundscheck=False, error_model="numpy")
+def _dequant_tile(
+    packed: np.ndarray,  # (K/2, N) u8
+    s: np.ndarray,  # (K/g, N) f32
+    z: np.ndarray,  # (K/g, N) f32
+    g: int,
+    k0: int,  # first K row, even
+    k1: int,  # end K row, even
+    n0: int,
+    n1: int,
+    tile: np.ndarray,  # (>= k1 - k0, >= n1 - n0) f32, written at [:k1 - k0, :n1 - n0]
+) -> None:
+    w = n1 - n0
+    for jj in range((k1 - k0) // 2):
+        k = k0 + 2 * jj  # K rows k, k + 1 share packed row k / 2 and (g even) one group
+        row = packed[k // 2, n0:n1]
+        sg = s[k // g, n0:n1]
+        zg = z[k // g, n0:n1]
+        t0 = tile[2 * jj, :w]
+        t1 = tile[2 * jj + 1, :w]
+        for i in range(w):
+            b = row[i]
+            t0[i] = (np.float32(np.uint8(b & _U15)) - zg[i]) * sg[i]
+            t1[i] = (np.float32(np.uint8(b >> _U4)) - zg[i]) * sg[i]
+
+
+@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, boundscheck=False, error_model="numpy")
+def _int4_matmul_tiled_cpu(
+    sgemm: Any,  # ctypes cblas_sgemm (ILP64), _openblas.SGEMM
+    x: np.ndarray,  # (M, K) f32
+    packed: np.ndarray,  # (K/2, N) u8
+    s: np.ndarray,  # (K/g, N) f32
+    z: np.ndarray,  # (K/g, N) f32
+    g: int,
+    tiles: np.ndarray,  # (threads, kt, nb) f32 scratch, one tile per numba thread
+    out: np.ndarray,  # (M, N) f32
+    bias: np.ndarray,  # (N,) f32 or empty
+    act: int,
+    residual: np.ndarray,  # (M, N) f32 or empty
+) -> None:
+    m_rows, k_dim = x.shape
+    n_cols = out.shape[1]
+    kt, nb = tiles.shape[1], tiles.shape[2]
+    use_bias = bias.size > 0
+    use_res = residual.size > 0
+    chunks = (n_cols + nb - 1) // nb
+    for c in prange(chunks):
+        n0 = c * nb
+        n1 = min(n_cols, n0 + nb)
+        t = tiles[numba.get_thread_id()]
+        for k0 in range(0, k_dim, kt):
+            k1 = min(k_dim, k0 + kt)
+            _dequant_tile(packed, s, z, g, k0, k1, n0, n1, t)
+            beta = np.float32(0.0) if k0 == 0 else np.float32(1.0)
+            # row-major out[:, n0:n1] (ldc N) = x[:, k0:k1] (lda K) @ t[:k1-k0, :n1-n0] (ldb nb)
+            sgemm(
+                _openblas.ROW_MAJOR,
+                _openblas.NO_TRANS,
+                _openblas.NO_TRANS,
+                m_rows,
+                n1 - n0,
+                k1 - k0,
+                np.float32(1.0),
+                x[:, k0:].ctypes.data,
+                k_dim,
+                t.ctypes.data,
+                nb,
+                beta,
+                out[:, n0:].ctypes.data,
+                n_cols,
+            )
+        if use_bias or use_res or act != 0:
+            for m in range(m_rows):
+                bseg = bias[n0:n1] if use_bias else bias
+                rseg = residual[m, n0:n1] if use_res else bias[0:0]
+                epilogue_row(out[m, n0:n1], bseg, act, rseg, use_bias, use_res)
+
+
+def tile_width(n: int, threads: int) -> int:
+    """Columns per task: TILE_N, or fewer (a multiple of 64) so that every thread gets a chunk."""
+    per_thread = -(-n // max(threads, 1))
+    return max(64, min(TILE_N, -(-per_thread // 64) * 64))
+
+
+def int4_matmul_tiled(
+    x: np.ndarray,
+    w: Int4Weight,
+    out: np.ndarray,
+    bias: np.ndarray,
+    act: int,
+    residual: np.ndarray,
+    ws: Workspace,
+) -> None:
+    """out = act(x @ W + bias) + residual; arguments already validated (gemm.int4_linear).
+    bias/residual are empty arrays when absent. Requires available()."""
+    assert _openblas.SGEMM is not None
+    threads = numba.get_num_threads()
+    tiles = ws.get("int4.blas_tile", (threads, TILE_K, tile_width(w.n, threads)))
+    with _openblas.single_threaded():
+        _int4_matmul_tiled_cpu(
+            _openblas.SGEMM,
+            x,
+            w.packed,
+            w.scales_f32,
+            w.zeros_f32,
+            w.group_size,
+            tiles,
+            out,
+            bias,
+            act,
+            residual,
+        )
