@@ -8,7 +8,7 @@ import numba
 import numpy as np
 import pytest
 
-from anvil_kernels import Int4Weight, Workspace, gemm_tiled, int4_linear, quantize
+from anvil_kernels import Int4Weight, Workspace, gemm_tiled, gemv, int4_linear, quantize
 from anvil_kernels.format import pack_nibbles, pack_words, unpack_nibbles
 from anvil_kernels.tolerances import ACT_RTOL, MATMUL_ATOL, MATMUL_RTOL
 
@@ -153,9 +153,70 @@ def test_words_hold_eight_k_rows_per_column(rng: np.random.Generator) -> None:
         np.testing.assert_array_equal((words >> np.uint32(4 * r)) & np.uint32(15), q[r::8])
 
 
-def test_gemv_extreme_nibbles(rng: np.random.Generator) -> None:
+@pytest.fixture(params=["vnni", "fp32"])
+def gemv_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a GEMV test on each M = 1 kernel: the VNNI one (where the CPU has it) and the fp32 one."""
+    if request.param == "vnni" and not gemv.vnni512():
+        pytest.skip("numba's target CPU has no AVX-512 VNNI")
+    if request.param == "fp32":
+        monkeypatch.setattr(gemv, "vnni512", lambda: False)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("g", [32, 64, 128, 256])
+@pytest.mark.parametrize("n", [64, 192, 320])
+def test_gemv_paths(rng: np.random.Generator, gemv_path: str, g: int, n: int) -> None:
+    """N a multiple of 64 (the VNNI kernel's step), with the full epilogue."""
+    k = 512
+    w = _random_weight(rng, k, n, g)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((1, n)).astype(np.float32)
+    out = np.full((1, n), np.nan, np.float32)
+    int4_linear(x, w, out, bias=bias, activation="silu", residual=res)
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    pre = xa @ wd + bias
+    _check(
+        out, _ref_act(pre, "silu") + res, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res))
+    )
+
+
+def test_gemv_outliers_and_zero_groups(rng: np.random.Generator, gemv_path: str) -> None:
+    """x spanning 1e-6..1e4 inside a group (the VNNI kernel's fixed point is relative to the
+    group's max |x|), a group of zeros and a group near float32's bottom (1e-35)."""
+    k, n, g = 512, 64, 128
+    w = _random_weight(rng, k, n, g)
+    x = rng.standard_normal((1, k)).astype(np.float32) * np.float32(1e-3)
+    x[0, 5] = 1e4
+    x[0, 7] = -3e3
+    x[0, 128:256] = 0.0
+    x[0, 256:384] *= np.float32(1e-35)
+    out = np.empty((1, n), np.float32)
+    int4_linear(x, w, out)
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    _check(out, xa @ wd, np.abs(xa) @ wmag)
+    # far below MATMUL_ATOL: scaled by 2**-90 (exact), the result must scale with it
+    x_scale = np.float32(2.0**-90)
+    int4_linear(x * x_scale, w, out)
+    _check(out.astype(np.float64) / float(x_scale), xa @ wd, np.abs(xa) @ wmag)
+
+
+def test_gemv_nan_input_propagates(rng: np.random.Generator, gemv_path: str) -> None:
+    k, n = 256, 64
+    w = _random_weight(rng, k, n, 64)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    x[0, 70] = np.nan
+    out = np.zeros((1, n), np.float32)
+    int4_linear(x, w, out)
+    assert np.all(np.isnan(out))
+
+
+@pytest.mark.parametrize("n", [70, 128])
+def test_gemv_extreme_nibbles(rng: np.random.Generator, gemv_path: str, n: int) -> None:
     """All-15 nibbles put the top nibble's bit 31 to use: it must read as 15, not as a sign."""
-    k, n, g = 256, 70, 64
+    k, g = 256, 64
     q = np.full((k, n), 15, np.uint8)
     s = rng.uniform(0.001, 0.05, size=(k // g, n)).astype(np.float16)
     z = rng.integers(0, 16, size=(k // g, n)).astype(np.float16)

@@ -6,16 +6,20 @@ CPU kernel design (x (M, K) f32, W as Int4Weight):
 - Zero points are hoisted: per group, acc[m, n] = sum_k q[k, n] * x[m, k], then
   out[m, n] += s * (acc - z * sum_k x[m, k]) with the per-group sums of x computed once per call,
   so the inner loop is only nibble decode + int->float + FMA.
-- M == 1 (GEMV) reads ``w.words`` (K/8, N) uint32, eight K rows of a column per word: nibble r is
-  isolated with one AND (no shift, no widening) and converted as q * 16**r, exact in float32,
-  with 16**-r folded into x[k]. That is 3 vector ops per 16 weights (and, cvt, fma) against 4 for
-  bytes (and/shift, widen, cvt, fma); the GEMV is bound by those ops, not by memory.
+- M == 1 on AVX-512 VNNI CPUs (N a multiple of 64) writes x per group in fixed point as four
+  signed int8 digits (x rounded by at most 2**-30 of the group's max |x|) and sums q * digit
+  exactly in int32 with vpdpbusd (an LLVM intrinsic): 11 vector ops per word row of 16 columns
+  against 24 for the fp32 GEMV below; 1.3-2x faster on the CI machine (docs/int4.md).
+- Otherwise M == 1 (GEMV) reads ``w.words`` (K/8, N) uint32, eight K rows of a column per word:
+  nibble r is isolated with one AND (no shift, no widening) and converted as q * 16**r, exact in
+  float32, with 16**-r folded into x[k]. That is 3 vector ops per 16 weights (and, cvt, fma)
+  against 4 for bytes (and/shift, widen, cvt, fma); the GEMV is bound by those ops, not by memory.
 - 1 < M < gemm_tiled.BLAS_MIN_M decodes two packed rows of ``w.packed`` once into a float32
   tile and reuses it for every row of x (two rows of x per pass).
 - Bias, activation and residual are applied to the chunk while it is still in cache.
 - M >= gemm_tiled.BLAS_MIN_M dequantizes L2-sized tiles and multiplies them with OpenBLAS
   (gemm_tiled.py), where numpy's OpenBLAS is found.
-Scratch (acc, decoded tile, group sums) lives in a Workspace; pass one to avoid allocation.
+Scratch (acc, decoded tile, group sums, x digits) lives in a Workspace; pass one to avoid allocation.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from anvil_kernels import _jit, gemm_tiled
+from anvil_kernels import _jit, gemm_tiled, gemv
 from anvil_kernels import _validate as v
 from anvil_kernels.activations import ACTIVATIONS, epilogue_row
 from anvil_kernels.format import Int4Weight
@@ -141,88 +145,6 @@ def _int4_matmul_cpu(
                 epilogue_row(out[m, n0:n1], bseg, act, rseg, use_bias, use_res)
 
 
-# Nibble r of a word sits at bits 4r; masking it in place leaves q * 16**r (an exact float32).
-_NIB = (
-    np.uint32(0xF),
-    np.uint32(0xF0),
-    np.uint32(0xF00),
-    np.uint32(0xF000),
-    np.uint32(0xF0000),
-    np.uint32(0xF00000),
-    np.uint32(0xF000000),
-)
-_TOP = np.uint32(28)  # nibble 7 is shifted down instead: masked in place it would not fit an int32
-
-
-@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, boundscheck=False, error_model="numpy")
-def _int4_gemv_cpu(
-    x: np.ndarray,  # (1, K) f32
-    words: np.ndarray,  # (K/8, N) u32, Int4Weight.words
-    s: np.ndarray,  # (K/g, N) f32
-    z: np.ndarray,  # (K/g, N) f32
-    sx: np.ndarray,  # (1, K/g) f32, group sums of x
-    acc: np.ndarray,  # (1, N) f32 scratch
-    out: np.ndarray,  # (1, N) f32
-    nb: int,  # columns per chunk
-    bias: np.ndarray,  # (N,) f32 or empty
-    act: int,
-    residual: np.ndarray,  # (1, N) f32 or empty
-) -> None:
-    k8, n_cols = words.shape
-    groups = s.shape[0]
-    words_per_group = k8 // groups  # g / 8
-    use_bias = bias.size > 0
-    use_res = residual.size > 0
-    m0, m1, m2, m3, m4, m5, m6 = _NIB
-    chunks = (n_cols + nb - 1) // nb
-    for c in prange(chunks):
-        n0 = c * nb
-        n1 = min(n_cols, n0 + nb)
-        w = n1 - n0
-        a = acc[0, n0:n1]
-        o = out[0, n0:n1]
-        for gi in range(groups):
-            for i in range(w):
-                a[i] = 0.0
-            for jj in range(words_per_group):
-                j = gi * words_per_group + jj  # word row j = K rows 8j .. 8j+7
-                row = words[j, n0:n1]
-                xs = x[0, 8 * j : 8 * j + 8]
-                x0 = xs[0]  # xr = x[8j + r] / 16**r (exact: a power of two)
-                x1 = xs[1] * np.float32(2.0**-4)
-                x2 = xs[2] * np.float32(2.0**-8)
-                x3 = xs[3] * np.float32(2.0**-12)
-                x4 = xs[4] * np.float32(2.0**-16)
-                x5 = xs[5] * np.float32(2.0**-20)
-                x6 = xs[6] * np.float32(2.0**-24)
-                x7 = xs[7]
-                for i in range(w):
-                    u = row[i]
-                    t = a[i]
-                    t += np.float32(np.int32(u & m0)) * x0  # int32: LLVM emits one vcvtdq2ps
-                    t += np.float32(np.int32(u & m1)) * x1
-                    t += np.float32(np.int32(u & m2)) * x2
-                    t += np.float32(np.int32(u & m3)) * x3
-                    t += np.float32(np.int32(u & m4)) * x4
-                    t += np.float32(np.int32(u & m5)) * x5
-                    t += np.float32(np.int32(u & m6)) * x6
-                    t += np.float32(np.int32(u >> _TOP)) * x7
-                    a[i] = t
-            sg = s[gi, n0:n1]
-            zg = z[gi, n0:n1]
-            sxg = sx[0, gi]
-            if gi == 0:
-                for i in range(w):
-                    o[i] = sg[i] * (a[i] - zg[i] * sxg)
-            else:
-                for i in range(w):
-                    o[i] += sg[i] * (a[i] - zg[i] * sxg)
-        if use_bias or use_res or act != 0:
-            bseg = bias[n0:n1] if use_bias else bias
-            rseg = residual[0, n0:n1] if use_res else bias[0:0]
-            epilogue_row(o, bseg, act, rseg, use_bias, use_res)
-
-
 GEMM_MAX_CHUNK = 1024  # columns; measured best of 128..2048 for M = 8 and 32 (bench/kernels_cpu.py)
 
 
@@ -291,8 +213,17 @@ def _int4_linear_cpu(
     acc = ws.get("int4.acc", (m, w.n))
     tile = ws.get("int4.tile", (chunks, 4, nb) if m > 1 else (chunks, 4, 0))  # GEMV needs none
     _group_sums(x, w.group_size, sx)
+    if m == 1 and w.n % gemv.VNNI_COLS == 0 and gemv.vnni512():
+        dig = ws.get("int4.xdig", (w.k // 8, 2 * gemv.VNNI_DIGITS)).view(np.uint8)  # (K/8, 8D)
+        step = ws.get("int4.xstep", (1, w.num_groups))
+        assert nb % gemv.VNNI_COLS == 0, "chunks must hold whole intrinsic steps"
+        gemv.x_digits(x, w.group_size, dig, step)
+        gemv.int4_gemv_vnni(
+            w.words, w.scales_f32, w.zeros_f32, sx, dig, step, acc, out, nb, bias_arr, act, res_arr
+        )
+        return out
     if m == 1:
-        _int4_gemv_cpu(x, w.words, w.scales_f32, w.zeros_f32, sx, acc, out, nb, bias_arr, act, res_arr)
+        gemv.int4_gemv_cpu(x, w.words, w.scales_f32, w.zeros_f32, sx, acc, out, nb, bias_arr, act, res_arr)
         return out
     _int4_matmul_cpu(
         x,
