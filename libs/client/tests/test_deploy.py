@@ -64,3 +64,31 @@ def test_deploy_registers_model_and_publishes_event(
     args = parser.parse_args(["models", "--redis-url", redis_url])
     assert args.fn(args) == 0
     assert "tiny" in capsys.readouterr().out
+
+
+def test_deploy_quantization_flags_reach_compile_options() -> None:
+    from anvil_client import deploy
+    from anvil_compiler.options import CompileOptions
+
+    parser = argparse.ArgumentParser()
+    deploy.add_deploy_commands(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "deploy",
+            "m",
+            "--name",
+            "m",
+            "--group",
+            "32",
+            "--gptq",
+            "--act-order",
+            "--clip-search",
+            "--keep-fp32",
+            "x.*",
+        ]
+    )
+    opts = CompileOptions.from_dict(deploy._options(args))
+    assert (opts.group_size, opts.gptq, opts.clip_search, opts.keep_fp32) == (32, True, True, ("x.*",))
+    assert opts.calibration == "bert-uncased" and opts.act_order
+    default = CompileOptions.from_dict(deploy._options(parser.parse_args(["deploy", "m", "--name", "m"])))
+    assert not default.gptq and not default.clip_search and default.group_size == 128

@@ -2,6 +2,7 @@
 
     anvil deploy model.onnx --name m [--group 128] [--arch sm_90] [--max-batch 8] [--max-seq 128]
     anvil deploy path/to/hf_dir --name minilm            # config.json + model.safetensors
+    anvil deploy path/to/hf_dir --name minilm --gptq [--act-order] --group 32 [--keep-fp32 PAT]
     anvil models
 
 Deploy uploads the model to ``POST /v1/compile``, follows the job with a progress bar, then writes
@@ -47,6 +48,15 @@ def add_deploy_commands(subparsers: Any) -> None:
     d.add_argument("--max-batch", type=int, default=8)
     d.add_argument("--max-seq", type=int, default=128)
     d.add_argument("--unquantized", action="store_true", help="keep every weight fp32")
+    d.add_argument("--clip-search", action="store_true", help="search clipping ratios per INT4 group")
+    d.add_argument(
+        "--gptq",
+        action="store_true",
+        help="GPTQ instead of round-to-nearest (BERT uncased vocabularies; docs/compiler.md)",
+    )
+    d.add_argument("--calibration", default="bert-uncased", help="GPTQ calibration set")
+    d.add_argument("--act-order", action="store_true", help="GPTQ: rows by decreasing input energy")
+    d.add_argument("--keep-fp32", action="append", default=[], help="node-name pattern kept fp32, repeatable")
     d.add_argument("--compiler", default=compiler, help="compiler URL (env ANVIL_COMPILER_URL)")
     d.add_argument("--redis-url", default=redis_url, help="env ANVIL_REDIS_URL")
     d.add_argument("--timeout-s", type=float, default=900.0)
@@ -63,6 +73,11 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch": args.max_batch,
         "max_seq": args.max_seq,
         "quantize": not args.unquantized,
+        "clip_search": args.clip_search,
+        "gptq": args.gptq,
+        "calibration": args.calibration,
+        "act_order": args.act_order,
+        "keep_fp32": args.keep_fp32,
     }
 
 

@@ -8,9 +8,10 @@ from typing import Any
 
 from anvil_compiler.errors import CompileError
 
-__all__ = ["ARCHS", "CompileOptions"]
+__all__ = ["ARCHS", "CALIBRATION_SETS", "CompileOptions"]
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+CALIBRATION_SETS = ("bert-uncased",)  # built-in GPTQ calibration sets (passes/calibrate.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,13 @@ class CompileOptions:
     archs: tuple[str, ...] = field(default=("sm_90",))
     # also search clipping ratios when quantizing (slower compile, lower error)
     clip_search: bool = False
+    # GPTQ instead of round-to-nearest for the INT4 linears (passes/gptq.py): error feedback from
+    # calibration activations; 7-30 s more compile on 2 CPU cores for all-MiniLM-L6-v2
+    gptq: bool = False
+    # the GPTQ calibration set: token ids of one vocabulary, so it must match the model's
+    calibration: str = "bert-uncased"
+    # GPTQ only: quantize rows by decreasing input energy, group scales fixed up front
+    act_order: bool = False
 
     def __post_init__(self) -> None:
         if self.group_size not in (32, 64, 128, 256):
@@ -40,6 +48,8 @@ class CompileOptions:
         bad = [a for a in self.archs if a not in ARCHS]
         if bad or not self.archs:
             raise CompileError(f"archs must be a non-empty subset of {ARCHS}, got {list(self.archs)}")
+        if self.calibration not in CALIBRATION_SETS:
+            raise CompileError(f"calibration must be one of {CALIBRATION_SETS}, got {self.calibration!r}")
 
     def keeps_fp32(self, node: str) -> bool:
         return not self.quantize or any(fnmatch.fnmatchcase(node, p) for p in self.keep_fp32)

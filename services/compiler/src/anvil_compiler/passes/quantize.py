@@ -1,5 +1,6 @@
-"""Weight storage per fused op: INT4 (`anvil_kernels.quantize`) for linears, fp16 embedding tables,
-fp32 for everything else and for opted-out layers. Returns role -> array per op."""
+"""Weight storage per fused op: INT4 for linears (`anvil_kernels.quantize`, round-to-nearest, or GPTQ
+with ``opts.gptq``, `passes/calibrate.py`), fp16 embedding tables, fp32 for everything else and
+for opted-out layers. Returns role -> array per op."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 
 from anvil_compiler.ir import Graph, Node
 from anvil_compiler.options import CompileOptions
-from anvil_kernels import quantize
+from anvil_kernels import Int4Weight, quantize
 
 __all__ = ["OpWeights", "quantize_graph"]
 
@@ -32,11 +33,22 @@ def _ln(g: Graph, out: OpWeights, ln: tuple[str, str, float] | None) -> None:
 
 def quantize_graph(g: Graph, opts: CompileOptions) -> dict[str, OpWeights]:
     """Weights of every kernel op by node name; sets ``attrs['group']`` on INT4 linears."""
+    groups = {
+        n.name: _group(g.consts[n.attrs["weight"]].shape[0], opts.group_size)
+        for n in g.nodes
+        if n.op == "linear" and not opts.keeps_fp32(n.name)
+    }
+    groups = {k: v for k, v in groups.items() if v}
+    gptq: dict[str, Int4Weight] = {}
+    if opts.gptq and groups:
+        from anvil_compiler.passes.calibrate import gptq_graph
+
+        gptq = gptq_graph(g, opts, groups)
     weights: dict[str, OpWeights] = {}
     for n in g.nodes:
         w: OpWeights = {}
         if n.op == "linear":
-            _linear(g, n, opts, w)
+            _linear(g, n, opts, groups.get(n.name, 0), gptq.get(n.name), w)
         elif n.op == "embed_ln":
             dt = np.float16 if opts.quantize and opts.embeddings_fp16 else np.float32
             w["table"] = np.ascontiguousarray(g.consts[n.attrs["table"]], dtype=dt)
@@ -48,12 +60,12 @@ def quantize_graph(g: Graph, opts: CompileOptions) -> dict[str, OpWeights]:
     return weights
 
 
-def _linear(g: Graph, n: Node, opts: CompileOptions, w: OpWeights) -> None:
+def _linear(g: Graph, n: Node, opts: CompileOptions, group: int, q: Int4Weight | None, w: OpWeights) -> None:
     wt = _f32(g.consts[n.attrs["weight"]])  # (K, N)
-    group = 0 if opts.keeps_fp32(n.name) else _group(wt.shape[0], opts.group_size)
     n.attrs["group"] = group
     if group:
-        q = quantize(wt, group_size=group, scale_dtype="fp16", clip_search=opts.clip_search)
+        if q is None:
+            q = quantize(wt, group_size=group, scale_dtype="fp16", clip_search=opts.clip_search)
         w["packed"], w["scales"], w["zeros"] = q.packed, q.scales, q.zeros
     else:
         w["weight"] = wt
