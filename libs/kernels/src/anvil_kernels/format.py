@@ -143,6 +143,12 @@ class Int4Weight:
         return np.ascontiguousarray(to_f32(self.zeros, self.scale_dtype))
 
     @cached_property
+    def neg_zs_f32(self) -> NDArray[np.float32]:
+        """(K/g, N) float32 -zero * scale: the tiled GEMM dequantizes (q - z) * s as one FMA,
+        q * s + (-z * s)."""
+        return np.ascontiguousarray(-(self.zeros_f32 * self.scales_f32))
+
+    @cached_property
     def words(self) -> NDArray[np.uint32]:
         """(K/8, N) uint32 copy of the nibbles for the CPU GEMV (see the module docstring)."""
         return pack_words(self.packed)
