@@ -129,15 +129,7 @@ def _int4_matmul_cpu(
             sg = s[gi, n0:n1]
             zg = z[gi, n0:n1]
             for m in range(m_rows):
-                a = acc[m, n0:n1]
-                o = out[m, n0:n1]
-                sxm = sx[m, gi]
-                if gi == 0:
-                    for i in range(w):
-                        o[i] = sg[i] * (a[i] - zg[i] * sxm)
-                else:
-                    for i in range(w):
-                        o[i] += sg[i] * (a[i] - zg[i] * sxm)
+                gemv.scale_group(out[m, n0:n1], acc[m, n0:n1], sg, zg, sx[m, gi], np.float32(1.0), gi == 0)
         if use_bias or use_res or act != 0:
             for m in range(m_rows):
                 bseg = bias[n0:n1] if use_bias else bias

@@ -23,6 +23,21 @@ from numba.extending import intrinsic
 from anvil_kernels import _jit
 from anvil_kernels.activations import epilogue_row
 
+
+@njit(fastmath=_jit.ELEMENTWISE, cache=True)
+def scale_group(
+    o: np.ndarray, a: np.ndarray, sg: np.ndarray, zg: np.ndarray, sxg: float, a_scale: np.float32, first: bool
+) -> None:
+    """One group's zero-point-hoisted term over a chunk of columns:
+    o (=|+=) s * (a * a_scale - z * sum_x), the first group writing o."""
+    if first:
+        for i in range(o.shape[0]):
+            o[i] = sg[i] * (a[i] * a_scale - zg[i] * sxg)
+    else:
+        for i in range(o.shape[0]):
+            o[i] += sg[i] * (a[i] * a_scale - zg[i] * sxg)
+
+
 # Nibble r of a word sits at bits 4r; masking it in place leaves q * 16**r (an exact float32).
 _NIB = (
     np.uint32(0xF),
@@ -90,15 +105,7 @@ def int4_gemv_cpu(
                     t += np.float32(np.int32(u & m6)) * x6
                     t += np.float32(np.int32(u >> _TOP)) * x7
                     a[i] = t
-            sg = s[gi, n0:n1]
-            zg = z[gi, n0:n1]
-            sxg = sx[0, gi]
-            if gi == 0:
-                for i in range(w):
-                    o[i] = sg[i] * (a[i] - zg[i] * sxg)
-            else:
-                for i in range(w):
-                    o[i] += sg[i] * (a[i] - zg[i] * sxg)
+            scale_group(o, a, s[gi, n0:n1], z[gi, n0:n1], sx[0, gi], np.float32(1.0), gi == 0)
         if use_bias or use_res or act != 0:
             bseg = bias[n0:n1] if use_bias else bias
             rseg = residual[0, n0:n1] if use_res else bias[0:0]
@@ -244,22 +251,12 @@ def int4_gemv_vnni(
     for c in prange(chunks):
         n0 = c * nb
         n1 = min(n_cols, n0 + nb)
-        w = n1 - n0
         a = acc[0, n0:n1]
         o = out[0, n0:n1]
         for gi in range(groups):
             for i in range(n0, n1, VNNI_COLS):
                 _vnni_dots(words, gi * words_per_group, i, words_per_group, dig, acc)  # type: ignore[call-arg]
-            sg = s[gi, n0:n1]
-            zg = z[gi, n0:n1]
-            sxg = sx[0, gi]
-            st = step[0, gi]
-            if gi == 0:
-                for i in range(w):
-                    o[i] = sg[i] * (a[i] * st - zg[i] * sxg)
-            else:
-                for i in range(w):
-                    o[i] += sg[i] * (a[i] * st - zg[i] * sxg)
+            scale_group(o, a, s[gi, n0:n1], z[gi, n0:n1], sx[0, gi], step[0, gi], gi == 0)
         if use_bias or use_res or act != 0:
             bseg = bias[n0:n1] if use_bias else bias
             rseg = residual[0, n0:n1] if use_res else bias[0:0]
