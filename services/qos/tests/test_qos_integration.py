@@ -115,11 +115,13 @@ def test_qos_throttles_p3_under_a_cpu_hog_and_restores_after(
         "ANVIL_AI_INTERVAL_MS": "200",
         "ANVIL_AI_STEP_FRAC": "0.25",
         # Measured on this 2-core VM: idle p99 0.1-0.4 ms, mean ~10 µs (p99 3-6 ms, mean 0.1-0.2 ms
-        # while other test suites saturate it, load average 9); under the nice -19 hog p99 > 15 ms,
-        # mean > 3 ms. Pressure clears below 0.8 x the thresholds.
-        "ANVIL_RUNQ_P99_US_MAX": "10000",
+        # while other test suites saturate it, load average 9); under the nice -19 hog p99 8-15+ ms
+        # (one CI run sat at a steady 8.0 ms, under the 10 ms this test used to need), mean > 3 ms.
+        # p1 is at risk only while the hog runs (World), so the threshold need not clear the loaded
+        # p99; pressure clears below 0.6 x the thresholds (3.6 ms, 0.9 ms), above idle.
+        "ANVIL_RUNQ_P99_US_MAX": "6000",
         "ANVIL_RUNQ_MEAN_US_MAX": "1500",
-        "ANVIL_PRESSURE_CLEAR_RATIO": "0.8",
+        "ANVIL_PRESSURE_CLEAR_RATIO": "0.6",
     }
     log = (tmp_path / "qos.log").open("w")
     qos = subprocess.Popen([sys.executable, "-m", "anvil_qos"], env=env, stdout=log, stderr=subprocess.STDOUT)
