@@ -220,47 +220,36 @@ async def forward(
     raise Failed with a status (429 from admission, 503/504 from the backend, the executor's error)."""
     admit(st, spec.name, tenant, priority)
     try:
-        return await _send(st, spec, inputs, outputs, tenant, priority, timeout_s, trace)
+        request_id = uuid.uuid4().hex
+        payloads: list[Any] = []
+        envelope = codec.build_request(
+            request_id=request_id,
+            trace_id=trace,
+            model=spec.name,
+            version=spec.version,
+            priority=priority,
+            deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
+            tenant=tenant,
+            inputs=codec.tensor_frames(inputs, payloads),
+            outputs=outputs,
+        )
+        try:
+            resp, frames = await st.link.infer(request_id, [envelope, *payloads], timeout_s + 0.05)
+        except BackendUnavailable as exc:
+            raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
+        except TimeoutError:
+            raise Failed(
+                504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline"
+            ) from None
+        err = resp.Error()
+        if err is not None and err.Code() != pb.ErrorCode.OK:
+            kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
+            reason = (err.Reason() or b"").decode(errors="replace")
+            raise Failed(_HTTP_STATUS.get(err.Code(), 500), f"{kind}: {reason}", kind)
+        try:
+            tensors = [codec.request_tensor(resp.Outputs(j), frames) for j in range(resp.OutputsLength())]
+        except TensorError as exc:
+            raise Failed(502, f"undecodable answer from the executor: {exc}", "protocol") from None
+        return resp, tensors
     finally:
         st.admission.done(spec.name)
-
-
-async def _send(
-    st: GatewayState,
-    spec: ModelSpec,
-    inputs: list[HostTensor],
-    outputs: list[str],
-    tenant: str,
-    priority: int,
-    timeout_s: float,
-    trace: str,
-) -> tuple[pb.InferResponse, list[HostTensor]]:
-    request_id = uuid.uuid4().hex
-    payloads: list[Any] = []
-    envelope = codec.build_request(
-        request_id=request_id,
-        trace_id=trace,
-        model=spec.name,
-        version=spec.version,
-        priority=priority,
-        deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
-        tenant=tenant,
-        inputs=codec.tensor_frames(inputs, payloads),
-        outputs=outputs,
-    )
-    try:
-        resp, frames = await st.link.infer(request_id, [envelope, *payloads], timeout_s + 0.05)
-    except BackendUnavailable as exc:
-        raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
-    except TimeoutError:
-        raise Failed(504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline") from None
-    err = resp.Error()
-    if err is not None and err.Code() != pb.ErrorCode.OK:
-        kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
-        reason = (err.Reason() or b"").decode(errors="replace")
-        raise Failed(_HTTP_STATUS.get(err.Code(), 500), f"{kind}: {reason}", kind)
-    try:
-        tensors = [codec.request_tensor(resp.Outputs(j), frames) for j in range(resp.OutputsLength())]
-    except TensorError as exc:
-        raise Failed(502, f"undecodable answer from the executor: {exc}", "protocol") from None
-    return resp, tensors
