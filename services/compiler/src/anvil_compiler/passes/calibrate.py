@@ -6,7 +6,8 @@ batches before the next node starts; a linear that is to be quantized first sums
 the non-padding rows of its input (padding tokens are masked out everywhere downstream, so they
 carry no signal), is quantized with `gptq_quantize`, and then runs with its dequantized weight,
 so later layers see (and compensate) the error of earlier ones. The forward is a plain numpy twin
-of the kernel ops (float32; GELU-erf through a 1.5e-7 erf approximation), enough for statistics.
+of the kernel ops: LayerNorm and attention are anvil_kernels' own (what the executor runs),
+activations numpy (GELU-erf through a 1.5e-7 erf approximation), enough for statistics.
 
 Calibration sets (``CompileOptions.calibration``), files next to this package:
     bert-uncased   calibration/bert_uncased.tsv: 158 hand-written sentences of mixed genres
@@ -25,7 +26,7 @@ from anvil_compiler.errors import CompileError
 from anvil_compiler.ir import Graph, Node
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.passes.gptq import gptq_quantize
-from anvil_kernels import Int4Weight, dequantize
+from anvil_kernels import Int4Weight, attention, dequantize, layer_norm
 
 __all__ = ["CALIBRATIONS", "calibration_ids", "gptq_graph"]
 
@@ -94,9 +95,8 @@ def _act(y: np.ndarray, act: str) -> np.ndarray:
 
 
 def _ln(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return ((x - mu) / np.sqrt(var + eps) * gamma.reshape(-1) + beta.reshape(-1)).astype(np.float32)
+    x = np.ascontiguousarray(x, np.float32)
+    return layer_norm(x, gamma.reshape(-1), beta.reshape(-1), eps, np.empty_like(x))
 
 
 class _Forward:
@@ -135,17 +135,17 @@ class _Forward:
         if n.op == "attention":
             h, d = int(a["heads"]), int(a["head_dim"])
             q, k, v = (
-                env[n.inputs[j]][..., a["offsets"][j] : a["offsets"][j] + h * d]
-                .reshape(b, t, h, d)
-                .transpose(0, 2, 1, 3)
+                np.ascontiguousarray(
+                    env[n.inputs[j]][..., a["offsets"][j] : a["offsets"][j] + h * d]
+                    .reshape(b, t, h, d)
+                    .transpose(0, 2, 1, 3),
+                    np.float32,
+                )
                 for j in range(3)
             )
-            s = q @ k.transpose(0, 1, 3, 2) * float(a["scale"])  # (B, H, T, T)
-            if len(n.inputs) > 3:
-                s = np.where(env[n.inputs[3]][:, None, None, :] != 0, s, -1e30)
-            p = np.exp(s - s.max(-1, keepdims=True))
-            o = (p / p.sum(-1, keepdims=True)) @ v  # (B, H, T, D)
-            return o.transpose(0, 2, 1, 3).reshape(b, t, h * d).astype(np.float32)
+            mask = env[n.inputs[3]] if len(n.inputs) > 3 else np.ones((b, t), np.uint8)
+            o = attention(q, k, v, mask, np.empty_like(q), float(a["scale"]))  # (B, H, T, D)
+            return o.transpose(0, 2, 1, 3).reshape(b, t, h * d)
         if n.op == "unary":
             return _act(env[n.inputs[0]], str(a["act"])).astype(np.float32)
         raise CompileError(f"GPTQ calibration: op {n.op} (node {n.name!r}) cannot run here", stage="quantize")
