@@ -1,8 +1,9 @@
 """Fast codecs for the per-request messages (InferRequest, InferResponse) and the batch framing.
 
-Per-request messages are built with hand-written flatbuffers builders and read through the
-generated lazy accessors (no object-API unpacking), because they sit on the hot path of every
-hop. The scheduler reads four fields of a request and forwards its envelope frame unchanged.
+Per-request messages are written by `fbwrite` (one front-to-back pass; flatbuffers.Builder took
+~110 us per request and ~80 us per response) and read through the generated lazy accessors (no
+object-API unpacking), because they sit on the hot path of every hop. The scheduler reads four
+fields of a request and forwards its envelope frame unchanged.
 
 Batch framing (see proto/anvil.fbs, Batch and BatchResult)::
 
@@ -16,10 +17,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import flatbuffers
-import numpy as np
-
 from anvil_core import wire
+from anvil_core.fbwrite import Node, Str, TableDef, Vec, encode
 from anvil_core.proto_gen import anvil_generated as pb
 from anvil_core.tensors import HostTensor, TensorError
 
@@ -47,43 +46,29 @@ class ShmSpan:
     length: int
 
 
-def _tensor(
-    b: flatbuffers.Builder, name: str, datatype: str, shape: Sequence[int], frame: int, shm: ShmSpan | None
-) -> int:
-    name_off = b.CreateString(name)
-    shape_off = b.CreateNumpyVector(np.asarray(shape, dtype=np.int64))
-    shm_off = 0
+# Table layouts (slots as in proto/anvil.fbs; the generated Add* functions use the same slots).
+_OFF = "off"
+_ENVELOPE = TableDef([(0, "H"), (1, "B"), (2, _OFF)])  # version, body_type, body
+_SHM_REF = TableDef([(0, _OFF), (1, "Q"), (2, "Q")])  # region, offset, length
+_TENSOR = TableDef([(0, _OFF), (1, "B"), (2, _OFF), (3, "i"), (4, _OFF)])  # name, dtype, shape, frame, shm
+_ERROR = TableDef([(0, "H"), (1, _OFF)])  # code, reason
+# request_id, trace_id, model, model_version, priority, deadline_unix_ns, tenant, inputs, outputs
+_REQUEST = TableDef(
+    [(0, _OFF), (1, _OFF), (2, _OFF), (3, _OFF), (4, "B"), (5, "q"), (6, _OFF), (7, _OFF), (8, _OFF)]
+)
+# request_id, trace_id, model, model_version, outputs, error, queue_us, compute_us
+_RESPONSE = TableDef([(0, _OFF), (1, _OFF), (2, _OFF), (3, _OFF), (4, _OFF), (5, _OFF), (6, "I"), (7, "I")])
+
+
+def _tensor(name: str, datatype: str, shape: Sequence[int], frame: int, shm: ShmSpan | None) -> Node:
+    ref = None
     if shm is not None:
-        region_off = b.CreateString(shm.region)
-        pb.ShmRefStart(b)
-        pb.ShmRefAddRegion(b, region_off)
-        pb.ShmRefAddOffset(b, shm.offset)
-        pb.ShmRefAddLength(b, shm.length)
-        shm_off = pb.ShmRefEnd(b)
-    pb.TensorStart(b)
-    pb.TensorAddName(b, name_off)
-    pb.TensorAddDtype(b, _DTYPE_CODES[datatype])
-    pb.TensorAddShape(b, shape_off)
-    pb.TensorAddFrame(b, frame)
-    if shm_off:
-        pb.TensorAddShm(b, shm_off)
-    return int(pb.TensorEnd(b))
+        ref = Node(_SHM_REF, {0: Str(shm.region), 1: shm.offset, 2: shm.length})
+    return Node(_TENSOR, {0: Str(name), 1: _DTYPE_CODES[datatype], 2: Vec("q", shape), 3: frame, 4: ref})
 
 
-def _vector(b: flatbuffers.Builder, offsets: Sequence[int]) -> int:
-    b.StartVector(4, len(offsets), 4)
-    for off in reversed(offsets):
-        b.PrependUOffsetTRelative(off)
-    return int(b.EndVector())
-
-
-def _finish(b: flatbuffers.Builder, body_type: int, body: int) -> bytes:
-    pb.EnvelopeStart(b)
-    pb.EnvelopeAddVersion(b, wire.PROTOCOL_VERSION)
-    pb.EnvelopeAddBodyType(b, body_type)
-    pb.EnvelopeAddBody(b, body)
-    b.Finish(pb.EnvelopeEnd(b))
-    return bytes(b.Output())
+def _envelope(body_type: int, body: Node) -> bytes:
+    return encode(Node(_ENVELOPE, {0: wire.PROTOCOL_VERSION, 1: body_type, 2: body}))
 
 
 def tensor_frames(tensors: Sequence[HostTensor], frames: list[Any]) -> list[tuple[HostTensor, int]]:
@@ -110,24 +95,20 @@ def build_request(
 ) -> bytes:
     """An InferRequest envelope. `inputs` are (tensor, frame index); `shm_inputs` are
     (name, datatype, shape, span) for bytes that stay in shared memory."""
-    b = flatbuffers.Builder(256 + 64 * (len(inputs) + len(shm_inputs)))
-    tensors = [_tensor(b, t.name, t.datatype, t.shape, frame, None) for t, frame in inputs]
-    tensors += [_tensor(b, name, dt, shape, -1, span) for name, dt, shape, span in shm_inputs]
-    inputs_off = _vector(b, tensors)
-    outputs_off = _vector(b, [b.CreateString(o) for o in outputs]) if outputs else 0
-    rid, tid, mod, ver, ten = (b.CreateString(s) for s in (request_id, trace_id, model, version, tenant))
-    pb.InferRequestStart(b)
-    pb.InferRequestAddRequestId(b, rid)
-    pb.InferRequestAddTraceId(b, tid)
-    pb.InferRequestAddModel(b, mod)
-    pb.InferRequestAddModelVersion(b, ver)
-    pb.InferRequestAddPriority(b, priority)
-    pb.InferRequestAddDeadlineUnixNs(b, deadline_unix_ns)
-    pb.InferRequestAddTenant(b, ten)
-    pb.InferRequestAddInputs(b, inputs_off)
-    if outputs_off:
-        pb.InferRequestAddOutputs(b, outputs_off)
-    return _finish(b, pb.Body.InferRequest, pb.InferRequestEnd(b))
+    tensors = [_tensor(t.name, t.datatype, t.shape, frame, None) for t, frame in inputs]
+    tensors += [_tensor(name, dt, shape, -1, span) for name, dt, shape, span in shm_inputs]
+    body = {
+        0: Str(request_id),
+        1: Str(trace_id),
+        2: Str(model),
+        3: Str(version),
+        4: priority,
+        5: deadline_unix_ns,
+        6: Str(tenant),
+        7: Vec(_OFF, tensors),
+        8: Vec(_OFF, [Str(o) for o in outputs]) if outputs else None,
+    }
+    return _envelope(pb.Body.InferRequest, Node(_REQUEST, body))
 
 
 def build_response(
@@ -142,28 +123,18 @@ def build_response(
     compute_us: int = 0,
 ) -> bytes:
     """An InferResponse envelope: outputs (tensor, frame index), or an error (code, reason)."""
-    b = flatbuffers.Builder(256 + 64 * len(outputs))
-    tensors = [_tensor(b, t.name, t.datatype, t.shape, frame, None) for t, frame in outputs]
-    outputs_off = _vector(b, tensors)
-    err_off = 0
-    if error is not None:
-        reason = b.CreateString(error[1])
-        pb.ErrorStart(b)
-        pb.ErrorAddCode(b, error[0])
-        pb.ErrorAddReason(b, reason)
-        err_off = pb.ErrorEnd(b)
-    rid, tid, mod, ver = (b.CreateString(s) for s in (request_id, trace_id, model, version))
-    pb.InferResponseStart(b)
-    pb.InferResponseAddRequestId(b, rid)
-    pb.InferResponseAddTraceId(b, tid)
-    pb.InferResponseAddModel(b, mod)
-    pb.InferResponseAddModelVersion(b, ver)
-    pb.InferResponseAddOutputs(b, outputs_off)
-    if err_off:
-        pb.InferResponseAddError(b, err_off)
-    pb.InferResponseAddQueueUs(b, max(0, min(queue_us, 2**32 - 1)))
-    pb.InferResponseAddComputeUs(b, max(0, min(compute_us, 2**32 - 1)))
-    return _finish(b, pb.Body.InferResponse, pb.InferResponseEnd(b))
+    err = None if error is None else Node(_ERROR, {0: error[0], 1: Str(error[1])})
+    body = {
+        0: Str(request_id),
+        1: Str(trace_id),
+        2: Str(model),
+        3: Str(version),
+        4: Vec(_OFF, [_tensor(t.name, t.datatype, t.shape, frame, None) for t, frame in outputs]),
+        5: err,
+        6: max(0, min(queue_us, 2**32 - 1)),
+        7: max(0, min(compute_us, 2**32 - 1)),
+    }
+    return _envelope(pb.Body.InferResponse, Node(_RESPONSE, body))
 
 
 def _open(frame: Any, body_type: int, cls: type) -> Any:
