@@ -62,15 +62,19 @@ class SchedulerLink:
         """Send [envelope, *payloads] and wait for the answer; raises TimeoutError after `timeout_s`."""
         if self.endpoint is None:
             raise BackendUnavailable("no scheduler registered")
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Reply] = loop.create_future()
         self.pending[request_id] = fut
+        # a timer on the future itself: asyncio.wait_for would wrap every request in another task
+        timer = loop.call_later(timeout_s, _expire, fut)
         try:
             try:
                 await self.sock.send_multipart(parts, copy=False, flags=zmq.NOBLOCK)
             except zmq.Again:
                 raise BackendUnavailable("scheduler not connected") from None
-            return await asyncio.wait_for(fut, timeout_s)
+            return await fut
         finally:
+            timer.cancel()
             self.pending.pop(request_id, None)
 
     async def _rx_loop(self) -> None:
@@ -84,3 +88,8 @@ class SchedulerLink:
             fut = self.pending.get((resp.RequestId() or b"").decode())
             if fut is not None and not fut.done():
                 fut.set_result((resp, parts[1:]))
+
+
+def _expire(fut: asyncio.Future[Reply]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())

@@ -123,9 +123,7 @@ async def embeddings(request: Request) -> Response:
     for i, vec in enumerate(vectors):
         value: Any = base64.b64encode(vec.astype("<f4").tobytes()).decode() if fmt == "base64" else vec
         data.append({"object": "embedding", "index": i, "embedding": value})
-    m.success.labels(model=name, version=spec.version).inc()
-    m.inference_count.labels(model=name, version=spec.version).inc(len(texts))
-    m.request_us.labels(model=name).observe((time.perf_counter() - t0) * 1e6)
+    m.record_success(name, spec.version, len(texts), (time.perf_counter() - t0) * 1e6, None, None)
     body = {
         "object": "list",
         "data": data,

@@ -188,11 +188,7 @@ async def _run(
     total_ns = time.perf_counter_ns() - t0
     rows = parsed.inputs[0].shape[0] if spec.max_batch > 0 and parsed.inputs else 1
     st.stats.success(name, spec.version, rows, total_ns, resp.QueueUs() * 1000, resp.ComputeUs() * 1000)
-    m.success.labels(model=name, version=spec.version).inc()
-    m.inference_count.labels(model=name, version=spec.version).inc(rows)
-    m.request_us.labels(model=name).observe(total_ns / 1000)
-    m.queue_us.labels(model=name).observe(resp.QueueUs())
-    m.compute_us.labels(model=name).observe(resp.ComputeUs())
+    m.record_success(name, spec.version, rows, total_ns / 1000, resp.QueueUs(), resp.ComputeUs())
     return response
 
 

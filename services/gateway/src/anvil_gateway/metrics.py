@@ -32,3 +32,35 @@ admission_rejected = Counter(
     "anvil_admission_rejected_total", "Requests refused at admission", ["tenant", "priority", "reason"]
 )
 shm_regions = Gauge("anvil_shm_regions", "Registered system shared-memory regions")
+
+
+class _ModelSeries:
+    """One model's success series, resolved once: `labels()` costs a lock and a dict per call."""
+
+    __slots__ = ("compute", "count", "queue", "request", "success")
+
+    def __init__(self, model: str, version: str) -> None:
+        self.success = success.labels(model=model, version=version)
+        self.count = inference_count.labels(model=model, version=version)
+        self.request = request_us.labels(model=model)
+        self.queue = queue_us.labels(model=model)
+        self.compute = compute_us.labels(model=model)
+
+
+_series: dict[tuple[str, str], _ModelSeries] = {}
+
+
+def record_success(
+    model: str, version: str, rows: int, total_us: float, queue: float | None, compute: float | None
+) -> None:
+    """Count one answered request of `rows` rows; queue and compute in µs (None: not measured)."""
+    series = _series.get((model, version))
+    if series is None:
+        series = _series[(model, version)] = _ModelSeries(model, version)
+    series.success.inc()
+    series.count.inc(rows)
+    series.request.observe(total_us)
+    if queue is not None:
+        series.queue.observe(queue)
+    if compute is not None:
+        series.compute.observe(compute)

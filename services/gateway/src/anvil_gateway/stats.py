@@ -42,7 +42,10 @@ class Stats:
         self.models: dict[tuple[str, str], ModelStats] = {}
 
     def _get(self, model: str, version: str) -> ModelStats:
-        return self.models.setdefault((model, version), ModelStats())
+        stats = self.models.get((model, version))
+        if stats is None:  # not setdefault: that would build a ModelStats on every request
+            stats = self.models[(model, version)] = ModelStats()
+        return stats
 
     def success(
         self, model: str, version: str, rows: int, total_ns: int, queue_ns: int, compute_ns: int

@@ -392,11 +392,7 @@ class ZeroCopyServer:
         total_ns = time.perf_counter_ns() - flight.t0_ns
         name, version = spec.name, spec.version
         self.st.stats.success(name, version, flight.rows, total_ns, queue_us * 1000, compute_us * 1000)
-        m.success.labels(model=name, version=version).inc()
-        m.inference_count.labels(model=name, version=version).inc(flight.rows)
-        m.request_us.labels(model=name).observe(total_ns / 1000)
-        m.queue_us.labels(model=name).observe(queue_us)
-        m.compute_us.labels(model=name).observe(compute_us)
+        m.record_success(name, version, flight.rows, total_ns / 1000, queue_us, compute_us)
 
     def _fail(self, flight: _Flight, status: Status, text: str) -> None:
         if flight.done:
