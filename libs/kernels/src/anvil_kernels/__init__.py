@@ -4,6 +4,7 @@ Every op validates its arguments (ValueError naming the constraint), then calls 
 implementation; a CUDA backend plugs in at that seam. Ops write into caller-provided buffers.
 """
 
+from anvil_kernels._openblas import set_blas_threads
 from anvil_kernels.attention import attention, masked_softmax
 from anvil_kernels.embedding import embedding
 from anvil_kernels.export import TinygemmWeight, tinygemm_unpack, to_tinygemm
@@ -29,6 +30,7 @@ __all__ = [
     "masked_softmax",
     "mean_pool_l2",
     "quantize",
+    "set_blas_threads",
     "tinygemm_unpack",
     "to_tinygemm",
 ]

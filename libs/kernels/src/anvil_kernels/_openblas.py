@@ -80,3 +80,14 @@ def single_threaded() -> Iterator[None]:
             yield
         finally:
             set_threads(before)
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set numpy's OpenBLAS thread count for the process; False where numpy uses another BLAS."""
+    if n < 1:
+        raise ValueError(f"BLAS threads must be >= 1, got {n}")
+    if _FOUND is None:
+        return False
+    with _lock:
+        _FOUND[1](n)
+    return True

@@ -28,6 +28,7 @@ from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.models import Model, load_builtin
 from anvil_executor.models.builtin import BusyModel
 from anvil_executor.settings import ExecutorSettings
+from anvil_kernels import set_blas_threads
 
 __all__ = ["Executor"]
 
@@ -37,6 +38,8 @@ log = get_logger("anvil.executor")
 class Executor:
     def __init__(self, settings: ExecutorSettings) -> None:
         self.s = settings
+        if settings.blas_threads > 0 and not set_blas_threads(settings.blas_threads):
+            log.info("numpy does not use OpenBLAS here: blas_threads not applied")
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
         self.models: dict[str, Model] = {n: self._load(n) for n in names}
         self.ctx = zmq.Context()

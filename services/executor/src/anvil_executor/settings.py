@@ -22,5 +22,10 @@ class ExecutorSettings(ServiceSettings):
     busy_per_row_us: int = 500
     # Compiled artifacts (the compiler's volume); models deployed with `anvil deploy` load from here.
     artifact_dir: str = "/var/lib/anvil/artifacts"
+    # numpy's OpenBLAS threads for models' matmuls; 0 keeps OpenBLAS's own default (all cores).
+    # 1 by default: after each call OpenBLAS's idle workers spin for milliseconds, taking the cores
+    # that the gateway and scheduler on the same host need (mlp4x1024 at 64 clients on 2 cores:
+    # 660-860 req/s at the default, 1,360-1,460 at 1; bench/serving_peers.py).
+    blas_threads: int = 1
     # Accept inputs that stay in a client's shared memory (ZeroCopy, same host only).
     shm_inputs: bool = True
