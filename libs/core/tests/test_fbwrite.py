@@ -180,3 +180,46 @@ def test_nested_tables_vectors_and_absent_fields() -> None:
     assert struct.unpack_from("<H", buf, table + code_off)[0] == 7
     s = table + reason_off + struct.unpack_from("<I", buf, table + reason_off)[0]
     assert buf[s : s + 7] == b"\x02\x00\x00\x00ab\x00"
+
+
+def _reference_pack(body: Any, body_type: int) -> bytes:
+    """The object API's own Pack through flatbuffers.Builder (what wire.pack did before fbwrite)."""
+    import flatbuffers
+
+    env = pb.EnvelopeT()
+    env.version, env.bodyType, env.body = wire.PROTOCOL_VERSION, body_type, body
+    b = flatbuffers.Builder(256)
+    b.Finish(env.Pack(b))
+    return bytes(b.Output())
+
+
+_counts = st.none() | st.lists(st.integers(0, 2**32 - 1), max_size=70)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bid=_text, model=st.none() | _text, counts=_counts, queue=_counts)
+def test_batch_matches_the_object_api(bid: str, model: str | None, counts: Any, queue: Any) -> None:
+    b = pb.BatchT()
+    b.batchId, b.model, b.frameCounts, b.queueUs = bid, model, counts, queue
+    got, _ = wire.unpack(wire.pack(b))
+    want, _ = wire.unpack([_reference_pack(b, pb.Body.Batch)])
+    assert _fields(got) == _fields(want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bid=_text,
+    device=_text,
+    compute_us=st.integers(0, 2**32 - 1),
+    error=st.none() | st.tuples(st.sampled_from(sorted(wire.ERROR_NAMES)), _text),
+    counts=_counts,
+)
+def test_batch_result_matches_the_object_api(
+    bid: str, device: str, compute_us: int, error: tuple[int, str] | None, counts: Any
+) -> None:
+    r = pb.BatchResultT()
+    r.batchId, r.executorId, r.device, r.computeUs, r.frameCounts = bid, "ex-1", device, compute_us, counts
+    r.error = None if error is None else wire.error(*error)
+    got, _ = wire.unpack(wire.pack(r))
+    want, _ = wire.unpack([_reference_pack(r, pb.Body.BatchResult)])
+    assert _fields(got) == _fields(want)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_core import wire
-from anvil_core.fbwrite import Node, Str, TableDef, Vec, encode
+from anvil_core.fbwrite import Node, Str, TableDef, Vec
 from anvil_core.proto_gen import anvil_generated as pb
 from anvil_core.tensors import HostTensor, TensorError
 
@@ -48,10 +48,8 @@ class ShmSpan:
 
 # Table layouts (slots as in proto/anvil.fbs; the generated Add* functions use the same slots).
 _OFF = "off"
-_ENVELOPE = TableDef([(0, "H"), (1, "B"), (2, _OFF)])  # version, body_type, body
 _SHM_REF = TableDef([(0, _OFF), (1, "Q"), (2, "Q")])  # region, offset, length
 _TENSOR = TableDef([(0, _OFF), (1, "B"), (2, _OFF), (3, "i"), (4, _OFF)])  # name, dtype, shape, frame, shm
-_ERROR = TableDef([(0, "H"), (1, _OFF)])  # code, reason
 # request_id, trace_id, model, model_version, priority, deadline_unix_ns, tenant, inputs, outputs
 _REQUEST = TableDef(
     [(0, _OFF), (1, _OFF), (2, _OFF), (3, _OFF), (4, "B"), (5, "q"), (6, _OFF), (7, _OFF), (8, _OFF)]
@@ -65,10 +63,6 @@ def _tensor(name: str, datatype: str, shape: Sequence[int], frame: int, shm: Shm
     if shm is not None:
         ref = Node(_SHM_REF, {0: Str(shm.region), 1: shm.offset, 2: shm.length})
     return Node(_TENSOR, {0: Str(name), 1: _DTYPE_CODES[datatype], 2: Vec("q", shape), 3: frame, 4: ref})
-
-
-def _envelope(body_type: int, body: Node) -> bytes:
-    return encode(Node(_ENVELOPE, {0: wire.PROTOCOL_VERSION, 1: body_type, 2: body}))
 
 
 def tensor_frames(tensors: Sequence[HostTensor], frames: list[Any]) -> list[tuple[HostTensor, int]]:
@@ -108,7 +102,7 @@ def build_request(
         7: Vec(_OFF, tensors),
         8: Vec(_OFF, [Str(o) for o in outputs]) if outputs else None,
     }
-    return _envelope(pb.Body.InferRequest, Node(_REQUEST, body))
+    return wire.envelope(pb.Body.InferRequest, Node(_REQUEST, body))
 
 
 def build_response(
@@ -123,7 +117,7 @@ def build_response(
     compute_us: int = 0,
 ) -> bytes:
     """An InferResponse envelope: outputs (tensor, frame index), or an error (code, reason)."""
-    err = None if error is None else Node(_ERROR, {0: error[0], 1: Str(error[1])})
+    err = None if error is None else wire.error_node(*error)
     body = {
         0: Str(request_id),
         1: Str(trace_id),
@@ -134,7 +128,7 @@ def build_response(
         6: max(0, min(queue_us, 2**32 - 1)),
         7: max(0, min(compute_us, 2**32 - 1)),
     }
-    return _envelope(pb.Body.InferResponse, Node(_RESPONSE, body))
+    return wire.envelope(pb.Body.InferResponse, Node(_RESPONSE, body))
 
 
 def _open(frame: Any, body_type: int, cls: type) -> Any:

@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 
 import flatbuffers
 
+from anvil_core.fbwrite import Node, Str, TableDef, Vec, encode
 from anvil_core.proto_gen import anvil_generated as pb
 from anvil_core.tensors import HostTensor, TensorError
 
@@ -28,7 +29,9 @@ __all__ = [
     "ProtocolError",
     "decode_tensor",
     "encode_tensor",
+    "envelope",
     "error",
+    "error_node",
     "ints",
     "pack",
     "pb",
@@ -79,8 +82,54 @@ class ProtocolError(Exception):
     """A message that cannot be decoded, or one from another protocol version."""
 
 
+# Table layouts for fbwrite (slots as in proto/anvil.fbs) of the messages sent per batch or request.
+_ENVELOPE = TableDef([(0, "H"), (1, "B"), (2, "off")])  # version, body_type, body
+_ERROR = TableDef([(0, "H"), (1, "off")])  # code, reason
+_BATCH = TableDef([(0, "off"), (1, "off"), (2, "off"), (3, "off")])  # id, model, frame_counts, queue_us
+# batch_id, executor_id, device, compute_us, error, frame_counts
+_BATCH_RESULT = TableDef([(0, "off"), (1, "off"), (2, "off"), (3, "I"), (4, "off"), (5, "off")])
+
+
+def envelope(body_type: int, body: Node) -> bytes:
+    """An Envelope of this protocol version around a body table written by fbwrite."""
+    return encode(Node(_ENVELOPE, {0: PROTOCOL_VERSION, 1: body_type, 2: body}))
+
+
+def error_node(code: int, reason: bytes | str | None) -> Node:
+    return Node(_ERROR, {0: code, 1: None if reason is None else Str(reason)})
+
+
+def _str(value: bytes | str | None) -> Str | None:
+    return None if value is None else Str(value)
+
+
+def _uints(values: Any) -> Vec | None:
+    return None if values is None else Vec("I", [int(v) for v in values])
+
+
+def _batch(b: pb.BatchT) -> Node:
+    values = {0: _str(b.batchId), 1: _str(b.model), 2: _uints(b.frameCounts), 3: _uints(b.queueUs)}
+    return Node(_BATCH, values)
+
+
+def _batch_result(r: pb.BatchResultT) -> Node:
+    err = None if r.error is None else error_node(r.error.code, r.error.reason)
+    values = {0: _str(r.batchId), 1: _str(r.executorId), 2: _str(r.device), 3: r.computeUs, 4: err}
+    return Node(_BATCH_RESULT, {**values, 5: _uints(r.frameCounts)})
+
+
+# Sent once per batch each way: written by fbwrite (~4x faster than the object API's Pack).
+_FAST: dict[type, tuple[int, Any]] = {
+    pb.BatchT: (pb.Body.Batch, _batch),
+    pb.BatchResultT: (pb.Body.BatchResult, _batch_result),
+}
+
+
 def pack(body: Body, frames: Sequence[Frame] = ()) -> list[Frame]:
     """Envelope `body` and return the parts to send: [envelope, *frames]."""
+    fast = _FAST.get(type(body))
+    if fast is not None:
+        return [envelope(fast[0], fast[1](body)), *frames]
     try:
         body_type = _BODY_TYPES[type(body)]
     except KeyError:
