@@ -64,10 +64,12 @@ def venv(name: str) -> Path:
     return py
 
 
-def start_peer(name: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_peer(name: str, port: int, log: Path, blas_threads: int | None) -> subprocess.Popen[bytes]:
     # Not uv's environment: Ray's uv hook would try to ship the workspace to its workers.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV"))}
     env.update({"PYTHONPATH": str(SRC), "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})
+    if blas_threads is not None:  # the setting Anvil's executor applies itself (ANVIL_BLAS_THREADS)
+        env["OPENBLAS_NUM_THREADS"] = str(blas_threads)
     if name == "mlserver":
         model_dir = PEERS_DIR / "mlserver-models" / MODEL
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -175,14 +177,16 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(10)
 
 
-def run_one(name: str, conc: list[int], duration_s: float, logs: Path) -> dict[str, Any]:
+def run_one(
+    name: str, conc: list[int], duration_s: float, logs: Path, blas_threads: int | None
+) -> dict[str, Any]:
     print(f"== {name}", flush=True)
     log = logs / f"{name}.log"
     if name == "anvil":
         proc, url = start_anvil(log)
     else:
         port = free_port()
-        proc, url = start_peer(name, port, log), f"http://127.0.0.1:{port}"
+        proc, url = start_peer(name, port, log, blas_threads), f"http://127.0.0.1:{port}"
     try:
         wait_and_check(url, proc, 180)
         return {"rows": asyncio.run(drive(url, conc, duration_s, name == "anvil"))}
@@ -206,6 +210,13 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--only", default="anvil,kserve,mlserver,rayserve")
     ap.add_argument("--merge", action="store_true", help="keep other servers' rows from the last JSON")
+    ap.add_argument(
+        "--peer-blas-threads",
+        type=int,
+        default=None,
+        help="OPENBLAS_NUM_THREADS for the peers (default: theirs, all cores; Anvil's executor uses 1)",
+    )
+    ap.add_argument("--out", default="serving_peers", help="results file stem under bench/results")
     args = ap.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
     logs = PEERS_DIR / "logs"
@@ -214,23 +225,29 @@ def main() -> int:
         "model": f"{MODEL}: 4 x (1024x1024 FP32 matmul + bias), ReLU between; 1 row per request",
         "protocol": "KServe v2 HTTP/1.1 JSON (Ray Serve: the same JSON on its HTTP proxy)",
         "batching": "every peer: up to 32 requests or 2 ms; Anvil: its adaptive (PID + slack) batcher",
+        "blas": "Anvil's executor: OpenBLAS at 1 thread (ANVIL_BLAS_THREADS default); peers: "
+        + (
+            "OpenBLAS's default (all cores)"
+            if args.peer_blas_threads is None
+            else f"OPENBLAS_NUM_THREADS={args.peer_blas_threads}, the same setting"
+        ),
         "duration_s": args.duration,
         "machine": f"{platform.platform()}, {os.cpu_count()} cores; generator and server share them",
         "load_before": os.getloadavg(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "servers": {},
     }
-    last = RESULTS / "serving_peers.json"
+    last = RESULTS / f"{args.out}.json"
     if args.merge and last.exists():
         doc["servers"] = json.loads(last.read_text())["servers"]
         doc["note"] = f"servers not in --only {args.only} are from an earlier run"
     for name in args.only.split(","):
-        doc["servers"][name] = run_one(name, conc, args.duration, logs)
+        doc["servers"][name] = run_one(name, conc, args.duration, logs, args.peer_blas_threads)
     doc["load_after"] = os.getloadavg()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "serving_peers.json").write_text(json.dumps(doc, indent=1))
-    write_md(doc, RESULTS / "serving_peers.md")
-    print((RESULTS / "serving_peers.md").read_text())
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(doc, indent=1))
+    write_md(doc, RESULTS / f"{args.out}.md")
+    print((RESULTS / f"{args.out}.md").read_text())
     return 0
 
 

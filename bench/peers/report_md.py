@@ -24,9 +24,11 @@ def render(doc: dict[str, Any]) -> str:
         f"- model: {doc['model']}",
         f"- protocol: {doc['protocol']}",
         f"- batching: {doc['batching']}",
+        *([f"- BLAS threads: {doc['blas']}"] if "blas" in doc else []),
         f"- {doc['duration_s']:g} s per concurrency level after a 3 s warm-up; started {doc['started']}",
         f"- machine: {doc['machine']}; load average before {doc['load_before'][0]:.1f}, "
-        f"after {doc['load_after'][0]:.1f} (other work shared the machine: numbers are noisy)",
+        f"after {doc['load_after'][0]:.1f}"
+        + (" (other work shared the machine: numbers are noisy)" if doc["load_before"][0] > 1.5 else ""),
         f"- {PERF_ANALYZER_NOTE}",
         "",
         "| server | concurrency | throughput (req/s) | p50 (ms) | p99 (ms) | errors |",
