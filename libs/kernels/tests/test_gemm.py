@@ -8,7 +8,8 @@ import numba
 import numpy as np
 import pytest
 
-from anvil_kernels import Int4Weight, Workspace, gemm_tiled, gemv, int4_linear, quantize
+from anvil_kernels import Int4Weight, Workspace, gemm_avx512, gemm_tiled, gemv, int4_linear, quantize
+from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.format import pack_nibbles, pack_words, unpack_nibbles
 from anvil_kernels.tolerances import ACT_RTOL, GEMV_X_GROUP_RTOL, MATMUL_ATOL, MATMUL_RTOL
 
@@ -79,12 +80,14 @@ def test_fused_epilogue(rng: np.random.Generator, act: str, m: int) -> None:
     _check(out, ref, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
 
 
-@pytest.mark.skipif(not gemm_tiled.available(), reason="numpy's bundled OpenBLAS not found")
-@pytest.mark.parametrize("act", ["none", "gelu_tanh", "silu"])
-@pytest.mark.parametrize(("k", "n", "g"), [(704, 2111, 64), (96, 67, 32)])
-def test_tiled_blas_path(rng: np.random.Generator, act: str, k: int, n: int, g: int) -> None:
-    """M above BLAS_MIN_M: K not a multiple of TILE_K, odd N over several tiles, full epilogue."""
-    m = gemm_tiled.BLAS_MIN_M + 3
+@pytest.mark.skipif(not gemm_avx512.available(), reason="numba's target CPU has no AVX-512")
+@pytest.mark.parametrize("act", ["none", "gelu_tanh"])
+@pytest.mark.parametrize("m", [16, 19, 24, 33, 40])
+@pytest.mark.parametrize(("k", "n", "g"), [(1280, 2111, 64), (96, 67, 32), (256, 15, 256), (512, 48, 128)])
+def test_fma_path(rng: np.random.Generator, act: str, m: int, k: int, n: int, g: int) -> None:
+    """M >= BLAS_MIN_M on AVX-512: one block of rows, several with the 8-row tail block and with
+    reused weights; K over several KC passes and within one; N % 16 tail columns (all of N when
+    N < 16) over several chunks; full epilogue."""
     w = _random_weight(rng, k, n, g)
     x = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
@@ -92,6 +95,29 @@ def test_tiled_blas_path(rng: np.random.Generator, act: str, k: int, n: int, g: 
     out = np.full((m, n), np.nan, np.float32)
     ws = Workspace()
     int4_linear(x, w, out, bias=bias, activation=act, residual=res, workspace=ws)
+    threads = numba.get_num_threads()
+    scratch = k * gemm_avx512.padded_rows(m) + threads * (gemm_avx512.KC * gemm_avx512.COLS + 16)
+    assert ws.nbytes == 4 * scratch  # the FMA path ran, and its scratch is all it allocated
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    pre = xa @ wd + bias
+    _check(out, _ref_act(pre, act) + res, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
+
+
+@pytest.mark.skipif(not gemm_tiled.available(), reason="numpy's bundled OpenBLAS not found")
+@pytest.mark.parametrize("act", ["none", "gelu_tanh", "silu"])
+@pytest.mark.parametrize(("k", "n", "g"), [(704, 2111, 64), (96, 67, 32)])
+def test_tiled_blas_path(rng: np.random.Generator, act: str, k: int, n: int, g: int) -> None:
+    """The M >= BLAS_MIN_M path of CPUs without AVX-512, called directly: K not a multiple of
+    TILE_K, odd N over several tiles, full epilogue."""
+    m = gemm_tiled.BLAS_MIN_M + 3
+    w = _random_weight(rng, k, n, g)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    ws = Workspace()
+    gemm_tiled.int4_matmul_tiled(x, w, out, bias, ACTIVATIONS[act], res, ws)
     threads = numba.get_num_threads()
     tile_bytes = threads * gemm_tiled.TILE_K * (gemm_tiled.tile_width(n, threads) + gemm_tiled.TILE_PAD) * 4
     assert ws.nbytes == tile_bytes  # the tiled path ran, and its tiles are all it allocated

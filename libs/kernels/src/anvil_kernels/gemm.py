@@ -17,8 +17,10 @@ CPU kernel design (x (M, K) f32, W as Int4Weight):
 - 1 < M < gemm_tiled.BLAS_MIN_M decodes two packed rows of ``w.packed`` once into a float32
   tile and reuses it for every row of x (two rows of x per pass).
 - Bias, activation and residual are applied to the chunk while it is still in cache.
-- M >= gemm_tiled.BLAS_MIN_M dequantizes L2-sized tiles and multiplies them with OpenBLAS
-  (gemm_tiled.py), where numpy's OpenBLAS is found.
+- gemm_tiled.BLAS_MIN_M <= M <= gemm_avx512.MAX_M on AVX-512 CPUs: register-blocked FMA kernel that
+  dequantizes in registers (gemm_avx512.py).
+- Otherwise M >= gemm_tiled.BLAS_MIN_M dequantizes L2-sized tiles and multiplies them with OpenBLAS
+  (gemm_tiled.py), where numpy's OpenBLAS is found (else gemm_avx512 for every such M, where it runs).
 Scratch (acc, decoded tile, group sums, x digits) lives in a Workspace; pass one to avoid allocation.
 """
 
@@ -28,7 +30,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from anvil_kernels import _jit, gemm_tiled, gemv
+from anvil_kernels import _jit, gemm_avx512, gemm_tiled, gemv
 from anvil_kernels import _validate as v
 from anvil_kernels.activations import ACTIVATIONS, epilogue_row
 from anvil_kernels.format import Int4Weight
@@ -196,7 +198,11 @@ def _int4_linear_cpu(
     m = x.shape[0]
     bias_arr = _jit.EMPTY1 if bias is None else bias
     res_arr = _jit.EMPTY2 if residual is None else residual
-    if m >= gemm_tiled.BLAS_MIN_M and gemm_tiled.available():
+    blas = gemm_tiled.available()
+    if m >= gemm_tiled.BLAS_MIN_M and gemm_avx512.available() and (m <= gemm_avx512.MAX_M or not blas):
+        gemm_avx512.int4_matmul_fma(x, w, out, bias_arr, act, res_arr, ws)
+        return out
+    if m >= gemm_tiled.BLAS_MIN_M and blas:
         gemm_tiled.int4_matmul_tiled(x, w, out, bias_arr, act, res_arr, ws)
         return out
     nb = chunk_width(m, w.n, numba.get_num_threads())
