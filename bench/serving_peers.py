@@ -96,7 +96,7 @@ def start_peer(name: str, port: int, log: Path, blas_threads: int | None) -> sub
     )
 
 
-def start_anvil(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_anvil(log: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     names = ["HTTP", "GATEWAY_METRICS", "SCHEDULER_GATEWAY", "SCHEDULER_EXECUTOR", "SCHEDULER_METRICS",
              "EXECUTOR_METRICS", "COMPILER", "COMPILER_METRICS", "QOS_METRICS", "REDIS"]  # fmt: skip
     ports = {f"ANVIL_{n}_PORT": str(free_port()) for n in names}
@@ -111,7 +111,26 @@ def start_anvil(log: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
     )
-    return proc, f"http://127.0.0.1:{ports['ANVIL_HTTP_PORT']}"
+    metrics = f"http://127.0.0.1:{ports['ANVIL_SCHEDULER_METRICS_PORT']}/metrics"
+    return proc, f"http://127.0.0.1:{ports['ANVIL_HTTP_PORT']}", metrics
+
+
+def batch_totals(metrics_url: str | None) -> tuple[float, float]:
+    """(requests batched, batches) so far, from the scheduler's batch-size histogram; (0, 0) if unknown."""
+    if metrics_url is None:
+        return 0.0, 0.0
+    try:
+        text = httpx.get(metrics_url, timeout=5).text
+    except httpx.HTTPError:
+        return 0.0, 0.0
+    got = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for key in got:
+            if line.startswith(f"anvil_scheduler_batch_size_{key}{{") or line.startswith(
+                f"anvil_scheduler_batch_size_{key} "
+            ):
+                got[key] += float(line.rsplit(" ", 1)[1])
+    return got["sum"], got["count"]
 
 
 def reference(x: np.ndarray) -> np.ndarray:
@@ -147,18 +166,25 @@ def wait_and_check(url: str, proc: subprocess.Popen[bytes], timeout_s: float) ->
         time.sleep(0.5)
 
 
-async def drive(url: str, concurrency: list[int], duration_s: float, anvil: bool) -> list[dict[str, Any]]:
+async def drive(
+    url: str, concurrency: list[int], duration_s: float, metrics_url: str | None
+) -> list[dict[str, Any]]:
+    anvil = metrics_url is not None
     wl = Workload(model=MODEL, width=1024, priorities={3: 1.0}, send_priority=anvil)
     rows = []
     await Engine(url, wl, request_timeout_s=30).run_closed(16, 3.0)  # warm-up, not reported
     for c in concurrency:
+        rows0, batches0 = batch_totals(metrics_url)
         res = await Engine(url, wl, request_timeout_s=30).run_closed(c, duration_s)
+        rows1, batches1 = batch_totals(metrics_url)
         s = summarize(res, slo_ms={3: 2000.0})
         lat = s["latency_ms"]
         rows.append(
             {"concurrency": c, "throughput_rps": s["throughput_rps"], "p50_ms": lat["p50"],
              "p99_ms": lat["p99"], "sent": s["sent"], "ok": s["ok"], "errors": s["errors"]}
         )  # fmt: skip
+        if batches1 > batches0:  # Anvil: mean batch the scheduler formed at this level
+            rows[-1]["mean_batch"] = round((rows1 - rows0) / (batches1 - batches0), 2)
         print(f"  c={c}: {rows[-1]}", flush=True)
     return rows
 
@@ -182,19 +208,46 @@ def run_one(
 ) -> dict[str, Any]:
     print(f"== {name}", flush=True)
     log = logs / f"{name}.log"
+    metrics: str | None = None
     if name == "anvil":
-        proc, url = start_anvil(log)
+        proc, url, metrics = start_anvil(log)
     else:
         port = free_port()
         proc, url = start_peer(name, port, log, blas_threads), f"http://127.0.0.1:{port}"
     try:
         wait_and_check(url, proc, 180)
-        return {"rows": asyncio.run(drive(url, conc, duration_s, name == "anvil"))}
+        return {"rows": asyncio.run(drive(url, conc, duration_s, metrics))}
     except Exception as exc:  # one peer failing must not lose the others' numbers
         print(f"  {name} failed: {exc}", flush=True)
         return {"rows": [], "error": str(exc), "log_tail": log.read_text(errors="replace")[-2000:]}
     finally:
         stop(proc)
+
+
+def median_rows(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One server's rounds as one row per concurrency: the median of each number, errors summed,
+    and every round's throughput under "runs_rps"."""
+    ok = [run for run in runs if run["rows"]]
+    if not ok:
+        return runs[-1]
+    out: list[dict[str, Any]] = []
+    for c in [row["concurrency"] for row in ok[0]["rows"]]:
+        rows = [row for run in ok for row in run["rows"] if row["concurrency"] == c]
+        med = {k: float(np.median([row[k] for row in rows])) for k in ("throughput_rps", "p50_ms", "p99_ms")}
+        errors: dict[str, int] = {}
+        for row in rows:
+            for k, v in row["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        merged = {"concurrency": c, **{k: round(v, 3) for k, v in med.items()}, "errors": errors}
+        merged["runs_rps"] = [row["throughput_rps"] for row in rows]
+        if any("mean_batch" in row for row in rows):
+            merged["mean_batch"] = [row.get("mean_batch") for row in rows]
+        out.append(merged)
+    result: dict[str, Any] = {"rows": out}
+    failed = [run.get("error") for run in runs if not run["rows"]]
+    if failed:
+        result["failed_rounds"] = failed
+    return result
 
 
 def write_md(doc: dict[str, Any], path: Path) -> None:
@@ -217,6 +270,9 @@ def main() -> int:
         help="OPENBLAS_NUM_THREADS for the peers (default: theirs, all cores; Anvil's executor uses 1)",
     )
     ap.add_argument("--out", default="serving_peers", help="results file stem under bench/results")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="rounds over all servers; the table gives each cell's median"
+    )
     args = ap.parse_args()
     conc = [int(c) for c in args.concurrency.split(",")]
     logs = PEERS_DIR / "logs"
@@ -232,6 +288,7 @@ def main() -> int:
             else f"OPENBLAS_NUM_THREADS={args.peer_blas_threads}, the same setting"
         ),
         "duration_s": args.duration,
+        "rounds": args.repeat,
         "machine": f"{platform.platform()}, {os.cpu_count()} cores; generator and server share them",
         "load_before": os.getloadavg(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -241,8 +298,14 @@ def main() -> int:
     if args.merge and last.exists():
         doc["servers"] = json.loads(last.read_text())["servers"]
         doc["note"] = f"servers not in --only {args.only} are from an earlier run"
-    for name in args.only.split(","):
-        doc["servers"][name] = run_one(name, conc, args.duration, logs, args.peer_blas_threads)
+    names = args.only.split(",")
+    rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for r in range(args.repeat):  # servers interleaved, so slow drifts of the machine hit all alike
+        for name in names:
+            print(f"-- round {r + 1} of {args.repeat}", flush=True)
+            rounds[name].append(run_one(name, conc, args.duration, logs, args.peer_blas_threads))
+    for name in names:
+        doc["servers"][name] = median_rows(rounds[name])
     doc["load_after"] = os.getloadavg()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(doc, indent=1))

@@ -11,6 +11,12 @@ PERF_ANALYZER_NOTE = (
 )
 
 
+_ROUNDS = (
+    "- {} rounds, servers interleaved; each cell is the median over rounds; runs (req/s) lists every "
+    "round's throughput"
+)
+
+
 def _row(rows: list[dict[str, Any]], c: int) -> dict[str, Any] | None:
     return next((r for r in rows if r["concurrency"] == c), None)
 
@@ -26,20 +32,22 @@ def render(doc: dict[str, Any]) -> str:
         f"- batching: {doc['batching']}",
         *([f"- BLAS threads: {doc['blas']}"] if "blas" in doc else []),
         f"- {doc['duration_s']:g} s per concurrency level after a 3 s warm-up; started {doc['started']}",
+        *([_ROUNDS.format(doc["rounds"])] if doc.get("rounds", 1) > 1 else []),
         f"- machine: {doc['machine']}; load average before {doc['load_before'][0]:.1f}, "
         f"after {doc['load_after'][0]:.1f}"
         + (" (other work shared the machine: numbers are noisy)" if doc["load_before"][0] > 1.5 else ""),
         f"- {PERF_ANALYZER_NOTE}",
         "",
-        "| server | concurrency | throughput (req/s) | p50 (ms) | p99 (ms) | errors |",
-        "|---|---|---|---|---|---|",
+        "| server | concurrency | throughput (req/s) | p50 (ms) | p99 (ms) | errors | runs (req/s) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, s in servers.items():
         if not s["rows"]:
-            out.append(f"| {name} | - | failed: {s.get('error', '?')[:120]} | | | |")
+            out.append(f"| {name} | - | failed: {s.get('error', '?')[:120]} | | | | |")
         for r in s["rows"]:
             errs = sum(r["errors"].values())
-            cells = (name, r["concurrency"], r["throughput_rps"], r["p50_ms"], r["p99_ms"], errs)
+            runs = ", ".join(f"{v:g}" for v in r.get("runs_rps", []))
+            cells = (name, r["concurrency"], r["throughput_rps"], r["p50_ms"], r["p99_ms"], errs, runs)
             out.append("| " + " | ".join(str(c) for c in cells) + " |")
     out += ["", "## Anvil against the best peer", ""]
     anvil = servers.get("anvil", {"rows": []})["rows"]
@@ -59,6 +67,18 @@ def render(doc: dict[str, Any]) -> str:
             f"{best_name} {best['throughput_rps']} req/s (p99 {best['p99_ms']} ms): {ratio:.2f}x throughput, "
             f"p99 {'at or below' if a['p99_ms'] <= best['p99_ms'] else 'above'} the peer's"
         )
+    a_runs = (_row(anvil, 64) or {}).get("runs_rps", [])
+    if len(a_runs) > 1:  # the same round's peers ran minutes apart from Anvil, not days
+        per_round = []
+        for i, a_rps in enumerate(a_runs):
+            best_rps = max(
+                (r["runs_rps"][i] for n, s in servers.items() if n != "anvil"
+                 for r in [_row(s["rows"], 64)] if r is not None and len(r.get("runs_rps", [])) > i),
+                default=0.0,
+            )  # fmt: skip
+            if best_rps:
+                per_round.append(f"{a_rps / best_rps:.2f}x")
+        out.append(f"- concurrency 64, round by round: Anvil / best peer = {', '.join(per_round)}")
     a64 = _row(anvil, 64)
     peers64 = [r for n, s in servers.items() if n != "anvil" for r in [_row(s["rows"], 64)] if r is not None]
     if a64 and peers64:
