@@ -16,6 +16,8 @@ from anvil_client.bench.engine import Engine, Progress, RunResult
 from anvil_client.bench.report import summarize, write_reports
 from anvil_client.bench.scrape import BatchSamples, scrape_loop
 from anvil_client.bench.workload import Workload, parse_mix
+from anvil_client.bench.zerocopy import ZeroCopySender, discover_endpoint
+from anvil_core.zerocopy import ZeroCopyError
 
 __all__ = ["add_bench_command", "cmd_bench", "run_load"]
 
@@ -69,7 +71,13 @@ def add_bench_command(sub: Any) -> None:
     p.add_argument("--binary", action="store_true", help="binary tensor extension instead of JSON data")
     p.add_argument("--no-priority", action="store_true", help="send no parameters.priority (peers)")
     p.add_argument("--protocol", choices=("http", "zerocopy"), default="http")
-    p.add_argument("--max-connections", type=int, default=512)
+    p.add_argument(
+        "--zerocopy-endpoint",
+        help="the gateway's ZeroCopy socket (default: the one the running stack's gateway registered)",
+    )
+    p.add_argument(
+        "--max-connections", type=int, default=512, help="HTTP connections, or ZeroCopy slots per region"
+    )
     p.add_argument("--request-timeout", type=float, default=30.0, help="client-side limit, s")
     p.add_argument("--scheduler-metrics", help="scheduler /metrics URL (default: from the state file)")
     p.add_argument("--out", type=Path, default=Path("bench/results"), help="report directory")
@@ -112,13 +120,6 @@ async def run_load(
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.protocol == "zerocopy":
-        print(
-            "anvil bench: --protocol zerocopy is not available yet (the gateway does not start its "
-            "ZeroCopy listener); use http",
-            file=sys.stderr,
-        )
-        return 2
     state = _state()
     url, sched_metrics = default_urls(state)
     url = (args.url or url).rstrip("/")
@@ -135,22 +136,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
             send_priority=not args.no_priority,
             seed=args.seed,
         )
-        engine = Engine(url, wl, max_connections=args.max_connections, request_timeout_s=args.request_timeout)
+        zc = _zerocopy(args, state, wl) if args.protocol == "zerocopy" else None
+        engine = Engine(
+            url, wl, max_connections=args.max_connections, request_timeout_s=args.request_timeout, zerocopy=zc
+        )
     except ValueError as exc:
         print(f"anvil bench: {exc}", file=sys.stderr)
         return 2
     name = args.name or time.strftime("bench_%Y%m%d-%H%M%S")
     try:
         result, batches = _run_with_progress(engine, args, sched_metrics)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ZeroCopyError) as exc:
         print(f"anvil bench: {exc}", file=sys.stderr)
         return 2
     summary = summarize(result, timeout_us=args.timeout_us)
-    summary.update({"url": url, "model": args.model, "rows": args.rows, "binary": args.binary})
+    summary.update(
+        {"url": url, "protocol": args.protocol, "model": args.model, "rows": args.rows, "binary": args.binary}
+    )
+    if zc is not None:
+        summary["zerocopy_endpoint"] = zc.endpoint
     paths = write_reports(args.out, name, summary, result, batches)
     _print_summary(summary)
     print("report: " + ", ".join(str(p) for p in paths))
     return 0
+
+
+def _zerocopy(args: argparse.Namespace, state: dict[str, Any], wl: Workload) -> ZeroCopySender:
+    endpoint = args.zerocopy_endpoint
+    if endpoint is None and state.get("redis_url"):
+        endpoint = discover_endpoint(str(state["redis_url"]))
+    if not endpoint:
+        raise ValueError("no ZeroCopy endpoint: pass --zerocopy-endpoint, or start the stack (`make up`)")
+    return ZeroCopySender(endpoint, wl, args.max_connections, args.request_timeout)
 
 
 def _run_with_progress(

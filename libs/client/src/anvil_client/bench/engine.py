@@ -4,6 +4,9 @@ Open loop: a single dispatcher task wakes at each intended send time and starts 
 are due; latency runs from the *intended* time, so queueing anywhere (the server, the connection
 pool, or this generator) is charged to the request. The dispatcher's own lateness is recorded per
 request as `lag_s` and reported, so a run whose generator fell behind is visible as such.
+
+Transport: HTTP/1.1 keep-alive connections (http1.py), or ZeroCopy (zerocopy.py) when the engine
+is given a ZeroCopySender.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 from anvil_client.bench.arrivals import Schedule
 from anvil_client.bench.http1 import Endpoint, HttpError, Pool
 from anvil_client.bench.workload import ID_WIDTH, Workload, request_id, response_id
+from anvil_client.bench.zerocopy import ZeroCopySender
 
 __all__ = ["Engine", "Progress", "RunResult"]
 
@@ -69,14 +73,25 @@ class Engine:
         *,
         max_connections: int = 512,
         request_timeout_s: float = 30.0,
+        zerocopy: ZeroCopySender | None = None,
     ) -> None:
         self.ep = Endpoint.parse(url)
         self.wl = workload
+        self.zerocopy = zerocopy  # requests go over ZeroCopy instead of HTTP (opened by the runs)
         self.max_connections = max_connections
         self.request_timeout_s = request_timeout_s
         self._heads: dict[tuple[int, int], tuple[bytes, bytes, bytes]] = {}
 
     async def run_open(self, sched: Schedule, on_tick: Callable[[Progress], None] | None = None) -> RunResult:
+        if self.zerocopy is not None:
+            await self.zerocopy.open()
+        try:
+            return await self._run_open(sched, on_tick)
+        finally:
+            if self.zerocopy is not None:
+                await self.zerocopy.close()
+
+    async def _run_open(self, sched: Schedule, on_tick: Callable[[Progress], None] | None) -> RunResult:
         n = len(sched)
         rec = _Recorder(n, self.wl)
         rec.intended[:] = sched.offsets_s
@@ -111,6 +126,17 @@ class Engine:
         self, concurrency: int, duration_s: float, on_tick: Callable[[Progress], None] | None = None
     ) -> RunResult:
         """`concurrency` clients, each sending its next request as soon as the last is answered."""
+        if self.zerocopy is not None:
+            await self.zerocopy.open()
+        try:
+            return await self._run_closed(concurrency, duration_s, on_tick)
+        finally:
+            if self.zerocopy is not None:
+                await self.zerocopy.close()
+
+    async def _run_closed(
+        self, concurrency: int, duration_s: float, on_tick: Callable[[Progress], None] | None
+    ) -> RunResult:
         cap = max(1024, int(duration_s * 20_000))  # enough slots for 20k req/s
         rec = _Recorder(cap, self.wl)
         pool = Pool(self.ep, concurrency)
@@ -140,6 +166,9 @@ class Engine:
         rec.lag[i] = now - t0 - rec.intended[i]
         rec.sent += 1
         kind = (int(rec.priority[i]), int(rec.tenant[i]))
+        if self.zerocopy is not None:
+            await self._one_zerocopy(rec, i, t0, kind)
+            return
         parts = self._heads.get(kind)
         if parts is None:
             before, after, headers = self.wl.parts(*kind)
@@ -173,6 +202,23 @@ class Engine:
             rec.finish(i, done, 200, None)
         else:
             rec.finish(i, done, resp.status, resp.body[:300].decode("utf-8", "replace"))
+
+    async def _one_zerocopy(self, rec: _Recorder, i: int, t0: float, kind: tuple[int, int]) -> None:
+        assert self.zerocopy is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout_s
+        timer = loop.call_at(deadline, _cancel, asyncio.current_task())
+        try:
+            status, reason = await self.zerocopy.send(*kind)
+        except asyncio.CancelledError:
+            if loop.time() < deadline:
+                raise
+            status, reason = CLIENT_TIMEOUT, f"no answer within {self.request_timeout_s} s"
+        except OSError as exc:  # the ZeroMQ connection or the region failed under the run
+            status, reason = TRANSPORT_ERROR, str(exc)
+        finally:
+            timer.cancel()
+        rec.finish(i, loop.time() - t0, status, reason)
 
 
 def _cancel(task: asyncio.Task[None] | None) -> None:

@@ -69,8 +69,12 @@ class Workload:
             self._kinds[key] = self._build(priority, tenant)
         return self._kinds[key]
 
+    def array(self) -> np.ndarray:
+        """The input every request carries: (rows, width) float32 from the seed."""
+        return np.random.default_rng(self.seed).standard_normal((self.rows, self.width)).astype(np.float32)
+
     def _build(self, priority: int, tenant: int) -> tuple[bytes, bytes, dict[str, str]]:
-        x = np.random.default_rng(self.seed).standard_normal((self.rows, self.width)).astype(np.float32)
+        x = self.array()
         params: dict[str, int] = {}
         if self.send_priority:
             params["priority"] = priority
