@@ -90,7 +90,17 @@ PARSERS: dict[str, list[Callable[[bytes], Any]]] = {
 
 
 def check(parse: Callable[[bytes], Any], data: bytes) -> None:
-    """The parser returns or raises the protocol's error; anything else fails the test."""
+    """The parser returns or raises the protocol's error; anything else fails the test. It must
+    also be quick: a slow call is timed once more, and the faster of the two must be under the
+    limit (an input that makes the parser slow is slow both times; a garbage collection of the
+    whole test session's heap, or a first import, landing in one call is not)."""
+    took = _timed(parse, data)
+    if took >= SLOWEST_CALL_CPU_S:
+        took = min(took, _timed(parse, data))
+    assert took < SLOWEST_CALL_CPU_S, f"{parse.__name__} used {took * 1e3:.1f} ms CPU on {len(data)} bytes"
+
+
+def _timed(parse: Callable[[bytes], Any], data: bytes) -> float:
     t0 = time.thread_time()
     try:
         parse(data)
@@ -98,8 +108,7 @@ def check(parse: Callable[[bytes], Any], data: bytes) -> None:
         assert isinstance(exc.status, int) and str(exc), "an error must carry a status and a message"
     except Exception as exc:
         raise AssertionError(f"{parse.__name__} raised {type(exc).__name__}: {exc} on {data[:64]!r}") from exc
-    took = time.thread_time() - t0
-    assert took < SLOWEST_CALL_CPU_S, f"{parse.__name__} used {took * 1e3:.1f} ms CPU on {len(data)} bytes"
+    return time.thread_time() - t0
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
