@@ -62,22 +62,34 @@ def test_matmul_matches_reference(rng: np.random.Generator, m: int, k: int, n: i
     _check(out, xa @ wd, np.abs(xa) @ wmag)
 
 
+def _operands(
+    rng: np.random.Generator, m: int, k: int, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x (m, k), bias (n,), residual (m, n) and a NaN-filled out (m, n), all float32."""
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    return x, bias, res, np.full((m, n), np.nan, np.float32)
+
+
+def _check_epilogue(
+    out: np.ndarray, x: np.ndarray, w: Int4Weight, bias: np.ndarray, act: str, res: np.ndarray
+) -> None:
+    wd, wmag = _terms(w)
+    xa = x.astype(np.float64)
+    pre = xa @ wd + bias
+    # the activations here are at most 1.13-Lipschitz: matmul error passes through scaled by <= 1.2
+    _check(out, _ref_act(pre, act) + res, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
+
+
 @pytest.mark.parametrize("act", ["none", "relu", "gelu_erf", "gelu_tanh", "silu"])
 @pytest.mark.parametrize("m", [1, 5])
 def test_fused_epilogue(rng: np.random.Generator, act: str, m: int) -> None:
     k, n = 256, 45
     w = quantize(rng.standard_normal((k, n)).astype(np.float32), group_size=64)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    res = rng.standard_normal((m, n)).astype(np.float32)
-    out = np.empty((m, n), np.float32)
+    x, bias, res, out = _operands(rng, m, k, n)
     int4_linear(x, w, out, bias=bias, activation=act, residual=res)
-    wd, wmag = _terms(w)
-    xa = x.astype(np.float64)
-    pre = xa @ wd + bias
-    ref = _ref_act(pre, act) + res
-    # the activations here are at most 1.13-Lipschitz: matmul error passes through scaled by <= 1.2
-    _check(out, ref, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
+    _check_epilogue(out, x, w, bias, act, res)
 
 
 @pytest.mark.skipif(not gemm_avx512.available(), reason="numba's target CPU has no AVX-512")
@@ -89,19 +101,13 @@ def test_fma_path(rng: np.random.Generator, act: str, m: int, k: int, n: int, g:
     reused weights; K over several KC passes and within one; N % 16 tail columns (all of N when
     N < 16) over several chunks; full epilogue."""
     w = _random_weight(rng, k, n, g)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    res = rng.standard_normal((m, n)).astype(np.float32)
-    out = np.full((m, n), np.nan, np.float32)
+    x, bias, res, out = _operands(rng, m, k, n)
     ws = Workspace()
     int4_linear(x, w, out, bias=bias, activation=act, residual=res, workspace=ws)
     threads = numba.get_num_threads()
     scratch = k * gemm_avx512.padded_rows(m) + threads * (gemm_avx512.KC * gemm_avx512.COLS + 16)
     assert ws.nbytes == 4 * scratch  # the FMA path ran, and its scratch is all it allocated
-    wd, wmag = _terms(w)
-    xa = x.astype(np.float64)
-    pre = xa @ wd + bias
-    _check(out, _ref_act(pre, act) + res, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
+    _check_epilogue(out, x, w, bias, act, res)
 
 
 @pytest.mark.skipif(not gemm_tiled.available(), reason="numpy's bundled OpenBLAS not found")
@@ -112,19 +118,13 @@ def test_tiled_blas_path(rng: np.random.Generator, act: str, k: int, n: int, g: 
     TILE_K, odd N over several tiles, full epilogue."""
     m = gemm_tiled.BLAS_MIN_M + 3
     w = _random_weight(rng, k, n, g)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    res = rng.standard_normal((m, n)).astype(np.float32)
-    out = np.full((m, n), np.nan, np.float32)
+    x, bias, res, out = _operands(rng, m, k, n)
     ws = Workspace()
     gemm_tiled.int4_matmul_tiled(x, w, out, bias, ACTIVATIONS[act], res, ws)
     threads = numba.get_num_threads()
     tile_bytes = threads * gemm_tiled.TILE_K * (gemm_tiled.tile_width(n, threads) + gemm_tiled.TILE_PAD) * 4
     assert ws.nbytes == tile_bytes  # the tiled path ran, and its tiles are all it allocated
-    wd, wmag = _terms(w)
-    xa = x.astype(np.float64)
-    pre = xa @ wd + bias
-    _check(out, _ref_act(pre, act) + res, 1.2 * (np.abs(xa) @ wmag), ACT_RTOL * (np.abs(pre) + np.abs(res)))
+    _check_epilogue(out, x, w, bias, act, res)
 
 
 def test_bias_only_and_residual_only(rng: np.random.Generator) -> None:

@@ -51,3 +51,19 @@ def epilogue_row(
         if use_res:
             t += res[i]
         o[i] = t
+
+
+@njit(cache=True)
+def epilogue_cols(
+    out: np.ndarray, bias: np.ndarray, act: int, residual: np.ndarray, n0: int, n1: int
+) -> None:
+    """out[:, n0:n1] = act(out + bias) + residual for a GEMM's column chunk (bias/residual empty
+    when absent); a no-op when there is nothing to apply."""
+    use_bias = bias.size > 0
+    use_res = residual.size > 0
+    if not (use_bias or use_res or act != 0):
+        return
+    for m in range(out.shape[0]):
+        bseg = bias[n0:n1] if use_bias else bias
+        rseg = residual[m, n0:n1] if use_res else bias[0:0]
+        epilogue_row(out[m, n0:n1], bseg, act, rseg, use_bias, use_res)

@@ -32,7 +32,7 @@ from numba import njit, prange
 
 from anvil_kernels import _jit, gemm_avx512, gemm_tiled, gemv
 from anvil_kernels import _validate as v
-from anvil_kernels.activations import ACTIVATIONS, epilogue_row
+from anvil_kernels.activations import ACTIVATIONS, epilogue_cols
 from anvil_kernels.format import Int4Weight
 from anvil_kernels.workspace import Workspace
 
@@ -72,8 +72,6 @@ def _int4_matmul_cpu(
     m_rows = x.shape[0]
     groups = s.shape[0]
     rows_per_group = half_k // groups  # packed rows per group (g / 2, even)
-    use_bias = bias.size > 0
-    use_res = residual.size > 0
     chunks = (n_cols + nb - 1) // nb
     for c in prange(chunks):
         n0 = c * nb
@@ -132,11 +130,7 @@ def _int4_matmul_cpu(
             zg = z[gi, n0:n1]
             for m in range(m_rows):
                 gemv.scale_group(out[m, n0:n1], acc[m, n0:n1], sg, zg, sx[m, gi], np.float32(1.0), gi == 0)
-        if use_bias or use_res or act != 0:
-            for m in range(m_rows):
-                bseg = bias[n0:n1] if use_bias else bias
-                rseg = residual[m, n0:n1] if use_res else bias[0:0]
-                epilogue_row(out[m, n0:n1], bseg, act, rseg, use_bias, use_res)
+        epilogue_cols(out, bias, act, residual, n0, n1)
 
 
 GEMM_MAX_CHUNK = 1024  # columns; measured best of 128..2048 for M = 8 and 32 (bench/kernels_cpu.py)

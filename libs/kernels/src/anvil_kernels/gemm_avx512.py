@@ -42,7 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from anvil_kernels import _jit
-from anvil_kernels.activations import epilogue_row
+from anvil_kernels.activations import epilogue_cols
 from anvil_kernels.format import Int4Weight
 from anvil_kernels.workspace import Workspace
 
@@ -217,8 +217,6 @@ def _int4_matmul_fma_cpu(
     mp = xt.shape[1]
     n_cols = out.shape[1]
     n_vec = n_cols - n_cols % COLS  # columns the blocks cover
-    use_bias = bias.size > 0
-    use_res = residual.size > 0
     for kb in prange((k_dim + KC - 1) // KC):  # x transposed once per call, shared by every task
         for k in range(kb * KC, min(k_dim, kb * KC + KC)):
             for m in range(m_rows):
@@ -257,11 +255,7 @@ def _int4_matmul_fma_cpu(
                 wv = q * s[k // g, n] + nzs[k // g, n]
                 for m in range(m_rows):
                     out[m, n] += x[m, k] * wv
-        if use_bias or use_res or act != 0:
-            for m in range(m_rows):
-                bseg = bias[n0:n1] if use_bias else bias
-                rseg = residual[m, n0:n1] if use_res else bias[0:0]
-                epilogue_row(out[m, n0:n1], bseg, act, rseg, use_bias, use_res)
+        epilogue_cols(out, bias, act, residual, n0, n1)
 
 
 def chunk_width(n: int, threads: int) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from anvil_kernels import _jit, _openblas
-from anvil_kernels.activations import epilogue_row
+from anvil_kernels.activations import epilogue_cols
 from anvil_kernels.format import Int4Weight
 from anvil_kernels.workspace import Workspace
 
@@ -93,8 +93,6 @@ def _int4_matmul_tiled_cpu(
     m_rows, k_dim = x.shape
     n_cols = out.shape[1]
     kt, ldb = tiles.shape[1], tiles.shape[2]
-    use_bias = bias.size > 0
-    use_res = residual.size > 0
     chunks = (n_cols + nb - 1) // nb
     for c in prange(chunks):
         n0 = c * nb
@@ -121,11 +119,7 @@ def _int4_matmul_tiled_cpu(
                 out[:, n0:].ctypes.data,
                 n_cols,
             )
-        if use_bias or use_res or act != 0:
-            for m in range(m_rows):
-                bseg = bias[n0:n1] if use_bias else bias
-                rseg = residual[m, n0:n1] if use_res else bias[0:0]
-                epilogue_row(out[m, n0:n1], bseg, act, rseg, use_bias, use_res)
+        epilogue_cols(out, bias, act, residual, n0, n1)
 
 
 def tile_width(n: int, threads: int) -> int:
