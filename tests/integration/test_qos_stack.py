@@ -14,8 +14,10 @@ the hog share 2 cores; numbers from `tests/integration/test_qos_stack.py` runs):
   16-27 ms under the hog. Threshold 12 ms; pressure clears below 0.7 x (8.4 ms). Where eBPF cannot
   load, qos falls back to the mean wait from /proc/<pid>/schedstat: 0.1-1.1 ms idle or loaded, 2-4 ms
   under the hog; threshold 2 ms (clears below 1.4 ms).
-- Priority 1's SLO is 100 ms here (the default 50 ms leaves no room for a load generator sharing two
-  cores with the stack): p1 p99 ~45 ms unloaded, 75-85 ms under the hog before qos acts. qos acts
+- Priority 1's SLO is 80 ms here (the default 50 ms leaves no room for a load generator sharing two
+  cores with the stack): p1 p99 13-14 ms unloaded, 55-57 ms over the hog phase (the scheduler's
+  published p99 reached 53-58 ms when qos first acted; with the SLO at 100 ms, where a slower stack
+  had put it, that was headroom 0.42-0.47, and one CI run never crossed 0.5). qos acts
   when p99 is above half the SLO (headroom < 0.5) and calls p1 healthy below 40% (headroom >= 0.6).
 - qos probes only the executor (ANVIL_TARGET_KINDS=executor): on two cores the gateway's run-queue
   delay is the load generator's doing, not the contention this test injects.
@@ -43,7 +45,7 @@ from anvil_qos import ctl
 
 pytestmark = pytest.mark.integration
 
-SLO_P1_MS = 100
+SLO_P1_MS = 80
 P1_RPS, P3_RPS, P3_BASE, P3_BURST = 20.0, 60.0, 80.0, 20
 HOG_AUTOGROUP_NICE = -5
 HOG = """
