@@ -27,6 +27,7 @@ import numpy as np
 
 from anvil_client.bench.engine import Engine
 from anvil_client.bench.report import summarize
+from anvil_client.bench.scrape import parse_batch_metrics
 from anvil_client.bench.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,17 +121,10 @@ def batch_totals(metrics_url: str | None) -> tuple[float, float]:
     if metrics_url is None:
         return 0.0, 0.0
     try:
-        text = httpx.get(metrics_url, timeout=5).text
+        row = parse_batch_metrics(httpx.get(metrics_url, timeout=5).text, MODEL)
     except httpx.HTTPError:
         return 0.0, 0.0
-    got = {"sum": 0.0, "count": 0.0}
-    for line in text.splitlines():
-        for key in got:
-            if line.startswith(f"anvil_scheduler_batch_size_{key}{{") or line.startswith(
-                f"anvil_scheduler_batch_size_{key} "
-            ):
-                got[key] += float(line.rsplit(" ", 1)[1])
-    return got["sum"], got["count"]
+    return (row[0], row[1]) if row is not None else (0.0, 0.0)
 
 
 def reference(x: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from anvil_core.tensors import HostTensor, TensorError
 __all__ = [
     "DTYPE_CODES",
     "ERROR_NAMES",
+    "HTTP_STATUS",
     "PROTOCOL_VERSION",
     "Body",
     "Frame",
@@ -205,6 +206,21 @@ def error(code: int, reason: str) -> pb.ErrorT:
 
 ERROR_NAMES: dict[int, str] = {
     value: name for name, value in vars(pb.ErrorCode).items() if not name.startswith("_")
+}
+
+
+# ErrorCode -> the HTTP status that carries the same failure (the gateway's answers, and clients
+# that count ZeroCopy statuses, whose 1..8 are these codes, like HTTP ones).
+HTTP_STATUS: dict[int, int] = {
+    pb.ErrorCode.OK: 200,
+    pb.ErrorCode.BAD_REQUEST: 400,
+    pb.ErrorCode.NOT_FOUND: 404,
+    pb.ErrorCode.OVERLOAD: 429,
+    pb.ErrorCode.UNAVAILABLE: 503,
+    pb.ErrorCode.DEADLINE: 504,
+    pb.ErrorCode.CANCELLED: 499,
+    pb.ErrorCode.PROTOCOL: 502,
+    pb.ErrorCode.INTERNAL: 500,
 }
 
 

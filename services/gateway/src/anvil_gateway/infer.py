@@ -45,17 +45,6 @@ router = APIRouter()
 TRACE_HEADER = "x-anvil-trace-id"
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
-_HTTP_STATUS = {
-    pb.ErrorCode.BAD_REQUEST: 400,
-    pb.ErrorCode.NOT_FOUND: 404,
-    pb.ErrorCode.OVERLOAD: 429,
-    pb.ErrorCode.UNAVAILABLE: 503,
-    pb.ErrorCode.DEADLINE: 504,
-    pb.ErrorCode.CANCELLED: 499,
-    pb.ErrorCode.PROTOCOL: 502,
-    pb.ErrorCode.INTERNAL: 500,
-}
-
 
 class Failed(Exception):
     def __init__(self, status: int, message: str, reason: str, headers: dict[str, str] | None = None) -> None:
@@ -241,7 +230,7 @@ async def forward(
         if err is not None and err.Code() != pb.ErrorCode.OK:
             kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
             reason = (err.Reason() or b"").decode(errors="replace")
-            raise Failed(_HTTP_STATUS.get(err.Code(), 500), f"{kind}: {reason}", kind)
+            raise Failed(wire.HTTP_STATUS.get(err.Code(), 500), f"{kind}: {reason}", kind)
         try:
             tensors = [codec.request_tensor(resp.Outputs(j), frames) for j in range(resp.OutputsLength())]
         except TensorError as exc:

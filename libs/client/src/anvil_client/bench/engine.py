@@ -166,9 +166,28 @@ class Engine:
         rec.lag[i] = now - t0 - rec.intended[i]
         rec.sent += 1
         kind = (int(rec.priority[i]), int(rec.tenant[i]))
-        if self.zerocopy is not None:
-            await self._one_zerocopy(rec, i, t0, kind)
-            return
+        # A timer that cancels this task (cheaper than asyncio.timeout/wait_for at thousands per s).
+        deadline = now + self.request_timeout_s
+        timer = loop.call_at(deadline, _cancel, asyncio.current_task())
+        try:
+            if self.zerocopy is not None:
+                status, reason = await self.zerocopy.send(*kind)
+            else:
+                status, reason = await self._http(pool, rec, i, kind)
+        except asyncio.CancelledError:
+            if loop.time() < deadline:
+                raise
+            status, reason = CLIENT_TIMEOUT, f"no answer within {self.request_timeout_s} s"
+        except (HttpError, OSError) as exc:  # the connection (or ZeroMQ / the region) failed
+            status, reason = TRANSPORT_ERROR, str(exc)
+        finally:
+            timer.cancel()
+        rec.finish(i, loop.time() - t0, status, reason)
+
+    async def _http(
+        self, pool: Pool, rec: _Recorder, i: int, kind: tuple[int, int]
+    ) -> tuple[int, str | None]:
+        """One HTTP request: (status, reason or None); counts an answer that echoes another id."""
         parts = self._heads.get(kind)
         if parts is None:
             before, after, headers = self.wl.parts(*kind)
@@ -179,46 +198,13 @@ class Engine:
             )
         head, before, after = parts[2], parts[0], parts[1]
         rid = request_id(i)
-        # A timer that cancels this task (cheaper than asyncio.timeout/wait_for at thousands per s).
-        deadline = now + self.request_timeout_s
-        timer = loop.call_at(deadline, _cancel, asyncio.current_task())
-        try:
-            resp = await pool.request(head, before + rid + after)
-        except asyncio.CancelledError:
-            if loop.time() < deadline:
-                raise
-            rec.finish(i, loop.time() - t0, CLIENT_TIMEOUT, f"no answer within {self.request_timeout_s} s")
-            return
-        except HttpError as exc:
-            rec.finish(i, loop.time() - t0, TRANSPORT_ERROR, str(exc))
-            return
-        finally:
-            timer.cancel()
-        done = loop.time() - t0
-        if resp.status == 200:
-            echoed = response_id(resp.body, resp.headers.get("inference-header-content-length"))
-            if echoed is not None and echoed != rid:
-                rec.id_mismatches += 1
-            rec.finish(i, done, 200, None)
-        else:
-            rec.finish(i, done, resp.status, resp.body[:300].decode("utf-8", "replace"))
-
-    async def _one_zerocopy(self, rec: _Recorder, i: int, t0: float, kind: tuple[int, int]) -> None:
-        assert self.zerocopy is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.request_timeout_s
-        timer = loop.call_at(deadline, _cancel, asyncio.current_task())
-        try:
-            status, reason = await self.zerocopy.send(*kind)
-        except asyncio.CancelledError:
-            if loop.time() < deadline:
-                raise
-            status, reason = CLIENT_TIMEOUT, f"no answer within {self.request_timeout_s} s"
-        except OSError as exc:  # the ZeroMQ connection or the region failed under the run
-            status, reason = TRANSPORT_ERROR, str(exc)
-        finally:
-            timer.cancel()
-        rec.finish(i, loop.time() - t0, status, reason)
+        resp = await pool.request(head, before + rid + after)
+        if resp.status != 200:
+            return resp.status, resp.body[:300].decode("utf-8", "replace")
+        echoed = response_id(resp.body, resp.headers.get("inference-header-content-length"))
+        if echoed is not None and echoed != rid:
+            rec.id_mismatches += 1
+        return 200, None
 
 
 def _cancel(task: asyncio.Task[None] | None) -> None:

@@ -12,12 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from anvil_client.bench.workload import Workload
+from anvil_core.wire import HTTP_STATUS
 
-__all__ = ["HTTP_CODES", "ZeroCopySender", "discover_endpoint"]
-
-# ZeroCopy reply status -> the HTTP status the gateway gives the same failure (Status in
-# anvil_core.zerocopy.header; protocol-level refusals are the client's fault: 400).
-HTTP_CODES = {0: 200, 1: 400, 2: 404, 3: 503, 4: 504, 5: 429, 6: 500, 7: 502, 8: 499}
+__all__ = ["ZeroCopySender", "discover_endpoint"]
 
 
 def discover_endpoint(redis_url: str) -> str | None:
@@ -78,8 +75,9 @@ class ZeroCopySender:
                 copy=False,
             )
         except ZeroCopyError as exc:
+            # Status 1..8 are ErrorCodes; 32 and up are refusals of the frame itself: the client's fault
             code = int(exc.status)
-            return HTTP_CODES.get(code, 400 if code >= 32 else 500), f"zerocopy {exc.status.name}: {exc}"
+            return HTTP_STATUS.get(code, 400 if code >= 32 else 500), f"zerocopy {exc.status.name}: {exc}"
         return 200, None
 
     async def close(self) -> None:
