@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import httpx
 import numpy as np
 import pytest
+import zmq
 
+from anvil_core import infer_codec as codec
+from anvil_core.tensors import HostTensor
 from anvil_executor.models.builtin import mlp_reference
 
 pytestmark = pytest.mark.integration
@@ -121,3 +127,38 @@ def test_every_service_serves_prometheus_metrics(stack: object) -> None:
         port = stack.service(name)["env"]["ANVIL_METRICS_PORT"]  # type: ignore[attr-defined]
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert "anvil_service_up" in text, name
+
+
+def test_scheduler_answers_each_request_of_a_bundle_and_skips_a_bad_one(stack: Any) -> None:
+    """A gateway bundles the requests of one loop turn; a malformed one spoils none of the others."""
+    if not hasattr(stack, "env"):
+        pytest.skip("needs the local stack's scheduler port")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{stack.env['ANVIL_SCHEDULER_GATEWAY_PORT']}")
+    try:
+        xs = {f"bundle-{i}": np.full((1, 2), i, np.float32) for i in range(3)}
+        groups: list[list[Any]] = [[b"\x00not an envelope"]]
+        for rid, x in xs.items():
+            frames: list[Any] = []
+            inputs = codec.tensor_frames([HostTensor.from_array("INPUT0", "FP32", x)], frames)
+            env = codec.build_request(
+                request_id=rid, trace_id=rid, model="identity", version="1", priority=3,
+                deadline_unix_ns=time.time_ns() + 10**10, tenant="", inputs=inputs,
+            )  # fmt: skip
+            groups.append([env, *frames])
+        sock.send_multipart(codec.bundle(groups, responses=False))
+        answers: dict[str, np.ndarray] = {}
+        while len(answers) < len(xs):
+            assert sock.poll(10_000), f"only {sorted(answers)} answered"
+            for group in codec.unbundle(sock.recv_multipart()):
+                resp = codec.open_response(group[0])
+                assert resp.Error() is None or resp.Error().Code() == 0
+                rid = resp.RequestId().decode()
+                answers[rid] = codec.request_tensor(resp.Outputs(0), group[1:]).data
+        for rid, x in xs.items():
+            np.testing.assert_array_equal(answers[rid], x)
+    finally:
+        sock.close()
+        ctx.term()

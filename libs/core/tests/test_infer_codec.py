@@ -72,3 +72,33 @@ def test_split_groups_checks_the_counts() -> None:
         list(codec.split_groups([1, 2, 3], [2, 2]))
     with pytest.raises(wire.ProtocolError):
         list(codec.split_groups([1], [0, 1]))
+
+
+def _groups() -> list[list[bytes]]:
+    return [[codec.build_response(request_id=f"r{i}", trace_id="t", model="m"), *[b"p" * j for j in range(i)]]
+            for i in range(4)]  # fmt: skip
+
+
+@pytest.mark.parametrize("responses", [False, True])
+def test_bundle_round_trips_its_groups(responses: bool) -> None:
+    groups = _groups()
+    msg = codec.bundle(groups, responses=responses)
+    assert len(msg) == 1 + sum(map(len, groups))  # one head frame, then the groups' frames unchanged
+    assert wire.body_type(msg[0]) == (pb.Body.BatchResult if responses else pb.Body.Batch)
+    assert [[bytes(f) for f in g] for g in codec.unbundle(msg)] == groups
+
+
+def test_a_lone_group_travels_as_itself() -> None:
+    group = _groups()[2]
+    assert codec.bundle([group], responses=True) == group
+    assert codec.unbundle(group) == [group]
+
+
+def test_unbundle_refuses_what_does_not_add_up() -> None:
+    msg = codec.bundle(_groups(), responses=False)
+    with pytest.raises(wire.ProtocolError, match="do not add up"):
+        codec.unbundle(msg[:-1])  # a frame short
+    with pytest.raises(wire.ProtocolError):
+        codec.unbundle([b"\xff" * 3, b"x"])  # no envelope at all
+    with pytest.raises(wire.ProtocolError, match="empty"):
+        codec.unbundle([])

@@ -56,7 +56,7 @@ class Harness:
         self.server = server
         self.sched = sched
         self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.wire: list[list[bytes]] = []  # every message the gateway sent the scheduler
+        self.wire: list[list[bytes]] = []  # every request group the gateway sent the scheduler
         self.auto = True  # answer like an identity executor
         self.held: asyncio.Queue[tuple[bytes, Any]] = asyncio.Queue()
         self._maps: dict[str, Region] = {}
@@ -104,14 +104,15 @@ class Harness:
 
     async def serve(self) -> None:
         while True:
-            parts = await self.sched.recv_multipart()
-            self.wire.append(parts[1:])
-            ident, req = parts[0], codec.open_request(parts[1])
-            if self.auto:
-                x = self.executor_view(req.Inputs(0))
-                await self.answer(ident, req, {"OUTPUT0": x.copy()})
-            else:
-                self.held.put_nowait((ident, req))
+            ident, *parts = await self.sched.recv_multipart()
+            for group in codec.unbundle(parts):  # the gateway bundles the requests of one loop turn
+                self.wire.append(group)
+                req = codec.open_request(group[0])
+                if self.auto:
+                    x = self.executor_view(req.Inputs(0))
+                    await self.answer(ident, req, {"OUTPUT0": x.copy()})
+                else:
+                    self.held.put_nowait((ident, req))
 
     def close(self) -> None:
         for region in self._maps.values():

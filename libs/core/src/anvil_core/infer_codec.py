@@ -9,6 +9,11 @@ Batch framing (see proto/anvil.fbs, Batch and BatchResult)::
 
     [Batch envelope] [req 0 envelope] [req 0 payloads...] [req 1 envelope] [req 1 payloads...] ...
     frame_counts[i] = 1 + number of payload frames of request i
+
+The same framing bundles several requests (gateway -> scheduler, a Batch envelope with only
+frame counts) or responses (scheduler -> gateway, a BatchResult envelope) into one ZeroMQ message:
+on two cores every message costs a wake-up of each side's I/O thread, so requests that meet in one
+event-loop turn travel together. A lone request or response still travels as itself.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ __all__ = [
     "ShmSpan",
     "build_request",
     "build_response",
+    "bundle",
     "open_request",
     "open_response",
     "request_tensor",
     "split_groups",
     "tensor_frames",
+    "unbundle",
 ]
 
 _DTYPE_CODES = wire.DTYPE_CODES
@@ -184,3 +191,26 @@ def split_groups(frames: Sequence[Any], counts: Sequence[int]) -> Iterator[list[
     for count in counts:
         yield list(frames[pos : pos + count])
         pos += count
+
+
+_BUNDLES = (pb.Body.Batch, pb.Body.BatchResult)
+
+
+def bundle(groups: Sequence[Sequence[Any]], *, responses: bool) -> list[Any]:
+    """One message for several [envelope, *payloads] groups (itself when there is one group)."""
+    if len(groups) == 1:
+        return list(groups[0])
+    head: pb.BatchT | pb.BatchResultT = pb.BatchResultT() if responses else pb.BatchT()
+    head.frameCounts = [len(g) for g in groups]
+    return wire.pack(head, [frame for g in groups for frame in g])
+
+
+def unbundle(parts: Sequence[Any]) -> list[list[Any]]:
+    """The per-request groups of one message: a bundle's groups, or the message itself."""
+    if not parts:
+        raise wire.ProtocolError("empty message")
+    if wire.body_type(parts[0]) not in _BUNDLES:
+        return [list(parts)]
+    body, frames = wire.unpack(parts)
+    assert isinstance(body, (pb.BatchT, pb.BatchResultT))
+    return list(split_groups(frames, wire.ints(body.frameCounts)))

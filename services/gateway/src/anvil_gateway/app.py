@@ -38,7 +38,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             "zerocopy_endpoint": zerocopy.endpoint,
         },
     )
-    link = SchedulerLink(identity=f"gw-{settings.service_id}")
+    link = SchedulerLink(identity=f"gw-{settings.service_id}", bundle_max=settings.bundle_max)
     admission = Admission(settings.require_api_key, settings.max_inflight_per_model)
     discovery = Discovery(registry, settings.discovery_interval_ms / 1000, link.follow, admission.load)
     st = GatewayState(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -32,11 +32,15 @@ class SchedulerLink:
     when the scheduler's endpoint appears or moves.
     """
 
-    def __init__(self, identity: str) -> None:
+    def __init__(self, identity: str, bundle_max: int = 8) -> None:
+        if bundle_max < 1:
+            raise ValueError(f"bundle_max must be >= 1, got {bundle_max}")
+        self.bundle_max = bundle_max
         self.ctx = zmq.asyncio.Context()
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=identity, immediate=True)
         self.endpoint: str | None = None
         self.pending: dict[str, asyncio.Future[Reply]] = {}
+        self._outbox: list[tuple[str, list[Any]]] = []  # requests of this loop turn, not yet sent
         self._rx: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -59,7 +63,11 @@ class SchedulerLink:
         self.endpoint = endpoint
 
     async def infer(self, request_id: str, parts: list[Any], timeout_s: float) -> Reply:
-        """Send [envelope, *payloads] and wait for the answer; raises TimeoutError after `timeout_s`."""
+        """Send [envelope, *payloads] and wait for the answer; raises TimeoutError after `timeout_s`.
+
+        Requests made in one event-loop turn leave together, as bundles of up to `bundle_max` (see
+        infer_codec): a full bundle at once, the rest at the end of the turn.
+        """
         if self.endpoint is None:
             raise BackendUnavailable("no scheduler registered")
         loop = asyncio.get_running_loop()
@@ -67,27 +75,53 @@ class SchedulerLink:
         self.pending[request_id] = fut
         # a timer on the future itself: asyncio.wait_for would wrap every request in another task
         timer = loop.call_later(timeout_s, _expire, fut)
+        self._outbox.append((request_id, parts))
+        if len(self._outbox) >= self.bundle_max:
+            self._flush()  # a full bundle leaves now, so the scheduler can start on it
+        elif len(self._outbox) == 1:
+            loop.call_soon(self._flush)
         try:
-            try:
-                await self.sock.send_multipart(parts, copy=False, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                raise BackendUnavailable("scheduler not connected") from None
             return await fut
         finally:
             timer.cancel()
             self.pending.pop(request_id, None)
 
+    def _flush(self) -> None:
+        out, self._outbox = self._outbox, []
+        if not out:
+            return
+        msg = codec.bundle([parts for _, parts in out], responses=False)
+        # zmq.asyncio returns a Future (typed as an Awaitable); a refused send is its exception
+        sent = cast(asyncio.Future[Any], self.sock.send_multipart(msg, copy=False, flags=zmq.NOBLOCK))
+        sent.add_done_callback(lambda f: self._sent(f, [rid for rid, _ in out]))
+
+    def _sent(self, sent: asyncio.Future[Any], request_ids: list[str]) -> None:
+        if sent.cancelled() or sent.exception() is None:
+            return
+        exc = sent.exception()
+        why = "scheduler not connected" if isinstance(exc, zmq.Again) else f"send failed: {exc}"
+        for rid in request_ids:
+            fut = self.pending.get(rid)
+            if fut is not None and not fut.done():
+                fut.set_exception(BackendUnavailable(why))
+
     async def _rx_loop(self) -> None:
         while True:
             parts = await self.sock.recv_multipart(copy=False)
             try:
-                resp = codec.open_response(parts[0])
+                groups = codec.unbundle(parts)
             except wire.ProtocolError as exc:
                 log.warning("undecodable message from the scheduler", extra={"err": str(exc)})
                 continue
-            fut = self.pending.get((resp.RequestId() or b"").decode())
-            if fut is not None and not fut.done():
-                fut.set_result((resp, parts[1:]))
+            for group in groups:
+                try:
+                    resp = codec.open_response(group[0])
+                except wire.ProtocolError as exc:
+                    log.warning("undecodable response from the scheduler", extra={"err": str(exc)})
+                    continue
+                fut = self.pending.get((resp.RequestId() or b"").decode())
+                if fut is not None and not fut.done():
+                    fut.set_result((resp, group[1:]))
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:

@@ -29,6 +29,10 @@ class GatewaySettings(ServiceSettings):
     zerocopy_dir: str = ""
     # Requests in flight per model at this gateway before new ones get 429 + Retry-After.
     max_inflight_per_model: int = 4096
+    # Requests made in one event-loop turn travel to the scheduler together, this many per message
+    # at most: fewer messages cost less CPU, but one huge wave leaves nothing for the scheduler to
+    # overlap with (1: a message per request).
+    bundle_max: int = 8
 
     def slo_ms(self, priority: int) -> int:
         return {1: self.slo_p1_ms, 2: self.slo_p2_ms, 3: self.slo_p3_ms}[priority]

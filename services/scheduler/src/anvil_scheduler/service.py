@@ -176,8 +176,14 @@ class Scheduler:
 
     # ---- gateways -----------------------------------------------------------------------------
     def _on_gateway(self, gateway: bytes, parts: list[Any]) -> None:
-        if not parts:
-            return
+        """One request, or a bundle of the requests the gateway gathered in one loop turn."""
+        for group in codec.unbundle(parts):
+            try:
+                self._on_request(gateway, group)
+            except wire.ProtocolError as exc:  # one bad request spoils none of its neighbours
+                log.warning("undecodable request", extra={"err": str(exc)})
+
+    def _on_request(self, gateway: bytes, parts: list[Any]) -> None:
         req = codec.open_request(parts[0])
         rid = (req.RequestId() or b"").decode()
         model = (req.Model() or b"").decode()
@@ -205,8 +211,11 @@ class Scheduler:
             self._answer_shed(shed)
 
     def _send_gateway(self, ticket: Ticket, parts: list[Any]) -> None:
+        self._send_to(ticket.gateway, parts)
+
+    def _send_to(self, gateway: bytes, parts: list[Any]) -> None:
         try:
-            self.gw.send_multipart([ticket.gateway, *parts], flags=zmq.NOBLOCK, copy=False)
+            self.gw.send_multipart([gateway, *parts], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # the gateway is gone: nobody waits for this answer any more
             log.warning("gateway unreachable; answer dropped", extra={"err": str(exc)})
 
@@ -305,15 +314,18 @@ class Scheduler:
         answered = {r.request_id: r for r in done.answered}
         if answered:
             m.batch_rtt_us.labels(model=done.answered[0].model).observe((now - sent) * 1e6)
+        replies: dict[bytes, list[list[Any]]] = {}  # gateway -> response groups, forwarded unchanged
         try:
             for group in codec.split_groups(frames, wire.ints(result.frameCounts)):
                 rid = (codec.open_response(group[0]).RequestId() or b"").decode()
                 r = answered.pop(rid, None)
                 if r is not None:
                     m.requests.labels(model=r.model, outcome="answered").inc()
-                    self._send_gateway(_ticket(r), group)  # forwarded unchanged
+                    replies.setdefault(_ticket(r).gateway, []).append(group)
         except wire.ProtocolError as exc:
             log.warning("malformed batch result", extra={"executor": eid, "err": str(exc)})
+        for gateway, groups in replies.items():  # one message per gateway for the whole batch
+            self._send_to(gateway, codec.bundle(groups, responses=True))
         for r in answered.values():
             self._reply_error(
                 _ticket(r),

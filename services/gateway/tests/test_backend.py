@@ -1,0 +1,92 @@
+"""SchedulerLink against a real ROUTER socket: requests of one loop turn travel as bundles."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from anvil_core import infer_codec as codec
+from anvil_gateway.backend import BackendUnavailable, SchedulerLink
+
+
+def _request(rid: str) -> list[bytes]:
+    env = codec.build_request(
+        request_id=rid, trace_id="t", model="m", version="1", priority=2, deadline_unix_ns=2**62, tenant=""
+    )
+    return [env, rid.encode() * 3]  # an envelope and one payload frame
+
+
+def _response(rid: bytes) -> list[bytes]:
+    return [codec.build_response(request_id=rid, trace_id="t", model="m", compute_us=7), b"out-" + rid]
+
+
+@pytest.mark.parametrize(("bundle_max", "sizes"), [(8, [5]), (2, [2, 2, 1]), (1, [1, 1, 1, 1, 1])])
+def test_one_turn_of_requests_leaves_in_bundles_and_answers_find_their_callers(
+    bundle_max: int, sizes: list[int]
+) -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        link = SchedulerLink("gw-test", bundle_max=bundle_max)
+        monitor = link.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        link.follow(f"tcp://127.0.0.1:{port}")
+        link.start()
+        try:
+            await asyncio.wait_for(monitor.recv_multipart(), 5)  # immediate=True: no send before this
+            link.sock.disable_monitor()
+            rids = [f"r{i}" for i in range(5)]
+            calls = [asyncio.ensure_future(link.infer(rid, _request(rid), 5)) for rid in rids]
+            got: list[list[bytes]] = []
+            while sum(map(len, got)) < len(rids):
+                ident, *parts = await asyncio.wait_for(router.recv_multipart(), 5)
+                groups = codec.unbundle(parts)
+                got.append([codec.open_request(g[0]).RequestId() for g in groups])
+                assert all(len(g) == 2 and g[1] == codec.open_request(g[0]).RequestId() * 3 for g in groups)
+            assert [len(b) for b in got] == sizes
+            assert [rid for b in got for rid in b] == [r.encode() for r in rids]  # in call order
+            # answer all five in one BatchResult bundle, in reverse order
+            reply = codec.bundle([_response(r.encode()) for r in reversed(rids)], responses=True)
+            await router.send_multipart([ident, *reply])
+            for rid, call in zip(rids, calls, strict=True):
+                resp, frames = await asyncio.wait_for(call, 5)
+                assert resp.RequestId() == rid.encode() and resp.ComputeUs() == 7
+                assert [bytes(f) for f in frames] == [b"out-" + rid.encode()]
+            assert not link.pending
+        finally:
+            monitor.close()  # before the context ends: an open monitor socket blocks ctx.term()
+            await link.stop()
+            router.close()
+            ctx.term()
+
+    asyncio.run(main())
+
+
+def test_a_bundle_that_cannot_leave_fails_each_of_its_callers() -> None:
+    async def main() -> list[BaseException]:
+        link = SchedulerLink("gw-test")
+        link.follow("tcp://127.0.0.1:9")  # nothing listens: with immediate=True a send is refused
+        link.start()
+        try:
+            calls = [link.infer(f"r{i}", _request(f"r{i}"), 5) for i in range(3)]
+            out = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+            assert not link.pending
+            return [e for e in out if isinstance(e, BaseException)]
+        finally:
+            await link.stop()
+
+    errors = asyncio.run(main())
+    assert len(errors) == 3
+    assert all(isinstance(e, BackendUnavailable) and "not connected" in str(e) for e in errors)
+
+
+def test_no_scheduler_is_refused_at_once() -> None:
+    async def main() -> None:
+        link = SchedulerLink("gw-test")
+        with pytest.raises(BackendUnavailable, match="no scheduler"):
+            await link.infer("r", _request("r"), 1)
+
+    asyncio.run(main())
