@@ -8,6 +8,7 @@ from anvil_core.logs import setup_logging
 from anvil_core.metrics import serve_metrics
 from anvil_gateway.app import create_app
 from anvil_gateway.fastpath import FastInfer
+from anvil_gateway.http_protocol import CoalescingHttpToolsProtocol
 from anvil_gateway.settings import GatewaySettings
 
 
@@ -21,7 +22,7 @@ def main() -> None:
         host=settings.bind_host,
         port=settings.http_port,
         loop="uvloop",
-        http="httptools",
+        http=CoalescingHttpToolsProtocol,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=5,
