@@ -23,10 +23,15 @@ def _response(rid: bytes) -> list[bytes]:
     return [codec.build_response(request_id=rid, trace_id="t", model="m", compute_us=7), b"out-" + rid]
 
 
-@pytest.mark.parametrize(("bundle_max", "sizes"), [(8, [5]), (2, [2, 2, 1]), (1, [1, 1, 1, 1, 1])])
+@pytest.mark.parametrize(
+    ("bundle_max", "urgent", "sizes"),
+    [(8, (), [5]), (2, (), [2, 2, 1]), (1, (), [1, 1, 1, 1, 1]), (8, (2,), [3, 2]), (2, (0, 4), [1, 2, 2])],
+)
 def test_one_turn_of_requests_leaves_in_bundles_and_answers_find_their_callers(
-    bundle_max: int, sizes: list[int]
+    bundle_max: int, urgent: tuple[int, ...], sizes: list[int]
 ) -> None:
+    """Bundles close when full, when an urgent (priority 1) request joins, and at the turn's end."""
+
     async def main() -> None:
         ctx = zmq.asyncio.Context()
         router = ctx.socket(zmq.ROUTER)
@@ -39,7 +44,10 @@ def test_one_turn_of_requests_leaves_in_bundles_and_answers_find_their_callers(
             await asyncio.wait_for(monitor.recv_multipart(), 5)  # immediate=True: no send before this
             link.sock.disable_monitor()
             rids = [f"r{i}" for i in range(5)]
-            calls = [asyncio.ensure_future(link.infer(rid, _request(rid), 5)) for rid in rids]
+            calls = [
+                asyncio.ensure_future(link.infer(rid, _request(rid), 5, urgent=i in urgent))
+                for i, rid in enumerate(rids)
+            ]
             got: list[list[bytes]] = []
             while sum(map(len, got)) < len(rids):
                 ident, *parts = await asyncio.wait_for(router.recv_multipart(), 5)

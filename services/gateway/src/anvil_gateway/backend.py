@@ -62,11 +62,12 @@ class SchedulerLink:
         self.sock.connect(endpoint)
         self.endpoint = endpoint
 
-    async def infer(self, request_id: str, parts: list[Any], timeout_s: float) -> Reply:
+    async def infer(self, request_id: str, parts: list[Any], timeout_s: float, urgent: bool = False) -> Reply:
         """Send [envelope, *payloads] and wait for the answer; raises TimeoutError after `timeout_s`.
 
         Requests made in one event-loop turn leave together, as bundles of up to `bundle_max` (see
-        infer_codec): a full bundle at once, the rest at the end of the turn.
+        infer_codec): a full bundle at once, the rest at the end of the turn. An `urgent` request
+        (priority 1) does not wait for the turn's end: it leaves at once with what is pending.
         """
         if self.endpoint is None:
             raise BackendUnavailable("no scheduler registered")
@@ -76,8 +77,8 @@ class SchedulerLink:
         # a timer on the future itself: asyncio.wait_for would wrap every request in another task
         timer = loop.call_later(timeout_s, _expire, fut)
         self._outbox.append((request_id, parts))
-        if len(self._outbox) >= self.bundle_max:
-            self._flush()  # a full bundle leaves now, so the scheduler can start on it
+        if urgent or len(self._outbox) >= self.bundle_max:
+            self._flush()  # now: the scheduler can start on a full bundle, or an interactive request
         elif len(self._outbox) == 1:
             loop.call_soon(self._flush)
         try:

@@ -219,7 +219,9 @@ async def forward(
             outputs=outputs,
         )
         try:
-            resp, frames = await st.link.infer(request_id, [envelope, *payloads], timeout_s + 0.05)
+            resp, frames = await st.link.infer(
+                request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
+            )
         except BackendUnavailable as exc:
             raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
         except TimeoutError:

@@ -317,7 +317,7 @@ class ZeroCopyServer:
         self._flights[(peer, rid)] = flight
         m.inflight.inc()
         flight.task = asyncio.get_running_loop().create_task(
-            self._run(flight, request_id, envelope, budget_s)
+            self._run(flight, request_id, envelope, budget_s, urgent=priority == 1)
         )
 
     def _prepare(self, block: bytes, payload_length: int) -> _Prepared:
@@ -345,9 +345,11 @@ class ZeroCopyServer:
             )
         return prepared
 
-    async def _run(self, flight: _Flight, request_id: str, envelope: bytearray, budget_s: float) -> None:
+    async def _run(
+        self, flight: _Flight, request_id: str, envelope: bytearray, budget_s: float, urgent: bool
+    ) -> None:
         try:
-            resp, frames = await self.st.link.infer(request_id, [envelope], budget_s + 0.05)
+            resp, frames = await self.st.link.infer(request_id, [envelope], budget_s + 0.05, urgent)
             if not flight.done:
                 self._deliver(flight, resp, frames)
         except BackendUnavailable as exc:
