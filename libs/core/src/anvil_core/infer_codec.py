@@ -22,7 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from anvil_core import wire
+from anvil_core import fbread, wire
+from anvil_core.fbread import FastEnvelope, FastInferRequest, FastInferResponse
 from anvil_core.fbwrite import Node, Str, TableDef, Vec
 from anvil_core.proto_gen import anvil_generated as pb
 from anvil_core.tensors import HostTensor, TensorError
@@ -141,7 +142,7 @@ def build_response(
 def _open(frame: Any, body_type: int, cls: type) -> Any:
     buf = bytes(frame.buffer if hasattr(frame, "buffer") else frame)
     try:
-        env = pb.Envelope.GetRootAs(buf, 0)
+        env = FastEnvelope.root(buf)
         version = env.Version()
         kind = env.BodyType()
         table = env.Body()
@@ -159,13 +160,13 @@ def _open(frame: Any, body_type: int, cls: type) -> Any:
 
 
 def open_request(frame: Any) -> pb.InferRequest:
-    """Lazy view of an InferRequest envelope frame (fields are read on access)."""
-    view: pb.InferRequest = _open(frame, pb.Body.InferRequest, pb.InferRequest)
+    """Lazy view of an InferRequest envelope frame (fields are read on access, see fbread)."""
+    view: pb.InferRequest = _open(frame, pb.Body.InferRequest, FastInferRequest)
     return view
 
 
 def open_response(frame: Any) -> pb.InferResponse:
-    view: pb.InferResponse = _open(frame, pb.Body.InferResponse, pb.InferResponse)
+    view: pb.InferResponse = _open(frame, pb.Body.InferResponse, FastInferResponse)
     return view
 
 
@@ -175,7 +176,7 @@ def request_tensor(t: pb.Tensor, frames: Sequence[Any]) -> HostTensor:
     datatype = _DTYPE_NAMES.get(t.Dtype())
     if datatype is None:
         raise TensorError(f"tensor {name!r}: unknown dtype code {t.Dtype()}")
-    shape = tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+    shape = fbread.shape(t)
     index = t.Frame()
     if index < 0 or index >= len(frames):
         raise TensorError(f"tensor {name!r}: frame index {index} outside 0..{len(frames) - 1}")
