@@ -89,36 +89,34 @@ def _fast(view: Any, cls: type) -> Any:
     return out
 
 
-class FastShmRef(pb.ShmRef):
+class _OverFastTable:
+    """Mixed in before a generated view class: its table (and so every accessor) is a FastTable."""
+
+    _tab: Table
+
     def Init(self, buf: Any, pos: int) -> None:
         self._tab = FastTable(buf, pos)
 
 
-class FastError(pb.Error):
-    def Init(self, buf: Any, pos: int) -> None:
-        self._tab = FastTable(buf, pos)
+class FastShmRef(_OverFastTable, pb.ShmRef):
+    pass
 
 
-class FastTensor(pb.Tensor):
-    def Init(self, buf: Any, pos: int) -> None:
-        self._tab = FastTable(buf, pos)
+class FastError(_OverFastTable, pb.Error):
+    pass
 
+
+class FastTensor(_OverFastTable, pb.Tensor):
     def Shm(self) -> FastShmRef | None:
         return _fast(super().Shm(), FastShmRef)  # type: ignore[no-any-return]
 
 
-class FastInferRequest(pb.InferRequest):
-    def Init(self, buf: Any, pos: int) -> None:
-        self._tab = FastTable(buf, pos)
-
+class FastInferRequest(_OverFastTable, pb.InferRequest):
     def Inputs(self, j: int) -> FastTensor | None:
         return _fast(super().Inputs(j), FastTensor)  # type: ignore[no-any-return]
 
 
-class FastInferResponse(pb.InferResponse):
-    def Init(self, buf: Any, pos: int) -> None:
-        self._tab = FastTable(buf, pos)
-
+class FastInferResponse(_OverFastTable, pb.InferResponse):
     def Outputs(self, j: int) -> FastTensor | None:
         return _fast(super().Outputs(j), FastTensor)  # type: ignore[no-any-return]
 
