@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import zmq
@@ -98,3 +99,24 @@ def test_no_scheduler_is_refused_at_once() -> None:
             await link.infer("r", _request("r"), 1)
 
     asyncio.run(main())
+
+
+def test_stopping_with_requests_not_yet_sent_answers_them() -> None:
+    async def main() -> tuple[list[BaseException], list[dict[str, Any]]]:
+        loop_errors: list[dict[str, Any]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
+        link = SchedulerLink("gw-test")
+        link.follow("tcp://127.0.0.1:9")
+        link.start()
+        calls = [asyncio.ensure_future(link.infer(f"r{i}", _request(f"r{i}"), 5)) for i in range(3)]
+        await asyncio.sleep(0)  # the calls queue their requests; the flush comes at the turn's end
+        assert len(link._outbox) == 3
+        await link.stop()
+        out = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 5)
+        for _ in range(3):
+            await asyncio.sleep(0)  # any flush still scheduled runs (and must not raise)
+        return [e for e in out if isinstance(e, BaseException)], loop_errors
+
+    errors, loop_errors = asyncio.run(main())
+    assert len(errors) == 3 and all(isinstance(e, BackendUnavailable) for e in errors)
+    assert not loop_errors

@@ -50,6 +50,7 @@ class SchedulerLink:
         if self._rx is not None:
             self._rx.cancel()
             await asyncio.gather(self._rx, return_exceptions=True)
+        self._outbox = []  # their callers are failed just below
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(BackendUnavailable("gateway shutting down"))
@@ -91,15 +92,22 @@ class SchedulerLink:
         out, self._outbox = self._outbox, []
         if not out:
             return
+        request_ids = [rid for rid, _ in out]
         msg = codec.bundle([parts for _, parts in out], responses=False)
-        # zmq.asyncio returns a Future (typed as an Awaitable); a refused send is its exception
-        sent = cast(asyncio.Future[Any], self.sock.send_multipart(msg, copy=False, flags=zmq.NOBLOCK))
-        sent.add_done_callback(lambda f: self._sent(f, [rid for rid, _ in out]))
+        try:
+            # zmq.asyncio returns a Future (typed as an Awaitable); a refused send is its exception
+            sent = cast(asyncio.Future[Any], self.sock.send_multipart(msg, copy=False, flags=zmq.NOBLOCK))
+        except zmq.ZMQError as exc:  # e.g. the socket closed by stop() before this turn ended
+            self._fail(request_ids, exc)
+            return
+        sent.add_done_callback(lambda f: self._sent(f, request_ids))
 
     def _sent(self, sent: asyncio.Future[Any], request_ids: list[str]) -> None:
         if sent.cancelled() or sent.exception() is None:
             return
-        exc = sent.exception()
+        self._fail(request_ids, sent.exception())
+
+    def _fail(self, request_ids: list[str], exc: BaseException | None) -> None:
         why = "scheduler not connected" if isinstance(exc, zmq.Again) else f"send failed: {exc}"
         for rid in request_ids:
             fut = self.pending.get(rid)
