@@ -84,7 +84,9 @@ def test_bundle_round_trips_its_groups(responses: bool) -> None:
     groups = _groups()
     msg = codec.bundle(groups, responses=responses)
     assert len(msg) == 1 + sum(map(len, groups))  # one head frame, then the groups' frames unchanged
-    assert wire.body_type(msg[0]) == (pb.Body.BatchResult if responses else pb.Body.Batch)
+    assert pb.Envelope.GetRootAs(msg[0], 0).BodyType() == (
+        pb.Body.BatchResult if responses else pb.Body.Batch
+    )
     assert [[bytes(f) for f in g] for g in codec.unbundle(msg)] == groups
 
 

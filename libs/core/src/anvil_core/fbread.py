@@ -18,7 +18,16 @@ from flatbuffers.table import Table
 
 from anvil_core.proto_gen import anvil_generated as pb
 
-__all__ = ["FastEnvelope", "FastInferRequest", "FastInferResponse", "FastTable", "FastTensor", "shape"]
+__all__ = [
+    "FastBatch",
+    "FastBatchResult",
+    "FastEnvelope",
+    "FastInferRequest",
+    "FastInferResponse",
+    "FastTable",
+    "FastTensor",
+    "shape",
+]
 
 _u16 = struct.Struct("<H").unpack_from
 _u32 = struct.Struct("<I").unpack_from
@@ -122,6 +131,14 @@ class FastInferResponse(_OverFastTable, pb.InferResponse):
 
     def Error(self) -> FastError | None:
         return _fast(super().Error(), FastError)  # type: ignore[no-any-return]
+
+
+class FastBatch(_OverFastTable, pb.Batch):
+    pass
+
+
+class FastBatchResult(_OverFastTable, pb.BatchResult):
+    pass
 
 
 class FastEnvelope(pb.Envelope):

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_core import fbread, wire
-from anvil_core.fbread import FastEnvelope, FastInferRequest, FastInferResponse
+from anvil_core.fbread import (
+    FastBatch,
+    FastBatchResult,
+    FastEnvelope,
+    FastInferRequest,
+    FastInferResponse,
+)
 from anvil_core.fbwrite import Node, Str, TableDef, Vec
 from anvil_core.proto_gen import anvil_generated as pb
 from anvil_core.tensors import HostTensor, TensorError
@@ -139,7 +145,8 @@ def build_response(
     return wire.envelope(pb.Body.InferResponse, Node(_RESPONSE, body))
 
 
-def _open(frame: Any, body_type: int, cls: type) -> Any:
+def _envelope(frame: Any) -> tuple[int, Any]:
+    """(body type, body table or None) of an envelope frame of this protocol version."""
     buf = bytes(frame.buffer if hasattr(frame, "buffer") else frame)
     try:
         env = FastEnvelope.root(buf)
@@ -152,6 +159,11 @@ def _open(frame: Any, body_type: int, cls: type) -> Any:
         raise wire.ProtocolError(
             f"protocol version {version} received, this side speaks {wire.PROTOCOL_VERSION}"
         )
+    return kind, table
+
+
+def _open(frame: Any, body_type: int, cls: type) -> Any:
+    kind, table = _envelope(frame)
     if kind != body_type or table is None:
         raise wire.ProtocolError(f"expected body type {body_type}, got {kind}")
     view = cls()
@@ -194,7 +206,7 @@ def split_groups(frames: Sequence[Any], counts: Sequence[int]) -> Iterator[list[
         pos += count
 
 
-_BUNDLES = (pb.Body.Batch, pb.Body.BatchResult)
+_BUNDLES: dict[int, type] = {pb.Body.Batch: FastBatch, pb.Body.BatchResult: FastBatchResult}
 
 
 def bundle(groups: Sequence[Sequence[Any]], *, responses: bool) -> list[Any]:
@@ -210,8 +222,11 @@ def unbundle(parts: Sequence[Any]) -> list[list[Any]]:
     """The per-request groups of one message: a bundle's groups, or the message itself."""
     if not parts:
         raise wire.ProtocolError("empty message")
-    if wire.body_type(parts[0]) not in _BUNDLES:
+    kind, table = _envelope(parts[0])
+    cls = _BUNDLES.get(kind)
+    if cls is None or table is None:
         return [list(parts)]
-    body, frames = wire.unpack(parts)
-    assert isinstance(body, (pb.BatchT, pb.BatchResultT))
-    return list(split_groups(frames, wire.ints(body.frameCounts)))
+    head = cls()
+    head.Init(table.Bytes, table.Pos)
+    counts = [head.FrameCounts(j) for j in range(head.FrameCountsLength())]
+    return list(split_groups(parts[1:], counts))

@@ -28,7 +28,6 @@ __all__ = [
     "Body",
     "Frame",
     "ProtocolError",
-    "body_type",
     "decode_tensor",
     "encode_tensor",
     "envelope",
@@ -143,15 +142,6 @@ def pack(body: Body, frames: Sequence[Frame] = ()) -> list[Frame]:
     builder = flatbuffers.Builder(256)
     builder.Finish(env.Pack(builder))
     return [bytes(builder.Output()), *frames]
-
-
-def body_type(frame: Frame) -> int:
-    """The body type of an envelope frame, read without decoding the body."""
-    buf = frame.buffer if hasattr(frame, "buffer") else frame
-    try:
-        return int(pb.Envelope.GetRootAs(buf, 0).BodyType())
-    except Exception as exc:  # flatbuffers raises struct/index errors on garbage
-        raise ProtocolError(f"undecodable envelope ({type(exc).__name__})") from None
 
 
 def unpack(parts: Sequence[Frame]) -> tuple[Body, list[Frame]]:

@@ -210,9 +210,6 @@ class Scheduler:
         for shed in admission.shed:
             self._answer_shed(shed)
 
-    def _send_gateway(self, ticket: Ticket, parts: list[Any]) -> None:
-        self._send_to(ticket.gateway, parts)
-
     def _send_to(self, gateway: bytes, parts: list[Any]) -> None:
         try:
             self.gw.send_multipart([gateway, *parts], flags=zmq.NOBLOCK, copy=False)
@@ -224,7 +221,7 @@ class Scheduler:
         env = codec.build_response(
             request_id=rid, trace_id=ticket.trace_id, model=model, error=(code, reason)
         )
-        self._send_gateway(ticket, [env])
+        self._send_to(ticket.gateway, [env])
 
     def _answer_shed(self, shed: Shed) -> None:
         r = shed.request
