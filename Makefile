@@ -4,11 +4,12 @@ UV ?= $(shell command -v uv 2>/dev/null || { python3 -m pip install -q --disable
 PY := $(UV) run --frozen
 PROTO_OUT := libs/core/src/anvil_core/proto_gen
 
-.PHONY: help sync up demo down status test test-unit test-integration lint proto bench-kernels bench-batching
+.PHONY: help sync up demo down status test test-unit test-integration test-gpu lint proto bench-kernels bench-batching
 
 help:
 	@echo "make up      run the whole stack on this machine (no docker), Ctrl-C stops it"
 	@echo "make test    unit tests of every member + tests/integration"
+	@echo "make test-gpu  the GPU tests (on a host with a CUDA device)"
 	@echo "make lint    ruff, mypy, compose config, hadolint, proto staleness"
 	@echo "make proto   regenerate $(PROTO_OUT) from proto/anvil.fbs"
 
@@ -33,6 +34,14 @@ status:
 
 test: sync
 	$(PY) pytest libs services tests -q -p no:cacheprovider
+
+# The tests marked gpu (CUDA kernels and the GPU plan runtime against their CPU twins); they skip
+# where no CUDA device is. On a GPU host without uv: `make test-gpu GPU_PY=python3` with PYTHONPATH
+# set to the members' src folders (bench/h200_gpu.sh does that).
+GPU_PY ?= $(PY) python
+test-gpu:
+	$(GPU_PY) -m pytest -m gpu -q -p no:cacheprovider -rs \
+		$(shell grep -rl --include='test_*.py' 'mark.gpu' libs services tests)
 
 test-unit: sync
 	$(PY) pytest libs services -q

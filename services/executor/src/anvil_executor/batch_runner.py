@@ -15,6 +15,7 @@ from anvil_core import wire
 from anvil_core.model_spec import SpecError
 from anvil_core.tensors import HostTensor, TensorError
 from anvil_core.wire import pb
+from anvil_executor.device import is_device_fault
 from anvil_executor.models import Model, RequestInputs
 
 __all__ = ["ShmResolver", "run_batch"]
@@ -85,6 +86,8 @@ def run_batch(
         try:
             produced_all = model.run([inputs for _, inputs in runnable])
         except Exception as exc:  # a model bug must not kill the executor; every request hears it
+            if is_device_fault(exc):
+                raise  # the compute loop answers the batch, then the executor restarts clean
             result.error = wire.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
             return result, []
         compute_us = int((time.perf_counter() - t0) * 1e6)

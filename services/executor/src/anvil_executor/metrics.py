@@ -13,3 +13,19 @@ compute_us = Histogram(
 )
 inflight = Gauge("anvil_executor_inflight_batches", "Batches received and not yet answered")
 connected = Gauge("anvil_executor_scheduler_connected", "1 when a scheduler endpoint is known")
+
+# GPU backend (ANVIL_DEVICE=cuda:N): the steady state must allocate nothing and load no module.
+device_allocations = Gauge(
+    "anvil_executor_device_allocations_steady",
+    "CuPy device allocations since every model was loaded (0 in a correct steady state)",
+)
+module_loads = Gauge(
+    "anvil_executor_module_loads_steady", "Kernel modules loaded since every model was loaded (0 expected)"
+)
+graphs = Gauge("anvil_executor_cuda_graphs", "CUDA graphs captured (one per shape bucket)", ["model"])
+padding_waste = Gauge(
+    "anvil_executor_padding_waste_ratio",
+    "Share of the (row, token) cells run that were bucket padding",
+    ["model"],
+)
+device_bytes = Gauge("anvil_executor_device_arena_bytes", "Device arena bytes per bank", ["model", "bank"])

@@ -25,6 +25,7 @@ from anvil_core.registry import Registry
 from anvil_core.wire import pb
 from anvil_executor import metrics as m
 from anvil_executor.batch_runner import ShmResolver, run_batch
+from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.models import Model, load_builtin
 from anvil_executor.models.builtin import BusyModel
 from anvil_executor.settings import ExecutorSettings
@@ -38,6 +39,10 @@ log = get_logger("anvil.executor")
 class Executor:
     def __init__(self, settings: ExecutorSettings) -> None:
         self.s = settings
+        self.device = parse_device(settings.device)
+        self.device_info = open_device(self.device)  # DeviceError: refuse to start, never fall back
+        log.info("device", extra={"device": str(self.device), "info": self.device_info})
+        self.fault: BaseException | None = None  # a CUDA fault ends the process (the launcher restarts it)
         if settings.blas_threads > 0 and not set_blas_threads(settings.blas_threads):
             log.info("numpy does not use OpenBLAS here: blas_threads not applied")
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
@@ -75,7 +80,7 @@ class Executor:
 
     def _fields(self) -> dict[str, Any]:
         return {
-            "device": self.s.device,
+            "device": str(self.device),
             "models": sorted(self.models),
             "max_batch": self.s.max_batch,
             "inflight": self.inflight,
@@ -106,7 +111,11 @@ class Executor:
         from anvil_executor.plan_runtime import PlanModel
 
         try:
-            self.models[name] = PlanModel.load(Path(self.s.artifact_dir) / artifact, name=name)
+            path = Path(self.s.artifact_dir) / artifact
+            if self.device.is_cuda:
+                self.models[name] = self._load_gpu(path, name)
+            else:
+                self.models[name] = PlanModel.load(path, name=name)
             self._artifacts[name] = artifact
             self.bg.post(self._register)  # tell the scheduler about the new model
             log.info("artifact loaded", extra={"model": name, "artifact": artifact})
@@ -114,6 +123,29 @@ class Executor:
             log.exception("cannot load artifact", extra={"model": name, "artifact": artifact})
         finally:
             self._loading.discard(name)
+
+    def _load_gpu(self, path: Path, name: str) -> Model:
+        from anvil_executor.plan_runtime.cuda_arena import counter
+        from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+        model = GpuPlanModel.load(path, self.device.index, name=name)
+        m.graphs.labels(model=name).set(model.graph_count)
+        for bank, size in model.arena.usage().items():
+            m.device_bytes.labels(model=name, bank=bank).set(size)
+        counter.mark_steady()  # loads are done: what follows must allocate nothing
+        return model
+
+    def _device_metrics(self) -> None:
+        if not self.device.is_cuda:
+            return
+        from anvil_executor.plan_runtime.cuda_arena import counter
+
+        m.device_allocations.set(counter.steady_allocations)
+        m.module_loads.set(counter.steady_module_loads)
+        for name, model in list(self.models.items()):
+            waste = getattr(model, "padding_waste", None)
+            if waste is not None:
+                m.padding_waste.labels(model=name).set(waste)
 
     # ---- I/O loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -134,8 +166,14 @@ class Executor:
                 self._drain_scheduler()
             self.bg.drain()
             now = time.monotonic()
+            if self.fault is not None:  # its batch's answer was queued before the fault was posted
+                self._drain_results()
+                err = str(self.fault)
+                log.error("CUDA fault: exiting so the launcher restarts this executor", extra={"err": err})
+                stop.set()
             if now >= next_beat:
                 self._heartbeat()
+                self._device_metrics()
                 next_beat = now + self.s.heartbeat_interval_s
         self.work.put(None)
         compute.join(5)
@@ -144,6 +182,8 @@ class Executor:
         for sock in (self.sock, self.done_rx):
             sock.close()
         self.ctx.term()
+        if self.fault is not None:
+            raise SystemExit(3)
 
     def _follow(self, endpoint: str) -> None:
         if self.endpoint:
@@ -158,7 +198,7 @@ class Executor:
         reg = pb.RegisterT()
         reg.kind = pb.ServiceKind.EXECUTOR
         reg.serviceId = self.s.service_id
-        reg.device = self.s.device
+        reg.device = str(self.device)
         reg.maxBatch = self.s.max_batch
         reg.credits = self.s.credits
         reg.models = []
@@ -224,17 +264,19 @@ class Executor:
                 batch, frames = item
                 t0 = time.perf_counter()
                 model = wire.text(batch.model)
+                fault: BaseException | None = None
                 try:
                     result, out = run_batch(
                         self.models,
                         batch,
                         frames,
                         self.s.service_id,
-                        self.s.device,
+                        str(self.device),
                         **({"shm": self.shm} if self.shm is not None else {}),
                     )
                 except Exception as exc:  # never lose a batch: every request hears the failure
                     log.exception("batch failed")
+                    fault = exc if is_device_fault(exc) else None
                     result, out = pb.BatchResultT(), []
                     result.batchId = batch.batchId
                     result.executorId = self.s.service_id
@@ -243,6 +285,9 @@ class Executor:
                 m.batches.labels(model=model, outcome=outcome).inc()
                 m.compute_us.labels(model=model).observe((time.perf_counter() - t0) * 1e6)
                 done_tx.send_multipart(wire.pack(result, out), copy=False)
+                if fault is not None:  # the context is unusable: stop computing, the I/O loop exits
+                    self.fault = fault
+                    return
         finally:
             done_tx.close()
 

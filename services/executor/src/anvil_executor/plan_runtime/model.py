@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from anvil_core.model_spec import ModelSpec, TensorSpec
-from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
+from anvil_executor.models.base import RequestInputs
 from anvil_executor.plan_runtime.arena import HostArena
+from anvil_executor.plan_runtime.io import PlanIO, _l
 from anvil_executor.plan_runtime.ops import CPU_OPS, OpState
 from anvil_executor.plan_runtime.plan import DTYPES, LoadedPlan, _s, attrs_of, load_plan
 from anvil_kernels import Int4Weight, Workspace
@@ -24,16 +24,12 @@ from anvil_kernels import Int4Weight, Workspace
 __all__ = ["PlanModel"]
 
 
-def _l(v: Any) -> list[Any]:
-    """Vectors of the flatbuffers object API are None, lists or numpy arrays."""
-    return [] if v is None else list(v)
+class PlanModel(PlanIO):
+    """The CPU backend: host arena, anvil_kernels' numba ops, one op after another."""
 
-
-class PlanModel(Model):
     def __init__(self, plan: LoadedPlan, weights: dict[str, np.ndarray], name: str | None = None) -> None:
         p = plan.plan
-        self.plan = plan
-        self.max_batch, self.max_seq = int(p.maxBatch), int(p.maxSeq)
+        self._init_io(plan, name)
         self.arena = HostArena({"weights": int(p.weightBytes), "activations": int(p.activationBytes)})
         bank: list[np.ndarray] = []
         for wi in p.weights:
@@ -45,21 +41,6 @@ class PlanModel(Model):
             bank.append(view)
         self.ops = [self._prepare(op, bank) for op in p.ops]
         self.ws = Workspace()
-        self.inputs = [
-            (_s(io.name), int(io.tensor), _s(io.datatype), [int(d) for d in _l(io.dims)]) for io in p.inputs
-        ]
-        self.outputs = [
-            (_s(io.name), int(io.tensor), _s(io.datatype), [int(d) for d in _l(io.dims)]) for io in p.outputs
-        ]
-        self.seq_inputs = [n for n, t, _, _ in self.inputs if self._has_seq(t)]
-        self.mask_inputs = [n for n, _, dt, _ in self.inputs if "mask" in n.lower()]
-        self.spec = ModelSpec(
-            name=name or plan.name,
-            platform="anvil_plan_cpu",
-            max_batch=self.max_batch,
-            inputs=tuple(TensorSpec(n, dt, tuple(d)) for n, _, dt, d in self.inputs),
-            outputs=tuple(TensorSpec(n, dt, tuple(d)) for n, _, dt, d in self.outputs),
-        )
 
     @classmethod
     def load(cls, artifact_dir: str | Path, name: str | None = None) -> PlanModel:
@@ -67,9 +48,6 @@ class PlanModel(Model):
 
         root = Path(artifact_dir)
         return cls(load_plan(root / "plan.bin"), load_file(str(root / "weights.safetensors")), name)
-
-    def _has_seq(self, tensor: int) -> bool:
-        return any(d.t for d in self.plan.plan.tensors[tensor].shape)
 
     def _prepare(self, op: Any, bank: list[np.ndarray]) -> OpState:
         roles = [_s(r) for r in _l(op.weightRoles)]
@@ -106,26 +84,7 @@ class PlanModel(Model):
             CPU_OPS[op.kind](op, views, self.ws)
         return {name: self._view(tensor, b, t).copy() for name, tensor, _, _ in self.outputs}
 
-    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
-        results: list[RequestOutputs] = []
-        start = 0
-        while start < len(batch):  # chunks whose rows fit max_batch
-            rows, end = 0, start
-            while end < len(batch) and (rows + self._rows(batch[end]) <= self.max_batch or end == start):
-                rows += self._rows(batch[end])
-                end += 1
-            results.extend(self._run_chunk(batch[start:end]))
-            start = end
-        return results
-
-    def _rows(self, req: RequestInputs) -> int:
-        return int(req[self.inputs[0][0]].shape[0])
-
-    def _run_chunk(self, reqs: list[RequestInputs]) -> list[RequestOutputs]:
-        lens = [int(r[self.seq_inputs[0]].shape[1]) for r in reqs] if self.seq_inputs else [1] * len(reqs)
-        t = max(lens)
-        if len(set(lens)) > 1 and not self.mask_inputs:
-            raise ValueError("requests of different sequence lengths need a model with an attention mask")
+    def _run_chunk(self, reqs: list[RequestInputs], lens: list[int], t: int) -> dict[str, np.ndarray]:
         feeds: dict[str, np.ndarray] = {}
         for name, tensor, _, _ in self.inputs:
             dt = self.plan.dtype(tensor)
@@ -136,15 +95,4 @@ class PlanModel(Model):
                     a = np.concatenate([a, np.zeros((a.shape[0], t - n, *a.shape[2:]), dt)], axis=1)
                 parts.append(a)
             feeds[name] = np.concatenate(parts, axis=0)
-        outs = self.forward(feeds)
-        results: list[RequestOutputs] = []
-        row = 0
-        for r, n in zip(reqs, lens, strict=True):
-            k = self._rows(r)
-            res: RequestOutputs = {}
-            for name, tensor, _, _ in self.outputs:
-                o = outs[name][row : row + k]
-                res[name] = o[:, :n] if self._has_seq(tensor) else o
-            results.append(res)
-            row += k
-        return results
+        return self.forward(feeds)

@@ -1,0 +1,254 @@
+"""`GpuPlanModel`: a compiled artifact served on one CUDA device.
+
+Load (once per model):
+  1. a ``DeviceArena`` with a weights and an activations bank at the plan's sizes (refused with the
+     sizes when the device lacks the memory), every weight copied to its planned offset;
+  2. the kernel module loaded once (the artifact's cubin for this arch, else its fatbin, else its
+     ``kernels.cu`` compiled by CuPy's NVRTC), every kernel function looked up once;
+  3. a ``PinnedBank`` holding one slot per public input and output at its largest size;
+  4. per shape bucket (buckets.py) the launch table resolved to device addresses and captured, with
+     the input copies before it and the output copies after it, into one CUDA graph.
+
+Run (per chunk of a batch): each request's rows are unpacked straight into the pinned input slots
+at the bucket's shape (zero padding: mask 0, row 0), one graph launch does host-to-device copies,
+every kernel and device-to-host copies on the model's stream, one synchronize, and each request
+gets a copy of its rows. Nothing is allocated on the device and no module is loaded per batch
+(``cuda_arena.counter`` proves it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anvil_core.logs import get_logger
+from anvil_executor.models.base import RequestInputs
+from anvil_executor.plan_runtime.arena import ALIGN
+from anvil_executor.plan_runtime.buckets import Buckets
+from anvil_executor.plan_runtime.cuda_arena import DeviceArena, PinnedBank, counter
+from anvil_executor.plan_runtime.io import PlanIO, _l
+from anvil_executor.plan_runtime.launch import Launch, resolve_launches
+from anvil_executor.plan_runtime.plan import DTYPES, LoadedPlan, _s, load_plan
+
+__all__ = ["GpuPlanModel", "load_module"]
+
+log = get_logger("anvil.executor.gpu")
+H2D, D2H = 1, 2  # cudaMemcpyKind
+NVRTC_OPTIONS = ("-std=c++17", "--use_fast_math")
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def load_module(artifact_dir: Path, device_id: int) -> Any:
+    """The artifact's kernels as a cupy.RawModule for this device's arch (counted as a module load)."""
+    import cupy as cp
+
+    with cp.cuda.Device(device_id) as dev:
+        arch = f"sm_{dev.compute_capability}"
+    cubin = artifact_dir / f"kernels.{arch}.cubin"
+    fatbin = artifact_dir / "kernels.fatbin"
+    source = artifact_dir / "kernels.cu"
+    with cp.cuda.Device(device_id):
+        if cubin.is_file():
+            mod = cp.RawModule(path=str(cubin))
+        elif fatbin.is_file():
+            mod = cp.RawModule(path=str(fatbin))
+        elif source.is_file():
+            mod = cp.RawModule(code=source.read_text(), options=NVRTC_OPTIONS)
+        else:
+            names = f"{cubin.name}, {fatbin.name} or {source.name}"
+            raise FileNotFoundError(f"{artifact_dir}: no kernels ({names})")
+        counter.module_loaded()
+    return mod
+
+
+class GpuPlanModel(PlanIO):
+    platform = "anvil_plan_cuda"
+
+    def __init__(
+        self,
+        plan: LoadedPlan,
+        weights: dict[str, np.ndarray],
+        module: Any,
+        device_id: int = 0,
+        name: str | None = None,
+        *,
+        graphs: bool = True,
+        nan_fill: bool = False,
+    ) -> None:
+        import cupy as cp
+
+        t0 = time.perf_counter()
+        p = plan.plan
+        self._init_io(plan, name)
+        self.device_id = device_id
+        counter.install()
+        self._cp = cp
+        with cp.cuda.Device(device_id):
+            self.arena = DeviceArena(
+                {"weights": int(p.weightBytes), "activations": int(p.activationBytes)},
+                device_id,
+                what=f"model {self.spec.name!r}",
+            )
+            for wi in p.weights:
+                key = _s(wi.name)
+                arr: np.ndarray = np.ascontiguousarray(weights[key], dtype=DTYPES[wi.dtype])
+                shape = tuple(int(d) for d in _l(wi.shape))
+                if arr.shape != shape:
+                    raise ValueError(f"weight {key!r}: shape {arr.shape}, plan says {shape}")
+                self.arena.write("weights", int(wi.offset), arr)
+            if nan_fill:
+                self.arena.fill("activations", 0xFF)
+            self.stream = cp.cuda.Stream(non_blocking=True)
+            self._fns = self._functions(module, p)
+            self._slots, pinned_bytes = self._layout_pinned()
+            self.pinned = PinnedBank(pinned_bytes)
+            # Buckets: pad T only where a mask marks the padding; otherwise T is run as it comes.
+            self.pad_seq = bool(self.mask_inputs) or not self.seq_inputs
+            self.buckets = Buckets.for_plan(self.max_batch, self.max_seq if self.pad_seq else 1)
+            self._act, self._wts = self.arena.ptr("activations"), self.arena.ptr("weights")
+            self._graphs: dict[tuple[int, int], Any] = {}
+            self.graph_error = ""
+            if graphs:
+                self._capture_all()
+            self.stream.synchronize()
+        self.load_s = time.perf_counter() - t0
+        self.padded_cells = 0  # (row, token) cells run, padding included
+        self.used_cells = 0  # of those, cells that carried a request's data
+        log.info(
+            "model on the GPU",
+            extra={
+                "model": self.spec.name,
+                "device": f"cuda:{device_id}",
+                "weights_mib": round(int(p.weightBytes) / 2**20, 2),
+                "activations_mib": round(int(p.activationBytes) / 2**20, 2),
+                "pinned_mib": round(pinned_bytes / 2**20, 2),
+                "graphs": len(self._graphs),
+                "graph_error": self.graph_error,
+                "load_s": round(self.load_s, 3),
+            },
+        )
+
+    @classmethod
+    def load(cls, artifact_dir: str | Path, device_id: int = 0, name: str | None = None) -> GpuPlanModel:
+        from safetensors.numpy import load_file
+
+        root = Path(artifact_dir)
+        plan = load_plan(root / "plan.bin")
+        weights = load_file(str(root / "weights.safetensors"))
+        return cls(plan, weights, load_module(root, device_id), device_id, name)
+
+    # ---- load --------------------------------------------------------------------------------
+    @staticmethod
+    def _functions(module: Any, p: Any) -> dict[str, Any]:
+        fns: dict[str, Any] = {}
+        for op in p.ops:
+            kernel = _s(op.kernel)
+            if kernel not in fns:
+                fns[kernel] = module.get_function(kernel)
+            if int(op.smemBytes or 0) > 48 * 1024:
+                fns[kernel].max_dynamic_shared_size_bytes = int(op.smemBytes)
+        return fns
+
+    def _layout_pinned(self) -> tuple[dict[str, tuple[int, int]], int]:
+        """name -> (pinned offset, tensor index) for every public input and output."""
+        slots: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, tensor, _, _ in (*self.inputs, *self.outputs):
+            slots[name] = (off, tensor)
+            off += _align(int(self.plan.plan.tensors[tensor].maxBytes))
+        return slots, off
+
+    def _capture_all(self) -> None:
+        cp = self._cp
+        for b, t in self.buckets.all():
+            try:
+                with self.stream:
+                    self.stream.begin_capture()
+                    try:
+                        self._enqueue(b, t)
+                    finally:
+                        graph = self.stream.end_capture()
+                self._graphs[(b, t)] = graph
+            except (cp.cuda.runtime.CUDARuntimeError, cp.cuda.driver.CUDADriverError, RuntimeError) as exc:
+                # Graphs are an optimisation: without them every batch launches its kernels one by one.
+                self.graph_error = f"graph capture at {b}x{t} failed: {exc}"
+                self._graphs.clear()
+                return
+
+    # ---- run ---------------------------------------------------------------------------------
+    def _pinned(self, name: str, b: int, t: int) -> np.ndarray:
+        off, tensor = self._slots[name]
+        return self.pinned.view(off, self.plan.shape(tensor, b, t), self.plan.dtype(tensor))
+
+    def _enqueue(self, b: int, t: int) -> None:
+        """Copies in, every kernel, copies out, on the model's stream (the caller made it current)."""
+        cp, s = self._cp, self.stream.ptr
+        for name, tensor, _, _ in self.inputs:
+            off = self._slots[name][0]
+            n = self._pinned(name, b, t).nbytes
+            dst = self._act + int(self.plan.plan.tensors[tensor].offset)
+            cp.cuda.runtime.memcpyAsync(dst, self.pinned.base + off, n, H2D, s)
+        for launch in self._launches(b, t):
+            self._fns[launch.kernel](launch.grid, launch.block, launch.args, shared_mem=launch.smem)
+        for name, tensor, _, _ in self.outputs:
+            off = self._slots[name][0]
+            n = self._pinned(name, b, t).nbytes
+            src = self._act + int(self.plan.plan.tensors[tensor].offset)
+            cp.cuda.runtime.memcpyAsync(self.pinned.base + off, src, n, D2H, s)
+
+    def _launches(self, b: int, t: int) -> list[Launch]:
+        return resolve_launches(self.plan.plan, self._act, self._wts, b, t)
+
+    def _run_chunk(self, reqs: list[RequestInputs], lens: list[int], t: int) -> dict[str, np.ndarray]:
+        rows = sum(self._rows(r) for r in reqs)
+        bb, bt = self.buckets.pick(rows, t if self.pad_seq else 1)
+        if not self.pad_seq:
+            bt = t  # no mask: run the exact length (eager launches)
+        for name, _, _, _ in self.inputs:
+            dst = self._pinned(name, bb, bt)
+            dst[...] = 0
+            row = 0
+            for r, n in zip(reqs, lens, strict=True):
+                a = r[name]
+                k = a.shape[0]
+                if name in self.seq_inputs:
+                    dst[row : row + k, :n] = a
+                else:
+                    dst[row : row + k] = a
+                row += k
+        self.padded_cells += bb * bt
+        self.used_cells += sum(self._rows(r) * n for r, n in zip(reqs, lens, strict=True))
+        with self._cp.cuda.Device(self.device_id), self.stream:
+            graph = self._graphs.get((bb, bt))
+            if graph is not None:
+                graph.launch(self.stream)
+            else:
+                self._enqueue(bb, bt)
+            self.stream.synchronize()
+        return {name: self._pinned(name, bb, bt) for name, _, _, _ in self.outputs}
+
+    def forward(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One batch given as whole arrays (B, ...) — the CPU runtime's ``forward`` twin, for tests."""
+        b = int(feeds[self.inputs[0][0]].shape[0])
+        t = int(feeds[self.seq_inputs[0]].shape[1]) if self.seq_inputs else 1
+        reqs: list[RequestInputs] = [{k: v[i : i + 1] for k, v in feeds.items()} for i in range(b)]
+        outs = self._run_chunk(reqs, [t] * b, t)
+        return {
+            name: np.array(o[:b, :t] if self._has_seq(tensor) else o[:b])
+            for (name, tensor, _, _), o in zip(self.outputs, outs.values(), strict=True)
+        }
+
+    @property
+    def graph_count(self) -> int:
+        return len(self._graphs)
+
+    @property
+    def padding_waste(self) -> float:
+        """Share of the (row, token) cells run so far that were padding."""
+        return 1.0 - self.used_cells / self.padded_cells if self.padded_cells else 0.0

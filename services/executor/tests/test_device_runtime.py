@@ -1,0 +1,108 @@
+"""The GPU runtime's host-side logic, on the CPU: device selection, shape buckets and the launch
+table resolved against bank addresses (what the GPU backend captures into CUDA graphs)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from anvil_compiler.options import CompileOptions
+from anvil_compiler.pipeline import compile_model
+from anvil_core.proto_gen import plan_generated as pg
+from anvil_executor.device import DeviceError, DeviceSpec, open_device, parse_device
+from anvil_executor.plan_runtime.buckets import Buckets, batch_buckets, seq_buckets
+from anvil_executor.plan_runtime.launch import resolve_launches
+from anvil_executor.plan_runtime.plan import load_plan
+
+
+def test_parse_device_accepts_cpu_and_cuda_ordinals_only() -> None:
+    assert parse_device("cpu") == DeviceSpec("cpu")
+    assert parse_device("cuda") == DeviceSpec("cuda", 0)
+    assert parse_device(" CUDA:3 ") == DeviceSpec("cuda", 3)
+    assert str(parse_device("cuda:1")) == "cuda:1"
+    for bad in ("gpu", "cuda:", "cuda:-1", "cuda:x", "cpu:0", ""):
+        with pytest.raises(ValueError, match="ANVIL_DEVICE"):
+            parse_device(bad)
+
+
+def test_a_cuda_device_without_cupy_refuses_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    with pytest.raises(DeviceError, match="needs CuPy"):
+        open_device(parse_device("cuda:0"))
+    assert open_device(parse_device("cpu")) == "cpu"
+
+
+def test_buckets_cover_every_shape_with_bounded_padding() -> None:
+    assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert batch_buckets(48) == (1, 2, 4, 8, 16, 32, 48)
+    assert seq_buckets(1) == (1,)
+    seq = seq_buckets(512)
+    assert seq[0] == 8 and seq[-1] == 512 and list(seq) == sorted(set(seq))
+    b = Buckets.for_plan(64, 512)
+    for tokens in range(1, 513):
+        _, t = b.pick(1, tokens)
+        assert t >= tokens
+        if tokens > 16:  # past the first steps a sequence pads at most ~25% (+ a 16-token step)
+            assert t <= tokens * 1.25 + 16
+    for rows in range(1, 65):
+        bb, _ = b.pick(rows, 8)
+        assert rows <= bb < 2 * rows or bb == rows
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        b.pick(65, 8)
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        b.pick(1, 513)
+    assert Buckets.waste([(1, 30), (1, 40)], (2, 40)) == pytest.approx(1 - 70 / 80)
+
+
+def _mlp_plan(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((32, 64)).astype(np.float32)
+    w2 = rng.standard_normal((64, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    opts = CompileOptions(quantize=False, max_batch=8)
+    compile_model("onnx", data, "mlp", opts, tmp_path, "k1", build=False)
+    return tmp_path / "plan.bin"
+
+
+def test_launch_table_points_into_the_banks_and_follows_the_batch(tmp_path: Path) -> None:
+    plan = load_plan(_mlp_plan(tmp_path)).plan
+    act, wts = 1 << 40, 1 << 41
+    small = resolve_launches(plan, act, wts, 1, 1)
+    big = resolve_launches(plan, act, wts, 8, 1)
+    assert [x.kernel for x in small] == [x.kernel for x in big] and len(small) == len(plan.ops)
+    for launch, op in zip(big, plan.ops, strict=True):
+        for a, arg in zip(op.args, launch.args, strict=True):
+            if a.kind == pg.ArgKind.TENSOR:
+                assert int(arg) == act + int(plan.tensors[a.index].offset)
+            elif a.kind == pg.ArgKind.WEIGHT and a.index >= 0:
+                assert int(arg) == wts + int(plan.weights[a.index].offset)
+            elif a.kind == pg.ArgKind.WEIGHT:
+                assert int(arg) == 0  # an absent optional weight is a null pointer
+    # pointers do not move with the batch; some grid dimension or DIM argument does
+    assert any(s.grid != b.grid or s.args != b.args for s, b in zip(small, big, strict=True))
+    for s, b in zip(small, big, strict=True):
+        assert [type(x) for x in s.args] == [type(x) for x in b.args]
+        assert all(isinstance(x, np.uint64 | np.int32 | np.float32) for x in b.args)
+
+
+def test_a_plan_that_points_outside_itself_is_refused(tmp_path: Path) -> None:
+    plan = load_plan(_mlp_plan(tmp_path)).plan
+    tensor_arg = next(a for op in plan.ops for a in op.args if a.kind == pg.ArgKind.TENSOR)
+    tensor_arg.index = len(plan.tensors) + 5
+    with pytest.raises(ValueError, match="out of range"):
+        resolve_launches(plan, 0, 0, 1, 1)
