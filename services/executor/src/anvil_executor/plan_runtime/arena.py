@@ -11,13 +11,37 @@ same four methods over one cudaMalloc): ``bank_bytes`` to size, ``view`` to addr
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 from numpy.typing import DTypeLike
 
-__all__ = ["BANKS", "HostArena"]
+__all__ = ["BANKS", "Arena", "HostArena"]
 
 BANKS = ("weights", "activations", "staging")
 ALIGN = 256  # bytes; matches the compiler's memory plan and the CUDA arena
+
+
+class Arena(Protocol):
+    """The contract of a bank-partitioned arena; ``HostArena`` (numpy) and ``cuda_arena.DeviceArena``
+    (one cudaMalloc per bank) implement it. The model that made the arena owns it and every view it
+    hands out; views stay valid while the arena lives, and nothing is allocated after construction."""
+
+    def bank_bytes(self, bank: str) -> int:
+        """Size of ``bank`` in bytes (fixed at construction)."""
+        ...
+
+    def view(self, bank: str, offset: int, shape: tuple[int, ...], dtype: DTypeLike) -> Any:
+        """An array (numpy or CuPy) of ``shape`` at ``offset`` into ``bank``; ValueError past its end."""
+        ...
+
+    def write(self, bank: str, offset: int, data: np.ndarray) -> None:
+        """Copy host ``data``'s bytes to ``offset`` (load time)."""
+        ...
+
+    def usage(self) -> dict[str, int]:
+        """Bytes per bank, for metrics."""
+        ...
 
 
 class HostArena:
