@@ -115,3 +115,46 @@ def test_frame_counts_that_do_not_add_up_are_a_protocol_error() -> None:
 def test_unknown_builtin_names_the_builtins() -> None:
     with pytest.raises(ValueError, match="identity"):
         load_builtin("resnet", 8)
+
+
+class _LimitedIdentity(Model):
+    """identity with a limit the spec cannot state: rows of at most 4 values."""
+
+    def __init__(self) -> None:
+        self.spec = load_builtin("identity", 8).spec
+        self.calls: list[int] = []
+
+    def check_request(self, inputs: RequestInputs) -> None:
+        from anvil_core.model_spec import SpecError
+
+        if inputs["INPUT0"].shape[1] > 4:
+            raise SpecError(f"rows of {inputs['INPUT0'].shape[1]} values exceed this model's limit of 4")
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        self.calls.append(len(batch))
+        return [{"OUTPUT0": np.array(r["INPUT0"])} for r in batch]
+
+
+def test_a_request_past_a_model_limit_is_refused_alone_with_the_limit() -> None:
+    model = _LimitedIdentity()
+    batch, frames = _batch("identity", [np.ones((1, 4), np.float32), np.ones((1, 9), np.float32)])
+    result, out = run_batch({"identity": model}, batch, frames, "ex", "cpu")
+    (ok, _), (bad, _) = _answers(out, result.frameCounts)
+    assert ok.Error() is None and model.calls == [1]  # the model ran only the request within the limit
+    assert bad.Error().Code() == pb.ErrorCode.BAD_REQUEST
+    assert b"limit of 4" in bad.Error().Reason()
+
+
+def test_a_plan_refuses_sequences_past_its_max_seq() -> None:
+    from anvil_core.model_spec import SpecError
+    from anvil_executor.plan_runtime.io import PlanIO
+
+    class _Plan(PlanIO):
+        def _run_chunk(self, reqs: list[RequestInputs], lens: list[int], t: int) -> dict[str, np.ndarray]:
+            raise AssertionError("not run")
+
+    plan = _Plan.__new__(_Plan)
+    plan.seq_inputs, plan.max_seq = ["input_ids"], 128
+    plan.check_request({"input_ids": np.zeros((1, 128), np.int64)})
+    with pytest.raises(SpecError, match="sequence of 129 exceeds the model's limit of 128"):
+        plan.check_request({"input_ids": np.zeros((1, 129), np.int64)})

@@ -77,10 +77,12 @@ def run_batch(
                 continue
             tensors = _inputs(req, group[1:], shm)
             model.spec.validate(tensors)
+            inputs = {t.name: t.data for t in tensors}
+            model.check_request(inputs)
         except (TensorError, SpecError) as exc:
             answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, str(exc)), [])
             continue
-        runnable.append((i, {t.name: t.data for t in tensors}))
+        runnable.append((i, inputs))
 
     if runnable:
         try:

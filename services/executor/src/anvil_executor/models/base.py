@@ -25,6 +25,11 @@ class Model(ABC):
 
     spec: ModelSpec
 
+    def check_request(self, inputs: RequestInputs) -> None:
+        """Limits of this model that the spec cannot state (e.g. a compiled plan's longest sequence):
+        raise ``SpecError`` with the limit, and only that request is refused (400). Default: none."""
+        return None
+
     @abstractmethod
     def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
         """One output dict per request, in order."""

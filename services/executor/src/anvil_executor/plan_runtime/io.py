@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from anvil_core.model_spec import ModelSpec, TensorSpec
+from anvil_core.model_spec import ModelSpec, SpecError, TensorSpec
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
 from anvil_executor.plan_runtime.plan import LoadedPlan, _s
 
@@ -55,6 +55,15 @@ class PlanIO(Model):
 
     def _has_seq(self, tensor: int) -> bool:
         return any(d.t for d in self.plan.plan.tensors[tensor].shape)
+
+    def check_request(self, inputs: RequestInputs) -> None:
+        """A sequence longer than the plan's max_seq is refused with the limit (400), not truncated:
+        the compiled memory plan and position table end there."""
+        if self.seq_inputs:
+            n = int(inputs[self.seq_inputs[0]].shape[1]) if inputs[self.seq_inputs[0]].ndim > 1 else 1
+            if n > self.max_seq:
+                name, limit = self.seq_inputs[0], self.max_seq
+                raise SpecError(f"input {name!r}: sequence of {n} exceeds the model's limit of {limit}")
 
     def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
         results: list[RequestOutputs] = []
