@@ -61,6 +61,7 @@ class Executor:
         self._beat_seq = 0
         self.shm: Any = None
         self._artifacts: dict[str, str] = {}  # model -> artifact id loaded
+        self._plans: dict[str, Any] = {}  # model -> its GpuPlanModel (GPU metrics)
         self._loading: set[str] = set()
         self.bg = Background("executor-redis")
         self.registry = Registry(
@@ -108,32 +109,30 @@ class Executor:
 
     def _load_plan(self, name: str, artifact: str) -> None:
         """Loader thread (numba warm-up is slow): the model joins the served set when ready."""
-        from anvil_executor.plan_runtime import PlanModel
+        from anvil_executor.artifact import load_artifact
 
         try:
-            path = Path(self.s.artifact_dir) / artifact
+            model, plan = load_artifact(Path(self.s.artifact_dir) / artifact, self.device, name)
             if self.device.is_cuda:
-                self.models[name] = self._load_gpu(path, name)
-            else:
-                self.models[name] = PlanModel.load(path, name=name)
+                self._gpu_loaded(name, plan)
+                self._plans[name] = plan
+            self.models[name] = model
             self._artifacts[name] = artifact
             self.bg.post(self._register)  # tell the scheduler about the new model
-            log.info("artifact loaded", extra={"model": name, "artifact": artifact})
+            where = {"model": name, "artifact": artifact, "platform": model.spec.platform}
+            log.info("artifact loaded", extra=where)
         except Exception:
             log.exception("cannot load artifact", extra={"model": name, "artifact": artifact})
         finally:
             self._loading.discard(name)
 
-    def _load_gpu(self, path: Path, name: str) -> Model:
+    def _gpu_loaded(self, name: str, plan: Any) -> None:
         from anvil_executor.plan_runtime.cuda_arena import counter
-        from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
 
-        model = GpuPlanModel.load(path, self.device.index, name=name)
-        m.graphs.labels(model=name).set(model.graph_count)
-        for bank, size in model.arena.usage().items():
+        m.graphs.labels(model=name).set(plan.graph_count)
+        for bank, size in plan.arena.usage().items():
             m.device_bytes.labels(model=name, bank=bank).set(size)
         counter.mark_steady()  # loads are done: what follows must allocate nothing
-        return model
 
     def _device_metrics(self) -> None:
         if not self.device.is_cuda:
@@ -142,10 +141,8 @@ class Executor:
 
         m.device_allocations.set(counter.steady_allocations)
         m.module_loads.set(counter.steady_module_loads)
-        for name, model in list(self.models.items()):
-            waste = getattr(model, "padding_waste", None)
-            if waste is not None:
-                m.padding_waste.labels(model=name).set(waste)
+        for name, plan in list(self._plans.items()):
+            m.padding_waste.labels(model=name).set(plan.padding_waste)
 
     # ---- I/O loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

@@ -1,0 +1,77 @@
+"""A compiled artifact directory -> the executor's ``Model``, on the configured device.
+
+The plan runs on the CPU backend (``PlanModel``) or on a CUDA device (``GpuPlanModel``). An artifact
+of a sentence encoder that carries its tokenizer (``tokenizer.json``, written by the compiler from
+the deployed HF directory) and whose plan has ``input_ids``/``attention_mask`` inputs and a
+``sentence_embedding`` output is served as text: a ``TextEmbeddingModel`` (TEXT BYTES in, EMBEDDING
+FP32 and TOKENS out) over the plan, so ``/v1/embeddings`` and KServe BYTES inputs work for it like
+for the built-in ``minilm``. Sequences are padded to the plan runtime's buckets, so a GPU plan meets
+its captured CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from anvil_executor.device import DeviceSpec
+from anvil_executor.models.base import Model
+from anvil_executor.models.text_embedding import Encoder, TextEmbeddingModel
+from anvil_executor.plan_runtime.buckets import seq_buckets
+from anvil_executor.plan_runtime.io import PlanIO
+
+__all__ = ["load_artifact", "plan_encoder"]
+
+TEXT_INPUTS = ("input_ids", "attention_mask")
+EMBEDDING_OUTPUT = "sentence_embedding"
+
+
+def plan_encoder(plan: PlanIO, output: str = EMBEDDING_OUTPUT) -> Encoder:
+    """(ids, mask, types) -> (rows, D) through the plan, in requests of at most max_batch rows."""
+
+    def encode(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        step = plan.max_batch
+        reqs = [
+            {"input_ids": ids[s : s + step], "attention_mask": mask[s : s + step]}
+            for s in range(0, len(ids), step)
+        ]
+        return np.concatenate([o[output] for o in plan.run(reqs)], axis=0).astype(np.float32, copy=False)
+
+    return encode
+
+
+def _load_plan(path: Path, device: DeviceSpec, name: str) -> PlanIO:
+    if device.is_cuda:
+        from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+        return GpuPlanModel.load(path, device.index, name=name)
+    from anvil_executor.plan_runtime import PlanModel
+
+    return PlanModel.load(path, name=name)
+
+
+def is_text_encoder(plan: PlanIO, path: Path) -> bool:
+    names_in = {n for n, _, _, _ in plan.inputs}
+    names_out = {n for n, _, _, _ in plan.outputs}
+    return (
+        (path / "tokenizer.json").is_file() and set(TEXT_INPUTS) <= names_in and EMBEDDING_OUTPUT in names_out
+    )
+
+
+def load_artifact(path: Path, device: DeviceSpec, name: str) -> tuple[Model, PlanIO]:
+    """The served model and the plan under it (the same object unless the artifact embeds text)."""
+    plan = _load_plan(path, device, name)
+    if not is_text_encoder(plan, path):
+        return plan, plan
+    dim = next(int(d[-1]) for n, _, _, d in plan.outputs if n == EMBEDDING_OUTPUT)
+    model = TextEmbeddingModel(
+        name,
+        path / "tokenizer.json",
+        plan_encoder(plan),
+        dim,
+        max_batch=plan.max_batch,  # rows of text per batch: one plan run (one graph replay on a GPU)
+        max_tokens=plan.max_seq,
+        buckets=seq_buckets(plan.max_seq),
+    )
+    return model, plan

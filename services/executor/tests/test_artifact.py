@@ -1,0 +1,55 @@
+"""Artifacts as served models: a plan alone, and a sentence encoder whose artifact carries its
+tokenizer, served as text (TEXT in, EMBEDDING and TOKENS out) over the same plan."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from anvil_compiler.frontends.hf import bundle_from_dir
+from anvil_compiler.options import CompileOptions
+from anvil_compiler.pipeline import compile_model
+from anvil_executor.artifact import load_artifact
+from anvil_executor.device import parse_device
+from anvil_executor.models.text_embedding import TextEmbeddingModel
+from anvil_executor.plan_runtime import PlanModel
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_bert import make_tiny_bert
+
+
+def _compile(tmp_path: Path, with_tokenizer: bool) -> Path:
+    hf = make_tiny_bert(tmp_path / "hf")
+    art = tmp_path / "art"
+    opts = CompileOptions(quantize=False, max_batch=4, max_seq=32)
+    compile_model("hf", bundle_from_dir(hf), "tiny", opts, art, "k", build=False)
+    if with_tokenizer:
+        shutil.copy(hf / "tokenizer.json", art / "tokenizer.json")
+    return art
+
+
+def test_an_encoder_artifact_with_its_tokenizer_embeds_text(tmp_path: Path) -> None:
+    art = _compile(tmp_path, with_tokenizer=True)
+    model, plan = load_artifact(art, parse_device("cpu"), "tiny")
+    assert isinstance(model, TextEmbeddingModel) and isinstance(plan, PlanModel)
+    assert [t.datatype for t in model.spec.inputs] == ["BYTES"] and model.spec.max_batch == 4
+    texts = ["the cat sat on the mat", "a dog runs", "red model serves blue text fast", "slow", "the dog"]
+    reqs = [{"TEXT": np.array([t.encode()], dtype=object)} for t in texts]  # 5 rows > max_batch 4
+    outs = model.run(reqs)
+    for text, out in zip(texts, outs, strict=True):
+        emb, tokens = out["EMBEDDING"], out["TOKENS"]
+        assert emb.shape == (1, 32) and abs(float(np.linalg.norm(emb)) - 1.0) < 1e-4
+        enc = model.tokenizer.encode(text)
+        assert int(tokens[0]) == len(enc.ids)
+        ids = np.array([enc.ids], np.int64)  # the same sentence alone, unpadded, straight through the plan
+        ref = plan.run([{"input_ids": ids, "attention_mask": np.ones_like(ids)}])[0]["sentence_embedding"]
+        np.testing.assert_allclose(emb, ref, rtol=1e-4, atol=1e-5)  # padding inside a batch changes nothing
+
+
+def test_a_plan_without_a_tokenizer_is_served_as_tensors(tmp_path: Path) -> None:
+    art = _compile(tmp_path, with_tokenizer=False)
+    model, plan = load_artifact(art, parse_device("cpu"), "tiny")
+    assert model is plan and {t.name for t in model.spec.inputs} == {"input_ids", "attention_mask"}
