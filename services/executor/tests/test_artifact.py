@@ -3,7 +3,6 @@ tokenizer, served as text (TEXT in, EMBEDDING and TOKENS out) over the same plan
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,12 +21,14 @@ from tiny_bert import make_tiny_bert
 
 
 def _compile(tmp_path: Path, with_tokenizer: bool) -> Path:
+    """The compiler keeps the directory's tokenizer.json in the artifact (anvil_core.hf_bundle)."""
     hf = make_tiny_bert(tmp_path / "hf")
+    if not with_tokenizer:
+        (hf / "tokenizer.json").unlink()
     art = tmp_path / "art"
     opts = CompileOptions(quantize=False, max_batch=4, max_seq=32)
-    compile_model("hf", bundle_from_dir(hf), "tiny", opts, art, "k", build=False)
-    if with_tokenizer:
-        shutil.copy(hf / "tokenizer.json", art / "tokenizer.json")
+    manifest = compile_model("hf", bundle_from_dir(hf), "tiny", opts, art, "k", build=False)
+    assert ("tokenizer.json" in manifest["files"]) == with_tokenizer
     return art
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -28,13 +27,13 @@ from anvil_core import keys
 
 __all__ = ["add_deploy_commands", "cmd_deploy", "cmd_models", "hf_bundle"]
 
-HF_MAGIC = b"ANVILHF1"  # the compiler's HF upload format (anvil_compiler.frontends.hf)
-
 
 def hf_bundle(path: Path) -> bytes:
-    """``HF_MAGIC + len(config) u64 LE + config.json + model.safetensors`` of a checkpoint dir."""
-    cfg = (path / "config.json").read_bytes()
-    return HF_MAGIC + struct.pack("<Q", len(cfg)) + cfg + (path / "model.safetensors").read_bytes()
+    """The compiler's upload format of a checkpoint dir (``anvil_core.hf_bundle``): the weights,
+    config and, where present, the tokenizer and sentence-transformers configs."""
+    from anvil_core.hf_bundle import pack_dir
+
+    return pack_dir(path)
 
 
 def add_deploy_commands(subparsers: Any) -> None:

@@ -8,6 +8,7 @@ An artifact directory ``{artifact_dir}/{id}/`` holds:
 | weights.safetensors | weights by the plan's names (INT4 packed u8 + fp16 scales/zeros; fp16/fp32) |
 | kernels.cu | the generated CUDA source, kept for inspection |
 | kernels.fatbin or kernels.sm_XX.cubin | compiled kernels (nvcc fatbin for all archs, or NVRTC cubins) |
+| tokenizer.json, modules.json, ... | an HF encoder's tokenizer and sentence-transformers configs |
 | manifest.json | id, name, options, compiler version, stats, model spec, sha256 + size of every file |
 """
 
@@ -84,10 +85,16 @@ def write_artifact(
     kernels: dict[str, str],
     opts: CompileOptions,
     compile_s: float,
+    assets: dict[str, bytes] | None = None,
 ) -> dict[str, Any]:
+    """``assets``: files kept as they came (an HF bundle's tokenizer.json, sentence-transformers
+    configs); their names were checked against ``anvil_core.hf_bundle``'s list."""
     from safetensors.numpy import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    for rel, data in (assets or {}).items():
+        (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out_dir / rel).write_bytes(data)
     (out_dir / "plan.bin").write_bytes(lowered.plan)
     save_file(lowered.weights, str(out_dir / "weights.safetensors"))
     files = [
@@ -95,6 +102,7 @@ def write_artifact(
         "weights.safetensors",
         *(["kernels.cu"] if (out_dir / "kernels.cu").exists() else []),
         *kernels.values(),
+        *sorted(assets or {}),
     ]
     manifest = {
         "id": key,

@@ -70,6 +70,11 @@ def compile_model(
     progress("codegen", 70)
     kernels = build_kernels(lowered.sources, opts.archs, out_dir) if build else {}
     progress("write", 95)
-    manifest = write_artifact(out_dir, key, name, lowered, kernels, opts, time.perf_counter() - t0)
+    extra = {}
+    if fmt == "hf":
+        from anvil_compiler.frontends.hf import assets
+
+        extra = assets(data)  # tokenizer.json and sentence-transformers configs, kept for serving
+    manifest = write_artifact(out_dir, key, name, lowered, kernels, opts, time.perf_counter() - t0, extra)
     progress("done", 100)
     return manifest

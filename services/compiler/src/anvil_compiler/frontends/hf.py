@@ -6,14 +6,16 @@ architecture is known, so there is nothing to pattern-match. Inputs ``input_ids`
 ``sentence_embedding`` (B, H), the masked mean L2-normalized (sentence-transformers' pooling).
 Token type ids are taken as 0 (type row 0 is folded into the position table).
 
-Upload format ("bundle"): ``b"ANVILHF1" + len(config) as u64 LE + config.json + model.safetensors``,
-made by `bundle_from_dir`; its bytes are the model's content address.
+Upload format ("bundle"): ``anvil_core.hf_bundle`` (config.json, model.safetensors and, when the
+directory has them, tokenizer.json and sentence-transformers' configs), made by `bundle_from_dir`;
+its bytes are the model's content address. The tokenizer and configs are kept in the artifact
+(``assets``), so the executor serves the encoder as text; ``1_Pooling/config.json`` and
+``modules.json`` set the pooling (masked mean; L2-normalized when a Normalize module is listed).
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,11 @@ import numpy as np
 
 from anvil_compiler.errors import CompileError
 from anvil_compiler.ir import Dim, Graph, Node, TensorType
+from anvil_core.hf_bundle import MAGIC_V1, REQUIRED, BundleError, pack_dir, unpack
 
-__all__ = ["MAGIC", "bundle_from_dir", "load_hf_bundle"]
+__all__ = ["MAGIC", "assets", "bundle_from_dir", "load_hf_bundle"]
 
-MAGIC = b"ANVILHF1"
+MAGIC = MAGIC_V1
 ACTS = {
     "gelu": "gelu_erf",
     "gelu_new": "gelu_tanh",
@@ -36,29 +39,64 @@ MODEL_TYPES = ("bert", "roberta", "distilbert-like")
 
 
 def bundle_from_dir(path: Path) -> bytes:
-    cfg, st = path / "config.json", path / "model.safetensors"
-    if not cfg.is_file() or not st.is_file():
-        raise CompileError(f"{path} must contain config.json and model.safetensors", stage="load")
-    c = cfg.read_bytes()
-    return MAGIC + struct.pack("<Q", len(c)) + c + st.read_bytes()
+    """The upload bundle of a checkpoint directory (``anvil_core.hf_bundle``)."""
+    try:
+        return pack_dir(path)
+    except BundleError as exc:
+        raise CompileError(str(exc), stage="load") from exc
+
+
+def bundle_files(data: bytes) -> dict[str, bytes]:
+    try:
+        return unpack(data)
+    except BundleError as exc:
+        raise CompileError(f"not a readable HF bundle: {exc}", stage="load") from exc
+
+
+def assets(data: bytes) -> dict[str, bytes]:
+    """The files besides the checkpoint that the artifact keeps for serving (tokenizer, configs)."""
+    return {k: v for k, v in bundle_files(data).items() if k not in REQUIRED}
+
+
+def pooling(files: dict[str, bytes]) -> bool:
+    """sentence-transformers' pooling of the checkpoint -> whether the embedding is L2-normalized.
+
+    Without its configs a BERT is pooled as all-MiniLM-L6-v2 is (masked mean, normalized). A pooling
+    config other than the mean is refused: the plan's pooling op is the masked mean.
+    """
+    try:
+        pool = json.loads(files["1_Pooling/config.json"]) if "1_Pooling/config.json" in files else {}
+        modules = json.loads(files["modules.json"]) if "modules.json" in files else None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CompileError(f"unreadable sentence-transformers config: {exc}", stage="import") from exc
+    if not isinstance(pool, dict):
+        raise CompileError("1_Pooling/config.json is not a JSON object", stage="import")
+    mean = "pooling_mode_mean_tokens"
+    other = [k for k, v in pool.items() if k.startswith("pooling_mode_") and v and k != mean]
+    if other or (pool and not pool.get(mean, False)):
+        raise CompileError(f"pooling {other or pool} is not supported (masked mean only)", stage="import")
+    if not isinstance(modules, list):
+        return True
+    return any(isinstance(m, dict) and str(m.get("type", "")).endswith(".Normalize") for m in modules)
 
 
 def load_hf_bundle(data: bytes, name: str = "model") -> Graph:
     from safetensors.numpy import load
 
-    if not data.startswith(MAGIC) or len(data) < 16:
-        raise CompileError("not an Anvil HF bundle (config.json + model.safetensors)", stage="load")
-    (n,) = struct.unpack("<Q", data[8:16])
+    files = bundle_files(data)
     try:
-        config = json.loads(data[16 : 16 + n])
-        tensors = load(data[16 + n :])
+        config = json.loads(files["config.json"])
+        tensors = load(files["model.safetensors"])
     except Exception as exc:
         raise CompileError(f"cannot read the HF checkpoint (truncated?): {exc}", stage="load") from exc
-    return _Builder(config, tensors, name).build()
+    return _Builder(config, tensors, name, normalize=pooling(files)).build()
 
 
 class _Builder:
-    def __init__(self, config: dict[str, Any], tensors: dict[str, np.ndarray], name: str) -> None:
+    def __init__(
+        self, config: dict[str, Any], tensors: dict[str, np.ndarray], name: str, normalize: bool = True
+    ) -> None:
+        self.normalize = normalize
         if config.get("model_type") not in ("bert",):
             raise CompileError(
                 f"HF model_type {config.get('model_type')!r} is not supported (bert)", stage="import"
@@ -186,7 +224,9 @@ class _Builder:
             )
         g.public[x] = "last_hidden_state"
         emb = self.out("sentence_embedding", (Dim(1, b=1), Dim(h)))
-        g.nodes.append(Node("mean_pool_l2", "pooling", [x, "attention_mask"], [emb], {"normalize": True}))
+        g.nodes.append(
+            Node("mean_pool_l2", "pooling", [x, "attention_mask"], [emb], {"normalize": self.normalize})
+        )
         g.outputs = [x, emb]
         g.io_datatypes.update({x: "FP32", emb: "FP32"})
         return g
