@@ -24,7 +24,10 @@ python3 -m anvil_client.cli up --no-restart --timeout 180 > "$OUT/stack.txt" 2>&
 UP=$!
 for _ in $(seq 1 180); do curl -sf localhost:8000/v2/health/ready >/dev/null && break; sleep 1; done
 curl -s localhost:8000/v2/health/ready; echo
-timeout 400 python3 bench/gpu_stack.py --out "$OUT/gpu_stack.json" 2>&1 | tail -60
+[ "${SKIP_SMOKE:-0}" = 1 ] || timeout 400 python3 bench/gpu_stack.py --out "$OUT/gpu_stack.json" 2>&1 | tail -60
+if [ -d .carry/minilm ]; then  # all-MiniLM-L6-v2 as fp16 safetensors + tokenizer + configs (45 MB)
+  timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" 2>&1 | tail -40
+fi
 kill -INT $UP; wait $UP
 for f in /tmp/anvil-run/*/*.log; do echo "== $f"; tail -c 3000 "$f"; done > "$OUT/service_logs.txt"
 grep -i "cuda\|error\|Traceback" "$OUT/service_logs.txt" | tail -40

@@ -1,0 +1,221 @@
+"""all-MiniLM-L6-v2 served from the GPU through the whole stack (/v1/embeddings, OpenAI format) vs
+sentence-transformers in process, same corpus (bench/corpus.py), same run.
+
+Against a running stack whose executor has ANVIL_DEVICE=cuda:N (bench/h200_gpu.sh starts one), it
+deploys the checkpoint directory with `anvil deploy` (the artifact keeps the tokenizer, so the plan
+serves text), checks accuracy against sentence-transformers fp32 on the GPU, then measures:
+  - requests of 32 sentences, closed loop, concurrency 16 and 64: sentences/s, p50/p99 (ms);
+  - single sentences, concurrency 1: p50/p99 (ms);
+  - sentence-transformers in process: fp32 and fp16 at batch 32, 128, 512; the best is the reference.
+Not yet here (issue #16): infinity-emb in the same run.
+
+    python bench/minilm_gpu.py --model-dir DIR --out-dir bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from corpus import CORPUS, sentences  # noqa: E402
+
+
+def deploy(model_dir: Path, name: str, max_batch: int, max_seq: int) -> float:
+    t0 = time.perf_counter()
+    cmd = [
+        sys.executable,
+        "-m",
+        "anvil_client.cli",
+        "deploy",
+        str(model_dir),
+        "--name",
+        name,
+        "--unquantized",
+    ]
+    cmd += ["--max-batch", str(max_batch), "--max-seq", str(max_seq)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-1500:], proc.stderr[-1500:], flush=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"deploy of {name} failed ({proc.returncode})")
+    return time.perf_counter() - t0
+
+
+def wait_text_model(url: str, name: str, timeout_s: float = 300) -> float:
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=10) as c:
+        while time.perf_counter() - t0 < timeout_s:
+            r = c.get(f"/v2/models/{name}")
+            text = r.status_code == 200 and r.json().get("platform") == "anvil_text_embedding"
+            if text and c.get(f"/v2/models/{name}/ready").status_code == 200:
+                return time.perf_counter() - t0
+            time.sleep(0.5)
+    raise SystemExit(f"{name} not served as text after {timeout_s} s")
+
+
+async def embed_all(url: str, name: str, texts: list[str], batch: int = 32) -> np.ndarray:
+    out: list[list[float]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+        for i in range(0, len(texts), batch):
+            r = await c.post("/v1/embeddings", json={"model": name, "input": texts[i : i + batch]})
+            if r.status_code != 200:
+                raise SystemExit(f"/v1/embeddings: HTTP {r.status_code}: {r.text[:300]}")
+            out += [d["embedding"] for d in r.json()["data"]]
+    return np.asarray(out, np.float32)
+
+
+async def load(
+    url: str, name: str, texts: list[str], per_req: int, conc: int, seconds: float
+) -> dict[str, Any]:
+    lat: list[float] = []
+    errors = 0
+    stop = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
+
+        async def worker(k: int) -> None:
+            nonlocal errors
+            i = k * per_req
+            while time.perf_counter() < stop:
+                chunk = [texts[(i + j) % len(texts)] for j in range(per_req)]
+                body = {"model": name, "input": chunk if per_req > 1 else chunk[0]}
+                t0 = time.perf_counter()
+                r = await c.post("/v1/embeddings", json=body)
+                if r.status_code == 200:
+                    lat.append((time.perf_counter() - t0) * 1e3)
+                else:
+                    errors += 1
+                i += conc * per_req
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(conc)))
+        wall = time.perf_counter() - t0
+    a = np.asarray(lat) if lat else np.zeros(1)
+    return {
+        "what": f"anvil {per_req} sentences/request",
+        "concurrency": conc,
+        "sentences_per_s": round(len(lat) * per_req / wall, 1),
+        "p50_ms": round(float(np.percentile(a, 50)), 2),
+        "p99_ms": round(float(np.percentile(a, 99)), 2),
+        "errors": errors,
+    }
+
+
+def st_speed(st: Any, texts: list[str], batch: int, seconds: float, label: str) -> dict[str, Any]:
+    st.encode(texts[:batch], batch_size=batch)  # warm-up
+    lat, n, i = [], 0, 0
+    t_start = time.perf_counter()
+    while time.perf_counter() - t_start < seconds:
+        chunk = [texts[(i + k) % len(texts)] for k in range(batch)]
+        t0 = time.perf_counter()
+        st.encode(chunk, batch_size=batch)
+        lat.append((time.perf_counter() - t0) * 1e3)
+        n += batch
+        i += batch
+    return {
+        "what": f"sentence-transformers {label} b{batch}",
+        "sentences_per_s": round(n / (time.perf_counter() - t_start), 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 2),
+        "p99_ms": round(float(np.percentile(lat, 99)), 2),
+    }
+
+
+def accuracy(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+    nn = lambda e: np.argsort(-(e @ e.T) + 2 * np.eye(len(e)), axis=1)[:, 0]  # noqa: E731
+    return {
+        "mean_cosine": round(float(cos.mean()), 6),
+        "min_cosine": round(float(cos.min()), 6),
+        "nn_agreement": round(float((nn(got) == nn(ref)).mean()), 4),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="http://localhost:8000")
+    ap.add_argument("--model-dir", type=Path, required=True, help="HF checkpoint dir (with tokenizer.json)")
+    ap.add_argument("--name", default="minilm-gpu")
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--max-seq", type=int, default=128)
+    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=6.0, help="duration of each load phase, s")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    texts = sentences(args.sentences)
+    res: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "commit": os.environ.get("ANVIL_COMMIT", ""),
+        "host": platform.node(),
+        "gpu": torch.cuda.get_device_name(0),
+        "corpus": CORPUS,
+        "sentences": len(texts),
+        "plan": {
+            "max_batch": args.max_batch,
+            "max_seq": args.max_seq,
+            "weights": "fp32",
+            "kernels": "generic fp32",
+        },
+    }
+    res["deploy_s"] = round(deploy(args.model_dir, args.name, args.max_batch, args.max_seq), 2)
+    res["ready_after_deploy_s"] = round(wait_text_model(args.url, args.name), 2)
+    st = SentenceTransformer(str(args.model_dir), device="cuda")
+    ref = st.encode(texts, batch_size=128, convert_to_numpy=True, normalize_embeddings=True)
+    got = asyncio.run(embed_all(args.url, args.name, texts))
+    res["accuracy_vs_st_fp32"] = accuracy(got, ref)
+    rows = [
+        asyncio.run(load(args.url, args.name, texts, 32, 16, args.seconds)),
+        asyncio.run(load(args.url, args.name, texts, 32, 64, args.seconds)),
+        asyncio.run(load(args.url, args.name, texts, 1, 1, args.seconds)),
+    ]
+    st_rows = []
+    for label, half in (("fp32", False), ("fp16", True)):
+        model = SentenceTransformer(str(args.model_dir), device="cuda")
+        if half:
+            model = model.half()
+        for b in (32, 128, 512):
+            st_rows.append(st_speed(model, texts, b, args.seconds / 2, label))
+    best = max(st_rows, key=lambda r: r["sentences_per_s"])
+    res["anvil"], res["sentence_transformers"], res["st_best"] = rows, st_rows, best["what"]
+    res["ratio_c16_vs_st_best"] = round(rows[0]["sentences_per_s"] / best["sentences_per_s"], 3)
+    print(json.dumps(res, indent=2))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "minilm_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
+    lines = [
+        "# MiniLM on the GPU through the stack vs sentence-transformers (same run)",
+        "",
+        f"Command: `{res['command']}` · commit {res['commit']} · {res['gpu']}",
+        f"· {CORPUS}, {len(texts)} sentences",
+        f"· plan {res['plan']}",
+        "",
+        f"Accuracy vs sentence-transformers fp32: {res['accuracy_vs_st_fp32']}",
+        "",
+        "| what | concurrency | sentences/s | p50 ms | p99 ms |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {r['what']} | {r.get('concurrency', 'in process')} | {r['sentences_per_s']:,} | "
+            f"{r['p50_ms']} | {r['p99_ms']} |"
+            for r in rows + st_rows
+        ),
+        "",
+        f"Anvil c16 / best sentence-transformers ({best['what']}): {res['ratio_c16_vs_st_best']}x",
+    ]
+    (args.out_dir / "minilm_gpu.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
