@@ -91,7 +91,8 @@ class Proc:
     next_start_s: float = 0.0
     # Per-GPU executors: ANVIL_SERVICE_ID is this plus a fresh suffix at every (re)start. A restarted
     # executor must not reuse its predecessor's id: the scheduler keeps a re-registered executor's
-    # in-flight batches (they would never be answered) and ZeroMQ routes by that id.
+    # in-flight batches (ExecutorPool.register), which the new process never answers and which hold
+    # its credits; under a new id the old one is declared lost and its batches re-dispatched.
     id_prefix: str = ""
 
     @property
