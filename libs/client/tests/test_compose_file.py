@@ -104,3 +104,26 @@ def test_private_ports_cover_every_port_compose_reads() -> None:
     assert len(set(ports.values())) == len(ports)  # distinct
     services = load_services(ROOT / "compose.yaml", ports, {"cpu"})
     assert services["gateway"].environment["ANVIL_HTTP_PORT"] == ports["ANVIL_HTTP_PORT"]
+
+
+def test_gpu_executors_are_per_gpu_and_see_cuda0_in_containers() -> None:
+    """Containers: each GPU service reserves its host GPU by device_ids and sees it as cuda:0.
+    The launcher replicates the first `x-anvil-per-gpu` service instead (test_launcher.py)."""
+    import yaml
+
+    services = load_services(ROOT / "compose.yaml", {}, {"gpu", "gpu-x2"})
+    raw = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    gpu = {n: s for n, s in services.items() if s.per_gpu}
+    assert list(gpu) == ["executor-gpu0", "executor-gpu1"]
+    assert not services["gateway"].per_gpu
+    for i, (name, svc) in enumerate(gpu.items()):
+        assert svc.environment["ANVIL_DEVICE"] == "cuda:0"
+        (device,) = raw[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["device_ids"] == [str(i)]
+
+
+def test_per_gpu_marker_must_be_a_boolean(tmp_path: Path) -> None:
+    bad = tmp_path / "compose.yaml"
+    bad.write_text("services:\n  a:\n    image: x\n    x-anvil-per-gpu: 'yes'\n")
+    with pytest.raises(ComposeError, match="x-anvil-per-gpu must be true or false"):
+        load_services(bad, {}, set())

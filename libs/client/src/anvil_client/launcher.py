@@ -1,7 +1,8 @@
 """`anvil up`: the stack of compose.yaml as local processes (no docker).
 
 Same commands and environment as the containers; compose host names become 127.0.0.1; an embedded
-Redis when ANVIL_REDIS_URL is unset. Per-service logs and a state file live in a run directory;
+Redis when ANVIL_REDIS_URL is unset. A service marked `x-anvil-per-gpu` runs once per GPU chosen
+by ANVIL_GPUS (`anvil_client.gpus`). Per-service logs and a state file live in a run directory;
 Ctrl-C (or `anvil down`) stops everything that was started, children first, Redis last.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,17 +18,31 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from anvil_client.compose_file import ServiceDef, load_services
 from anvil_client.embedded_redis import start_redis, wait_redis
+from anvil_client.gpus import GpuSelectionError, nvidia_smi_gpus, per_gpu_services
 from anvil_client.procs import spawn, stop_group
 
-__all__ = ["Stack", "StackError", "default_profiles", "free_ports", "private_port_env", "run_root"]
+__all__ = [
+    "Proc",
+    "Stack",
+    "StackError",
+    "default_profiles",
+    "free_ports",
+    "plan_procs",
+    "private_port_env",
+    "run_root",
+]
 
 EMBEDDED = "redis"  # the compose service replaced by the embedded server
+# Replicas and per-GPU executors share this host's ports: copy n listens on metrics port + 100 x n,
+# clear of compose's 8000-8010 block (+ n would put GPU 1's executor on the compiler's 8005).
+PORT_STRIDE = 100
 
 
 class StackError(RuntimeError):
@@ -62,15 +76,7 @@ def default_profiles(env: Mapping[str, str]) -> set[str]:
     """ANVIL_PROFILES if set, else `gpu` when nvidia-smi lists a GPU, else `cpu`."""
     if env.get("ANVIL_PROFILES"):
         return {p.strip() for p in env["ANVIL_PROFILES"].split(",") if p.strip()}
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-            if out.returncode == 0 and "GPU" in out.stdout:
-                return {"gpu"}
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    return {"cpu"}
+    return {"gpu"} if nvidia_smi_gpus(env) else {"cpu"}
 
 
 @dataclass
@@ -83,6 +89,78 @@ class Proc:
     popen: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start_s: float = 0.0
+    # Per-GPU executors: ANVIL_SERVICE_ID is this plus a fresh suffix at every (re)start. A restarted
+    # executor must not reuse its predecessor's id: the scheduler keeps a re-registered executor's
+    # in-flight batches (ExecutorPool.register), which the new process never answers and which hold
+    # its credits; under a new id the old one is declared lost and its batches re-dispatched.
+    id_prefix: str = ""
+
+    @property
+    def device(self) -> str | None:
+        return self.env.get("ANVIL_DEVICE") if "ANVIL_DEVICE" in self.service.environment else None
+
+
+def plan_procs(
+    compose: Path,
+    env: Mapping[str, str],
+    profiles: set[str],
+    scale: Mapping[str, int],
+    run_dir: Path,
+    say: Callable[[str], None] = print,
+) -> list[Proc]:
+    """The processes `Stack.start` runs for compose.yaml under `profiles`, in start order.
+
+    Starts nothing (the tests plan with a fake nvidia-smi on PATH). `env` is the launcher's
+    environment with ANVIL_REDIS_URL already pointing at the Redis to use. Raises StackError when
+    ANVIL_GPUS cannot be satisfied or two processes would claim one metrics port.
+    """
+    services = load_services(compose, env, profiles)
+    hosts = set(services) | {EMBEDDED}
+    try:
+        services = per_gpu_services(services, env, scale, PORT_STRIDE, say)
+    except GpuSelectionError as exc:
+        raise StackError(str(exc)) from None
+    procs: list[Proc] = []
+    for svc in _in_dependency_order(services):
+        if svc.name == EMBEDDED or not svc.command:
+            continue
+        for replica in range(scale.get(svc.name, 1)):
+            procs.append(_proc(svc, replica, env, hosts | set(services), run_dir))
+    _check_metrics_ports(procs)
+    return procs
+
+
+def _proc(svc: ServiceDef, replica: int, base_env: Mapping[str, str], hosts: set[str], run_dir: Path) -> Proc:
+    env = dict(base_env)
+    env.update({k: _local_hosts(v, hosts) for k, v in svc.environment.items()})
+    if replica and "ANVIL_METRICS_PORT" in env:  # replicas share a host here: one port each
+        env["ANVIL_METRICS_PORT"] = str(int(env["ANVIL_METRICS_PORT"]) + PORT_STRIDE * replica)
+    name = svc.name if replica == 0 else f"{svc.name}.{replica}"
+    if env.get("ANVIL_ARTIFACT_DIR", "").startswith("/var/lib/"):  # the container volume
+        env["ANVIL_ARTIFACT_DIR"] = str(run_dir / "artifacts")
+    proc = Proc(name, svc, _local_argv(svc.command), env, run_dir / f"{name}.log")
+    if svc.per_gpu:
+        proc.id_prefix = f"{socket.gethostname()}-{name}"
+        env["ANVIL_SERVICE_ID"] = _fresh_id(proc.id_prefix)
+    return proc
+
+
+def _fresh_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def _check_metrics_ports(procs: list[Proc]) -> None:
+    owner: dict[str, str] = {}
+    for proc in procs:
+        port = proc.env.get("ANVIL_METRICS_PORT")
+        if port is None or "ANVIL_METRICS_PORT" not in proc.service.environment:
+            continue
+        if port in owner:
+            raise StackError(
+                f"{owner[port]} and {proc.name} would both serve metrics on port {port}; "
+                "give one of them another port (its ANVIL_*METRICS_PORT) or drop a profile"
+            )
+        owner[port] = proc.name
 
 
 @dataclass
@@ -118,13 +196,12 @@ class Stack:
                 )
             env["ANVIL_REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
             self.say(f"anvil: embedded redis on 127.0.0.1:{self.redis_port}")
-        services = load_services(self.compose, env, self.profiles or default_profiles(env))
-        names = set(services) | {EMBEDDED}
-        for svc in _in_dependency_order(services):
-            if svc.name == EMBEDDED or not svc.command:
-                continue
-            for replica in range(self.scale.get(svc.name, 1)):
-                self.procs.append(self._proc(svc, replica, env, names))
+        try:
+            profiles = self.profiles or default_profiles(env)
+            self.procs = plan_procs(self.compose, env, profiles, self.scale, self.run_dir, self.say)
+        except Exception:  # the embedded Redis is already running
+            self.stop()
+            raise
         for proc in self.procs:
             self._spawn(proc)
         self.write_state(ready=False)
@@ -135,20 +212,12 @@ class Stack:
             raise
         self.write_state(ready=True)
 
-    def _proc(self, svc: ServiceDef, replica: int, base_env: Mapping[str, str], hosts: set[str]) -> Proc:
-        env = dict(base_env)
-        env.update({k: _local_hosts(v, hosts) for k, v in svc.environment.items()})
-        if replica and "ANVIL_METRICS_PORT" in env:  # replicas share a host here: one port each
-            env["ANVIL_METRICS_PORT"] = str(int(env["ANVIL_METRICS_PORT"]) + 100 * replica)
-        name = svc.name if replica == 0 else f"{svc.name}.{replica}"
-        assert self.run_dir is not None
-        if env.get("ANVIL_ARTIFACT_DIR", "").startswith("/var/lib/"):  # the container volume
-            env["ANVIL_ARTIFACT_DIR"] = str(self.run_dir / "artifacts")
-        return Proc(name, svc, _local_argv(svc.command), env, self.run_dir / f"{name}.log")
-
     def _spawn(self, proc: Proc) -> None:
+        if proc.id_prefix and proc.popen is not None:  # a restart: a new id (see Proc.id_prefix)
+            proc.env["ANVIL_SERVICE_ID"] = _fresh_id(proc.id_prefix)
         proc.popen = spawn(proc.argv, proc.env, proc.log)
-        self.say(f"anvil: started {proc.name} (pid {proc.popen.pid}), log {proc.log}")
+        where = f" on {proc.device}" if proc.device else ""
+        self.say(f"anvil: started {proc.name}{where} (pid {proc.popen.pid}), log {proc.log}")
 
     def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
