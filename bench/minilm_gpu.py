@@ -173,8 +173,11 @@ def main() -> None:
     }
     res["deploy_s"] = round(deploy(args.model_dir, args.name, args.max_batch, args.max_seq), 2)
     res["ready_after_deploy_s"] = round(wait_text_model(args.url, args.name), 2)
-    st = SentenceTransformer(str(args.model_dir), device="cuda")
-    ref = st.encode(texts, batch_size=128, convert_to_numpy=True, normalize_embeddings=True)
+    # .float(): transformers 5 loads a checkpoint in its stored dtype ("auto"), fp16 for the carried one
+    st = SentenceTransformer(str(args.model_dir), device="cuda").float()
+    ref = st.encode(texts, batch_size=128, convert_to_numpy=True, normalize_embeddings=True).astype(
+        np.float32
+    )
     got = asyncio.run(embed_all(args.url, args.name, texts))
     res["accuracy_vs_st_fp32"] = accuracy(got, ref)
     rows = [
@@ -185,8 +188,7 @@ def main() -> None:
     st_rows = []
     for label, half in (("fp32", False), ("fp16", True)):
         model = SentenceTransformer(str(args.model_dir), device="cuda")
-        if half:
-            model = model.half()
+        model = model.half() if half else model.float()
         for b in (32, 128, 512):
             st_rows.append(st_speed(model, texts, b, args.seconds / 2, label))
     best = max(st_rows, key=lambda r: r["sentences_per_s"])
