@@ -106,3 +106,19 @@ def test_a_plan_that_points_outside_itself_is_refused(tmp_path: Path) -> None:
     tensor_arg.index = len(plan.tensors) + 5
     with pytest.raises(ValueError, match="out of range"):
         resolve_launches(plan, 0, 0, 1, 1)
+
+
+def test_fp32_linears_are_handed_to_cublas_with_their_epilogue(tmp_path: Path) -> None:
+    from anvil_executor.plan_runtime.cublas_linear import epilogue_args, gemm_ops
+    from anvil_executor.plan_runtime.ops import ACT_CODES
+
+    plan = load_plan(_mlp_plan(tmp_path)).plan
+    steps = gemm_ops(plan)
+    assert [(s.k, s.n) for s in steps] == [(32, 64), (64, 8)]
+    assert [s.act for s in steps] == [ACT_CODES["relu"], ACT_CODES["none"]]  # Relu fused into fc1
+    assert all(plan.ops[s.op_index].kind in (b"linear", "linear") for s in steps)
+    assert [s.rows(plan, 5, 1) for s in steps] == [5, 5]
+    block, smem, args = epilogue_args(steps[0], plan, 1 << 40, 1 << 41, 1 << 42)
+    assert block[0] % 32 == 0 and block[0] >= 64 and smem == 0  # no LayerNorm: no row buffer
+    assert int(args[0]) == 1 << 42 and int(args[5]) == (1 << 40) + int(plan.tensors[steps[0].out].offset)
+    assert int(args[2]) == 0  # no residual: a null pointer

@@ -76,22 +76,27 @@ def _close(gpu: list[dict[str, np.ndarray]], cpu: list[dict[str, np.ndarray]]) -
 
 @pytest.mark.parametrize("kind", ["mlp", "bert"])
 @pytest.mark.parametrize("quantize", [False, True])
-def test_gpu_plan_matches_its_cpu_twin(tmp_path: Path, kind: str, quantize: bool) -> None:
+@pytest.mark.parametrize("gemm", ["plan", "cublas"])
+def test_gpu_plan_matches_its_cpu_twin(tmp_path: Path, kind: str, quantize: bool, gemm: str) -> None:
     art = _artifact(tmp_path, kind, quantize)
-    gpu = _gpu(art, nan_fill=True)
+    gpu = _gpu(art, nan_fill=True, gemm=gemm)
+    if gemm == "plan" or not quantize:  # fp32 linears go to cuBLAS unless told otherwise
+        assert bool(gpu._gemm) == (gemm == "cublas")
     assert gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
     cpu = PlanModel.load(art)
     reqs = _requests(kind, np.random.default_rng(1))
     _close(gpu.run(reqs), cpu.run(reqs))
-    eager = _gpu(art, graphs=False, nan_fill=True)  # the graphs replay exactly what eager launches do
+    eager = _gpu(art, graphs=False, nan_fill=True, gemm=gemm)  # graphs replay exactly what eager runs
     for g, e in zip(gpu.run(reqs), eager.run(reqs), strict=True):
         for name in g:
             np.testing.assert_array_equal(g[name], e[name])
 
 
-def test_steady_state_allocates_nothing_over_10000_batches(tmp_path: Path) -> None:
-    art = _artifact(tmp_path, "mlp", True)
+@pytest.mark.parametrize("quantize", [True, False])  # INT4 plan kernels; fp32 linears on cuBLAS
+def test_steady_state_allocates_nothing_over_10000_batches(tmp_path: Path, quantize: bool) -> None:
+    art = _artifact(tmp_path, "mlp", quantize)
     gpu = _gpu(art)
+    assert gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
     cpu = PlanModel.load(art)
     rng = np.random.default_rng(2)
     xs = [rng.standard_normal((n, 64)).astype(np.float32) for n in range(1, 9)]

@@ -12,6 +12,7 @@ its captured CUDA graphs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,11 +42,11 @@ def plan_encoder(plan: PlanIO, output: str = EMBEDDING_OUTPUT) -> Encoder:
     return encode
 
 
-def _load_plan(path: Path, device: DeviceSpec, name: str) -> PlanIO:
+def _load_plan(path: Path, device: DeviceSpec, name: str, gpu: dict[str, Any]) -> PlanIO:
     if device.is_cuda:
         from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
 
-        return GpuPlanModel.load(path, device.index, name=name)
+        return GpuPlanModel.load(path, device.index, name=name, **gpu)
     from anvil_executor.plan_runtime import PlanModel
 
     return PlanModel.load(path, name=name)
@@ -59,9 +60,12 @@ def is_text_encoder(plan: PlanIO, path: Path) -> bool:
     )
 
 
-def load_artifact(path: Path, device: DeviceSpec, name: str) -> tuple[Model, PlanIO]:
-    """The served model and the plan under it (the same object unless the artifact embeds text)."""
-    plan = _load_plan(path, device, name)
+def load_artifact(
+    path: Path, device: DeviceSpec, name: str, gpu: dict[str, Any] | None = None
+) -> tuple[Model, PlanIO]:
+    """The served model and the plan under it (the same object unless the artifact embeds text).
+    ``gpu``: options of ``GpuPlanModel`` (gemm, tf32) on a CUDA device."""
+    plan = _load_plan(path, device, name, gpu or {})
     if not is_text_encoder(plan, path):
         return plan, plan
     dim = next(int(d[-1]) for n, _, _, d in plan.outputs if n == EMBEDDING_OUTPUT)

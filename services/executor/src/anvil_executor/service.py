@@ -112,7 +112,8 @@ class Executor:
         from anvil_executor.artifact import load_artifact
 
         try:
-            model, plan = load_artifact(Path(self.s.artifact_dir) / artifact, self.device, name)
+            gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
+            model, plan = load_artifact(Path(self.s.artifact_dir) / artifact, self.device, name, gpu)
             if self.device.is_cuda:
                 self._gpu_loaded(name, plan)
                 self._plans[name] = plan

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from anvil_core.settings import ServiceSettings
 
 __all__ = ["ExecutorSettings"]
@@ -27,5 +29,11 @@ class ExecutorSettings(ServiceSettings):
     # that the gateway and scheduler on the same host need (mlp4x1024 at 64 clients on 2 cores:
     # 660-860 req/s at the default, 1,360-1,460 at 1; bench/serving_peers.py).
     blas_threads: int = 1
+    # GPU plans (ANVIL_DEVICE=cuda:N): "cublas" runs fp32 linears on cuBLAS with the plan's epilogue
+    # fused after it; "plan" runs every op with the compiler's kernels (CUDA cores only).
+    gpu_gemm: Literal["cublas", "plan"] = "cublas"
+    # fp32 GEMMs on tensor cores through TF32 (10-bit mantissa products, fp32 sums); measured
+    # accuracy in docs/executor_gpu.md. False keeps full fp32 products.
+    gpu_tf32: bool = True
     # Accept inputs that stay in a client's shared memory (ZeroCopy, same host only).
     shm_inputs: bool = True

@@ -28,6 +28,7 @@ from anvil_core.logs import get_logger
 from anvil_executor.models.base import RequestInputs
 from anvil_executor.plan_runtime.arena import ALIGN
 from anvil_executor.plan_runtime.buckets import Buckets
+from anvil_executor.plan_runtime.cublas_linear import EPILOGUE_SOURCE, GemmStep, epilogue_args, gemm_ops
 from anvil_executor.plan_runtime.cuda_arena import DeviceArena, PinnedBank, counter
 from anvil_executor.plan_runtime.io import PlanIO, _l
 from anvil_executor.plan_runtime.launch import Launch, resolve_launches
@@ -80,6 +81,8 @@ class GpuPlanModel(PlanIO):
         *,
         graphs: bool = True,
         nan_fill: bool = False,
+        gemm: str = "cublas",
+        tf32: bool = True,
     ) -> None:
         import cupy as cp
 
@@ -89,12 +92,17 @@ class GpuPlanModel(PlanIO):
         self.device_id = device_id
         counter.install()
         self._cp = cp
+        if gemm not in ("cublas", "plan"):
+            raise ValueError(f"gemm must be 'cublas' or 'plan', got {gemm!r}")
+        steps = gemm_ops(p) if gemm == "cublas" else []
+        self._gemm: dict[int, GemmStep] = {st.op_index: st for st in steps}
+        workspace = max((st.rows(p, self.max_batch, self.max_seq) * st.n * 4 for st in steps), default=0)
+        banks = {"weights": int(p.weightBytes), "activations": int(p.activationBytes)}
+        if workspace:
+            banks["staging"] = workspace  # cuBLAS's output before the epilogue
         with cp.cuda.Device(device_id):
-            self.arena = DeviceArena(
-                {"weights": int(p.weightBytes), "activations": int(p.activationBytes)},
-                device_id,
-                what=f"model {self.spec.name!r}",
-            )
+            self.arena = DeviceArena(banks, device_id, what=f"model {self.spec.name!r}")
+            self._epilogue: Any = self._epilogue_kernel(tf32) if steps else None
             for wi in p.weights:
                 key = _s(wi.name)
                 arr: np.ndarray = np.ascontiguousarray(weights[key], dtype=DTYPES[wi.dtype])
@@ -135,15 +143,36 @@ class GpuPlanModel(PlanIO):
         )
 
     @classmethod
-    def load(cls, artifact_dir: str | Path, device_id: int = 0, name: str | None = None) -> GpuPlanModel:
+    def load(
+        cls,
+        artifact_dir: str | Path,
+        device_id: int = 0,
+        name: str | None = None,
+        *,
+        gemm: str = "cublas",
+        tf32: bool = True,
+    ) -> GpuPlanModel:
         from safetensors.numpy import load_file
 
         root = Path(artifact_dir)
         plan = load_plan(root / "plan.bin")
         weights = load_file(str(root / "weights.safetensors"))
-        return cls(plan, weights, load_module(root, device_id), device_id, name)
+        return cls(plan, weights, load_module(root, device_id), device_id, name, gemm=gemm, tf32=tf32)
 
     # ---- load --------------------------------------------------------------------------------
+    _epilogue_module: Any = None  # one per process: compiled once, shared by every model
+
+    def _epilogue_kernel(self, tf32: bool) -> Any:
+        cp = self._cp
+        if tf32:  # fp32 GEMMs on tensor cores (10-bit mantissa products, fp32 accumulation)
+            from cupy._core import _routines_linalg as linalg
+
+            linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+        if GpuPlanModel._epilogue_module is None:
+            GpuPlanModel._epilogue_module = cp.RawModule(code=EPILOGUE_SOURCE, options=NVRTC_OPTIONS)
+            counter.module_loaded()
+        return GpuPlanModel._epilogue_module.get_function("anvil_gemm_epilogue")
+
     @staticmethod
     def _functions(module: Any, p: Any) -> dict[str, Any]:
         fns: dict[str, Any] = {}
@@ -194,13 +223,28 @@ class GpuPlanModel(PlanIO):
             n = self._pinned(name, b, t).nbytes
             dst = self._act + int(self.plan.plan.tensors[tensor].offset)
             cp.cuda.runtime.memcpyAsync(dst, self.pinned.base + off, n, H2D, s)
-        for launch in self._launches(b, t):
-            self._fns[launch.kernel](launch.grid, launch.block, launch.args, shared_mem=launch.smem)
+        for i, launch in enumerate(self._launches(b, t)):
+            step = self._gemm.get(i)
+            if step is None:
+                self._fns[launch.kernel](launch.grid, launch.block, launch.args, shared_mem=launch.smem)
+            else:
+                self._run_gemm(step, b, t)
         for name, tensor, _, _ in self.outputs:
             off = self._slots[name][0]
             n = self._pinned(name, b, t).nbytes
             src = self._act + int(self.plan.plan.tensors[tensor].offset)
             cp.cuda.runtime.memcpyAsync(self.pinned.base + off, src, n, D2H, s)
+
+    def _run_gemm(self, step: GemmStep, b: int, t: int) -> None:
+        """x @ W on cuBLAS into the workspace, then the op's epilogue into its output."""
+        p = self.plan.plan
+        m = step.rows(p, b, t)
+        x = self.arena.view("activations", int(p.tensors[step.x].offset), (m, step.k), np.float32)
+        w = self.arena.view("weights", int(p.weights[step.weight].offset), (step.k, step.n), np.float32)
+        tmp = self.arena.view("staging", 0, (m, step.n), np.float32)
+        self._cp.matmul(x, w, out=tmp)
+        block, smem, args = epilogue_args(step, p, self._act, self._wts, self.arena.ptr("staging"))
+        self._epilogue((m, 1, 1), block, args, shared_mem=smem)
 
     def _launches(self, b: int, t: int) -> list[Launch]:
         return resolve_launches(self.plan.plan, self._act, self._wts, b, t)

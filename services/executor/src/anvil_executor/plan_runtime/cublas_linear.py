@@ -1,0 +1,159 @@
+"""fp32 linears of a GPU plan on cuBLAS (tensor cores through TF32), with the plan's fused epilogue.
+
+The compiler's generic ``linear.cu`` runs on CUDA cores; for an unquantized fp32 linear cuBLAS is far
+faster (MiniLM's linears are >90% of its FLOPs). A ``GemmStep`` replaces such an op's launch:
+
+    tmp (M, N) = x (M, K) @ W (K, N)                 cupy.matmul into the workspace bank, no allocation
+    out (M, N) = LN?(act(tmp + bias) + residual)      one epilogue kernel, one block per row
+
+the same semantics as the op's CPU twin (``ops.linear``). INT4 linears keep the plan's kernel. The
+epilogue source is compiled once per process (NVRTC) and counted as a module load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from anvil_executor.plan_runtime.io import _l
+from anvil_executor.plan_runtime.ops import ACT_CODES
+from anvil_executor.plan_runtime.plan import DTYPES, _s, attrs_of, eval_dim
+
+__all__ = ["EPILOGUE_SOURCE", "GemmStep", "gemm_ops"]
+
+EPILOGUE_SOURCE = r"""
+__device__ __forceinline__ float anvil_act(float v, int act) {
+  switch (act) {  // codes as anvil_executor.plan_runtime.ops.ACT_CODES
+    case 1: return v > 0.f ? v : 0.f;
+    case 2: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case 3: return 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case 4: return v / (1.f + expf(-v));
+    case 5: return 1.f / (1.f + expf(-v));
+    case 6: return tanhf(v);
+    default: return v;
+  }
+}
+__device__ __forceinline__ float anvil_block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < warps; ++w) t += red[w];
+  return t;
+}
+// out[row] = LN?(act(tmp[row] + bias) + res[row]); one block per row, buf: n floats of smem when ln.
+extern "C" __global__ void anvil_gemm_epilogue(const float* tmp, const float* bias, const float* res,
+    const float* gamma, const float* beta, float* out, int n, int act, int ln, float eps) {
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  const long base = (long)blockIdx.x * n;
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = tmp[base + i] + (bias ? bias[i] : 0.f);
+    v = anvil_act(v, act);
+    if (res) v += res[base + i];
+    if (ln) buf[i] = v; else out[base + i] = v;
+    sum += v;
+  }
+  if (!ln) return;
+  const float mean = anvil_block_sum(sum, red) / n;
+  float sq = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { const float d = buf[i] - mean; sq += d * d; }
+  const float inv = rsqrtf(anvil_block_sum(sq, red) / n + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    out[base + i] = (buf[i] - mean) * inv * gamma[i] + beta[i];
+}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class GemmStep:
+    """One fp32 linear: tensor/weight indices and the epilogue's parameters."""
+
+    op_index: int
+    x: int  # tensor index (…, K)
+    out: int  # tensor index (…, N)
+    residual: int  # tensor index or -1
+    weight: int  # weight index (K, N) f32
+    bias: int  # weight index or -1
+    gamma: int
+    beta: int
+    k: int
+    n: int
+    act: int
+    eps: float
+
+    def rows(self, plan: Any, b: int, t: int) -> int:
+        """M at (b, t): every dimension of x but the last."""
+        dims = plan.tensors[self.x].shape
+        m = 1
+        for d in _l(dims)[:-1]:
+            m *= eval_dim(d, b, t)
+        return m
+
+
+def gemm_ops(plan: Any) -> list[GemmStep]:
+    """The plan's linears that cuBLAS can run: fp32 weight (K, N), no INT4, N within one block's LN."""
+    steps: list[GemmStep] = []
+    for i, op in enumerate(plan.ops):
+        if _s(op.kind) != "linear":
+            continue
+        w = {_s(r): int(ix) for r, ix in zip(_l(op.weightRoles), _l(op.weights), strict=True)}
+        ins = {_s(r): int(ix) for r, ix in zip(_l(op.inputRoles), _l(op.inputs), strict=True)}
+        if "weight" not in w or "x" not in ins:
+            continue  # INT4 (packed) or an unexpected layout: the plan's kernel runs it
+        wi = plan.weights[w["weight"]]
+        shape = [int(d) for d in _l(wi.shape)]
+        if DTYPES[wi.dtype] is not np.float32 or len(shape) != 2:
+            continue
+        attrs = attrs_of(op)
+        ln = "gamma" in w
+        steps.append(
+            GemmStep(
+                op_index=i,
+                x=ins["x"],
+                out=int(_l(op.outputs)[0]),
+                residual=ins.get("residual", -1),
+                weight=w["weight"],
+                bias=w.get("bias", -1),
+                gamma=w["gamma"] if ln else -1,
+                beta=w.get("beta", -1) if ln else -1,
+                k=shape[0],
+                n=shape[1],
+                act=ACT_CODES[str(attrs.get("act", "none"))],
+                eps=float(attrs.get("eps", 0.0)) if ln else 0.0,
+            )
+        )
+    return steps
+
+
+def epilogue_args(
+    step: GemmStep, plan: Any, act_base: int, wts_base: int, tmp: int
+) -> tuple[tuple[int, int, int], int, tuple[Any, ...]]:
+    """(block, shared memory bytes, args) of the epilogue launch; the grid is (rows, 1, 1)."""
+
+    def w(ix: int) -> np.uint64:
+        return np.uint64(0 if ix < 0 else wts_base + int(plan.weights[ix].offset))
+
+    def a(ix: int) -> np.uint64:
+        return np.uint64(0 if ix < 0 else act_base + int(plan.tensors[ix].offset))
+
+    threads = min(1024, max(32, -(-step.n // 32) * 32))
+    ln = step.gamma >= 0
+    args = (
+        np.uint64(tmp),
+        w(step.bias),
+        a(step.residual),
+        w(step.gamma),
+        w(step.beta),
+        a(step.out),
+        np.int32(step.n),
+        np.int32(step.act),
+        np.int32(int(ln)),
+        np.float32(step.eps),
+    )
+    return (threads, 1, 1), (4 * step.n if ln else 0), args
