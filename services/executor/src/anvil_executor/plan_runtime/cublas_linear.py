@@ -3,7 +3,7 @@
 The compiler's generic ``linear.cu`` runs on CUDA cores; for an unquantized fp32 linear cuBLAS is far
 faster (MiniLM's linears are >90% of its FLOPs). A ``GemmStep`` replaces such an op's launch:
 
-    tmp (M, N) = x (M, K) @ W (K, N)                 cupy.matmul into the workspace bank, no allocation
+    tmp (M, N) = x (M, K) @ W (K, N)                 cuBLAS (cublas_raw.Gemm) into the workspace bank
     out (M, N) = LN?(act(tmp + bias) + residual)      one epilogue kernel, one block per row
 
 the same semantics as the op's CPU twin (``ops.linear``). INT4 linears keep the plan's kernel. The

@@ -29,6 +29,7 @@ from anvil_executor.models.base import RequestInputs
 from anvil_executor.plan_runtime.arena import ALIGN
 from anvil_executor.plan_runtime.buckets import Buckets
 from anvil_executor.plan_runtime.cublas_linear import EPILOGUE_SOURCE, GemmStep, epilogue_args, gemm_ops
+from anvil_executor.plan_runtime.cublas_raw import Gemm
 from anvil_executor.plan_runtime.cuda_arena import DeviceArena, PinnedBank, counter
 from anvil_executor.plan_runtime.io import PlanIO, _l
 from anvil_executor.plan_runtime.launch import Launch, resolve_launches
@@ -38,6 +39,7 @@ __all__ = ["GpuPlanModel", "load_module"]
 
 log = get_logger("anvil.executor.gpu")
 H2D, D2H = 1, 2  # cudaMemcpyKind
+CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's scratch, handed to it so a captured GEMM allocates nothing
 NVRTC_OPTIONS = ("-std=c++17", "--use_fast_math")
 
 
@@ -96,13 +98,15 @@ class GpuPlanModel(PlanIO):
             raise ValueError(f"gemm must be 'cublas' or 'plan', got {gemm!r}")
         steps = gemm_ops(p) if gemm == "cublas" else []
         self._gemm: dict[int, GemmStep] = {st.op_index: st for st in steps}
-        workspace = max((st.rows(p, self.max_batch, self.max_seq) * st.n * 4 for st in steps), default=0)
+        tmp_bytes = _align(
+            max((st.rows(p, self.max_batch, self.max_seq) * st.n * 4 for st in steps), default=0)
+        )
         banks = {"weights": int(p.weightBytes), "activations": int(p.activationBytes)}
-        if workspace:
-            banks["staging"] = workspace  # cuBLAS's output before the epilogue
+        if steps:  # cuBLAS's output before the epilogue, then cuBLAS's own workspace
+            banks["staging"] = tmp_bytes + CUBLAS_WORKSPACE_BYTES
         with cp.cuda.Device(device_id):
             self.arena = DeviceArena(banks, device_id, what=f"model {self.spec.name!r}")
-            self._epilogue: Any = self._epilogue_kernel(tf32) if steps else None
+            self._epilogue: Any = self._epilogue_kernel() if steps else None
             for wi in p.weights:
                 key = _s(wi.name)
                 arr: np.ndarray = np.ascontiguousarray(weights[key], dtype=DTYPES[wi.dtype])
@@ -113,6 +117,10 @@ class GpuPlanModel(PlanIO):
             if nan_fill:
                 self.arena.fill("activations", 0xFF)
             self.stream = cp.cuda.Stream(non_blocking=True)
+            self._blas: Gemm | None = None
+            if steps:
+                ws = self.arena.ptr("staging", tmp_bytes)
+                self._blas = Gemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, tf32)
             self._fns = self._functions(module, p)
             self._slots, pinned_bytes = self._layout_pinned()
             self.pinned = PinnedBank(pinned_bytes)
@@ -162,12 +170,8 @@ class GpuPlanModel(PlanIO):
     # ---- load --------------------------------------------------------------------------------
     _epilogue_module: Any = None  # one per process: compiled once, shared by every model
 
-    def _epilogue_kernel(self, tf32: bool) -> Any:
+    def _epilogue_kernel(self) -> Any:
         cp = self._cp
-        if tf32:  # fp32 GEMMs on tensor cores (10-bit mantissa products, fp32 accumulation)
-            from cupy._core import _routines_linalg as linalg
-
-            linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
         if GpuPlanModel._epilogue_module is None:
             GpuPlanModel._epilogue_module = cp.RawModule(code=EPILOGUE_SOURCE, options=NVRTC_OPTIONS)
             counter.module_loaded()
@@ -239,11 +243,12 @@ class GpuPlanModel(PlanIO):
         """x @ W on cuBLAS into the workspace, then the op's epilogue into its output."""
         p = self.plan.plan
         m = step.rows(p, b, t)
-        x = self.arena.view("activations", int(p.tensors[step.x].offset), (m, step.k), np.float32)
-        w = self.arena.view("weights", int(p.weights[step.weight].offset), (step.k, step.n), np.float32)
-        tmp = self.arena.view("staging", 0, (m, step.n), np.float32)
-        self._cp.matmul(x, w, out=tmp)
-        block, smem, args = epilogue_args(step, p, self._act, self._wts, self.arena.ptr("staging"))
+        x = self._act + int(p.tensors[step.x].offset)
+        w = self._wts + int(p.weights[step.weight].offset)
+        tmp = self.arena.ptr("staging")
+        assert self._blas is not None  # made at load whenever a GemmStep exists
+        self._blas(x, w, tmp, m, step.n, step.k)  # TF32 tensor cores unless tf32=False
+        block, smem, args = epilogue_args(step, p, self._act, self._wts, tmp)
         self._epilogue((m, 1, 1), block, args, shared_mem=smem)
 
     def _launches(self, b: int, t: int) -> list[Launch]:
