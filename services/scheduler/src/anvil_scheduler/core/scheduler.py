@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from anvil_scheduler.core.config import SchedulerConfig
 from anvil_scheduler.core.dispatch import ExecutorPool, ExecutorSpec, Predictor
 from anvil_scheduler.core.edf import EDFQueue
+from anvil_scheduler.core.learning import Learning
 from anvil_scheduler.core.ledger import RequestLedger
 from anvil_scheduler.core.policy import BatchingPolicy, QueueView
 from anvil_scheduler.core.profile import ProfileBook, ProfilePrior
@@ -105,10 +106,7 @@ class SchedulerCore:
         self._batch_ids = itertools.count(1)
         self._now_s = -math.inf
         self._top_priority = min(p.priority for p in self.config.priorities)
-        # (executor, model, batch size) that have run once: the first run of a shape on a process is
-        # warm-up (compilation, first touch of weights and buffers) and says nothing about the next.
-        self._warm: set[tuple[str, str, int]] = set()
-        self._last_probe_s: dict[tuple[str, int], float] = {}  # (model, priority) -> last probe admitted
+        self.learning = Learning(self.config.probe_interval_s)  # warm-up exclusion, probes
 
     # ---- capacity -------------------------------------------------------------------------------
     def register_model(self, model: str, max_batch: int) -> None:
@@ -131,7 +129,7 @@ class SchedulerCore:
         """The executor stopped heartbeating: its in-flight requests go back to their queues."""
         self._tick(now_s)
         batches = self.pool.remove(executor_id)
-        self._warm = {k for k in self._warm if k[0] != executor_id}  # a new process warms up again
+        self.learning.forget_executor(executor_id)
         for model in {b.model for b in batches} | set(self._model_max):
             self._rebind(model)
         return self._release([r for b in batches for r in self._retire(b, now_s)], now_s, retryable=True)
@@ -171,7 +169,7 @@ class SchedulerCore:
             # protects nobody, and only a request that runs can correct a wrong prediction.
             alone = not queue and self.pool.idle_host(req.model) is not None
             if now_s + self._exec1_s(req.model) > req.deadline_s:
-                if not (alone and self._probe_due(req, now_s)):
+                if not (alone and self.learning.probe_due(req.model, req.priority, now_s)):
                     return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.DEADLINE, now_s),))
                 req.probe = True
             else:
@@ -191,16 +189,6 @@ class SchedulerCore:
         req.advance(RequestState.QUEUED)
         queue.push(req)
         return Admission(AdmitOutcome.QUEUED, tuple(sheds))
-
-    def _probe_due(self, req: Request, now_s: float) -> bool:
-        """A request the profile calls hopeless runs anyway, alone on an idle executor, once per
-        ``probe_interval_s`` per (model, priority): the probe's measurement is what lets a wrong
-        prediction recover, so no model and priority can starve on a stale profile."""
-        key = (req.model, req.priority)
-        if now_s - self._last_probe_s.get(key, -math.inf) < self.config.probe_interval_s:
-            return False
-        self._last_probe_s[key] = now_s
-        return True
 
     def _work_ahead_victims(self, queue: EDFQueue, req: Request, now_s: float) -> list[Request] | None:
         """Lower-priority requests ahead of ``req`` to evict so that it meets its deadline behind the
@@ -362,11 +350,8 @@ class SchedulerCore:
             _, ids = self._retired.pop(batch_id, (now_s, ()))
             self.ledger.drop_late(len(ids))
             return Completion((), ids)
-        warm_key = (executor_id, batch.model, batch.size)
-        if warm_key in self._warm:
+        if self.learning.is_sample(executor_id, batch.model, batch.size):  # not warm-up
             self.profiles.get(batch.model, batch.device).observe(batch.size, exec_time_s, now_s)
-        else:
-            self._warm.add(warm_key)  # warm-up: not a sample of steady-state latency
         answered, late = [], []
         for r in batch.requests:
             if self.ledger.close(r.request_id, now_s):
