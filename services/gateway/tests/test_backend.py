@@ -201,3 +201,22 @@ def test_when_the_receive_loop_dies_it_says_so_and_fails_waiting_callers() -> No
         await link.stop()
 
     asyncio.run(main())
+
+
+def test_readiness_is_red_once_the_receive_loop_has_died() -> None:
+    from types import SimpleNamespace
+
+    from anvil_gateway.routes_meta import ready
+
+    class Discovery:
+        async def ready(self) -> tuple[bool, str]:
+            return True, ""
+
+    link = SchedulerLink("gw-test")
+    request = SimpleNamespace(
+        app=SimpleNamespace(state=SimpleNamespace(gw=SimpleNamespace(link=link, discovery=Discovery())))
+    )
+    assert asyncio.run(ready(request)).status_code == 200  # type: ignore[arg-type]
+    link.died = "scheduler receive loop ended: RuntimeError: boom"
+    resp = asyncio.run(ready(request))  # type: ignore[arg-type]
+    assert resp.status_code == 503 and b"receive loop ended" in resp.body
