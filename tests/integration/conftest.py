@@ -231,3 +231,51 @@ def busy_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]
     local = LocalStack(tmp_path_factory.mktemp("busy"), extra_env={"ANVIL_MODELS": "identity,mlp,busy"})
     yield local
     local.stop()
+
+
+# ---- idle means zero (issue #22) -------------------------------------------------------------------
+# The scheduler's accounting gauges: each returns to 0 once every admitted request has been answered.
+IDLE_GAUGES = (
+    "anvil_scheduler_queue_depth",
+    "anvil_scheduler_in_flight_batches",
+    "anvil_scheduler_in_flight_requests",
+    "anvil_scheduler_open_requests",
+    "anvil_scheduler_work_ahead_us",
+    "anvil_scheduler_awaiting_result_batches",
+)
+
+
+def scheduler_held(stack: Any) -> dict[str, float]:
+    """Non-zero accounting series of the stack's scheduler ({series: value}); {} when idle."""
+    port = stack.service("scheduler")["env"]["ANVIL_METRICS_PORT"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    held: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(IDLE_GAUGES):
+            series, _, value = line.rpartition(" ")
+            if float(value) != 0.0:
+                held[series] = float(value)
+    return held
+
+
+def assert_idle_means_zero(stack: Any, timeout_s: float = 10.0) -> None:
+    """After a scenario, once its requests are answered, the scheduler holds nothing: no queued, in
+    flight or open request, no predicted work ahead. Waits for the gauges' next export (50 ms) and
+    for answers still on their way; fails naming what is still held."""
+    last: dict[str, float] = {}
+
+    def idle() -> bool:
+        nonlocal last
+        last = scheduler_held(stack)
+        return not last
+
+    try:
+        wait_for(idle, timeout_s, "the scheduler's accounting to return to zero")
+    except AssertionError:
+        raise AssertionError(f"idle means zero, but the scheduler still holds {last}") from None
+
+
+@pytest.fixture
+def idle_means_zero() -> Callable[..., None]:
+    """`idle_means_zero(stack)`: assert the scheduler's accounting is back to zero (see above)."""
+    return assert_idle_means_zero

@@ -80,7 +80,9 @@ def _mean_batch(text_before: str, text_after: str) -> float:
     return s / c if c else 0.0
 
 
-def test_a_burst_raises_the_batch_size_and_it_settles_back(new_local_stack: Any, waiter: Any) -> None:
+def test_a_burst_raises_the_batch_size_and_it_settles_back(
+    new_local_stack: Any, waiter: Any, idle_means_zero: Any
+) -> None:
     stack = new_local_stack(
         env={
             "ANVIL_MODELS": "identity,busy",
@@ -112,9 +114,12 @@ def test_a_burst_raises_the_batch_size_and_it_settles_back(new_local_stack: Any,
     )
     answered = [r for r in burst if r["status"] in (200, 429, 503, 504)]
     assert len(answered) == len(burst), {r["status"] for r in burst}
+    idle_means_zero(stack)
 
 
-def test_priority_1_keeps_its_slo_while_priority_3_is_shed(new_local_stack: Any) -> None:
+def test_priority_1_keeps_its_slo_while_priority_3_is_shed(
+    new_local_stack: Any, idle_means_zero: Any
+) -> None:
     # Time runs 10x slower than production here (SLOs 500 ms / 2 s / 5 s, a device of
     # t(B) = 20 ms + 10 ms x B), so the 2-core CI machine's own CPU is not what overloads.
     stack = new_local_stack(
@@ -146,3 +151,4 @@ def test_priority_1_keeps_its_slo_while_priority_3_is_shed(new_local_stack: Any)
         for reason in ("deadline", "overload")
     )
     assert shed_metric == len(shed3)
+    idle_means_zero(stack)

@@ -10,6 +10,7 @@ import zmq
 import zmq.asyncio
 
 from anvil_core import infer_codec as codec
+from anvil_core.tensors import HostTensor
 from anvil_gateway.backend import BackendUnavailable, SchedulerLink
 
 
@@ -120,3 +121,102 @@ def test_stopping_with_requests_not_yet_sent_answers_them() -> None:
     errors, loop_errors = asyncio.run(main())
     assert len(errors) == 3 and all(isinstance(e, BackendUnavailable) for e in errors)
     assert not loop_errors
+
+
+# ---- issue #18: a bad message from the scheduler never ends the receive loop ----------------------
+def _garbage_messages() -> list[list[bytes]]:
+    good = _response(b"x")[0]
+    bad_counts = codec.bundle([_response(b"a"), _response(b"b")], responses=True)[:-1]
+    non_utf8 = codec.build_response(request_id=b"\xff\xfe", trace_id="t", model="m")
+    return [[b"\x00"], [good[:9]], [bytes(range(200))], bad_counts, [non_utf8], [b""]]
+
+
+def test_crafted_messages_from_the_scheduler_are_dropped_and_the_loop_keeps_answering() -> None:
+    async def main() -> None:
+        ctx = zmq.asyncio.Context()
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        link = SchedulerLink("gw-test", bundle_max=1)
+        monitor = link.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        link.follow(f"tcp://127.0.0.1:{port}")
+        link.start()
+        try:
+            await asyncio.wait_for(monitor.recv_multipart(), 5)  # immediate=True: no send before this
+            link.sock.disable_monitor()
+            monitor.close()
+            call = asyncio.ensure_future(link.infer("r0", _request("r0"), 5))
+            ident, *_ = await asyncio.wait_for(router.recv_multipart(), 5)
+            for msg in _garbage_messages():
+                await router.send_multipart([ident, *msg])
+            await router.send_multipart([ident, *_response(b"r0")])
+            resp, _frames = await asyncio.wait_for(call, 5)
+            assert resp.RequestId() == b"r0"
+            assert link.alive and link.died is None
+            assert link.drops.counts.get("undecodable", 0) >= 5
+        finally:
+            await link.stop()
+            router.close()
+            ctx.term()
+
+    asyncio.run(main())
+
+
+def test_a_response_whose_fields_do_not_read_fails_its_caller_only() -> None:
+    async def main() -> None:
+        link = SchedulerLink("gw-test")
+        loop = asyncio.get_running_loop()
+        ok, bad = loop.create_future(), loop.create_future()
+        link.pending.update({"ok": ok, "bad": bad})
+        y = HostTensor.from_buffer("y", "FP32", (1,), b"\x00" * 4)
+        # "bad" names output frame 5 but carries none; "ok" is intact
+        bad_env = codec.build_response(request_id="bad", trace_id="t", model="m", outputs=[(y, 5)])
+        good_env = codec.build_response(request_id="ok", trace_id="t", model="m", outputs=[(y, 0)])
+        link.on_message(codec.bundle([[bad_env], [good_env, b"\x00" * 4]], responses=True))
+        assert ok.result()[0].RequestId() == b"ok"
+        with pytest.raises(BackendUnavailable, match="malformed answer"):
+            bad.result()
+        assert link.drops.counts == {"malformed_response": 1}
+        await link.stop()
+
+    asyncio.run(main())
+
+
+def test_when_the_receive_loop_dies_it_says_so_and_fails_waiting_callers() -> None:
+    async def main() -> None:
+        link = SchedulerLink("gw-test")
+        link.follow("tcp://127.0.0.1:9")
+
+        async def broken() -> None:
+            raise RuntimeError("boom")
+
+        link._rx_loop = broken  # type: ignore[method-assign]
+        link.start()
+        waiting = asyncio.get_running_loop().create_future()
+        link.pending["w"] = waiting
+        await asyncio.gather(link._rx, return_exceptions=True)  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the done callback runs
+        assert not link.alive and link.died is not None and "boom" in link.died
+        with pytest.raises(BackendUnavailable, match="receive loop ended"):
+            await waiting
+        await link.stop()
+
+    asyncio.run(main())
+
+
+def test_readiness_is_red_once_the_receive_loop_has_died() -> None:
+    from types import SimpleNamespace
+
+    from anvil_gateway.routes_meta import ready
+
+    class Discovery:
+        async def ready(self) -> tuple[bool, str]:
+            return True, ""
+
+    link = SchedulerLink("gw-test")
+    request = SimpleNamespace(
+        app=SimpleNamespace(state=SimpleNamespace(gw=SimpleNamespace(link=link, discovery=Discovery())))
+    )
+    assert asyncio.run(ready(request)).status_code == 200  # type: ignore[arg-type]
+    link.died = "scheduler receive loop ended: RuntimeError: boom"
+    resp = asyncio.run(ready(request))  # type: ignore[arg-type]
+    assert resp.status_code == 503 and b"receive loop ended" in resp.body

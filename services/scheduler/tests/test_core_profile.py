@@ -50,3 +50,26 @@ def test_export_and_import_round_trip_as_redis_would_return_it() -> None:
     assert fresh.predict_s(8) == pytest.approx(0.008)
     with pytest.raises(ValueError, match="batch size -> microseconds"):
         fresh.load_us({"x": "1"})
+
+
+def test_observations_age_so_a_stale_outlier_cannot_freeze_the_prediction() -> None:
+    now = [0.0]
+    prof = LatencyProfile(ProfilePrior(base_us=10_000, per_item_us=1_000, half_life_s=10.0), lambda: now[0])
+    prof.observe(1, 0.300)  # one slow batch
+    for _ in range(5):
+        prof.observe(1, 0.002)
+    stale = prof.predict_s(1)
+    assert stale > 0.1  # p90 of 6 samples is the outlier
+    now[0] = 30.0  # nothing observed for 30 s (everything was shed)
+    assert prof.weight(1) == pytest.approx(6 / 8)
+    assert prof.predict_s(1) < stale / 2  # the prior takes back its weight
+    for _ in range(3):
+        prof.observe(1, 0.002)  # fresh samples outweigh the faded outlier in the tail
+    assert prof.predict_s(1) < 0.011
+
+
+def test_without_a_clock_nothing_ages_and_equal_weights_keep_the_old_p90() -> None:
+    prof = LatencyProfile(ProfilePrior(prior_weight=0))
+    for i in range(11):
+        prof.observe(1, float(i))
+    assert prof.predict_s(1) == 9.0  # sorted index int(0.9 * 11) = 9

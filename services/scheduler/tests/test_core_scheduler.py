@@ -99,6 +99,8 @@ def test_next_wakeup_answers_a_head_that_turns_hopeless() -> None:
 # ---- shedding -----------------------------------------------------------------------------------
 def test_infeasible_even_alone_is_shed_at_admission_with_deadline() -> None:
     core = make_core()
+    admit(core, "busy", 3, 0.0)
+    assert len(core.poll(0.0).batches) == 1  # the executor is not idle: no probe (see test_core_lockout)
     adm = admit(core, "t", 1, 0.0, timeout=0.004)  # a batch of one takes 5 ms
     assert adm.outcome is AdmitOutcome.SHED
     assert [(s.request.request_id, s.reason) for s in adm.shed] == [("t", ShedReason.DEADLINE)]
@@ -179,12 +181,14 @@ def test_credits_bound_in_flight_batches() -> None:
 
 def test_completion_feeds_the_profile_and_slo_tracker() -> None:
     core = make_core()
-    admit(core, "a", 1, 0.0)
-    batch = core.poll(0.0).batches[0]
-    core.on_batch_done(batch.batch_id, "e0", 0.002, 0.002)
+    for i, now in enumerate((0.0, 0.01)):
+        admit(core, f"r{i}", 1, now)
+        batch = core.poll(now).batches[0]
+        core.on_batch_done(batch.batch_id, "e0", 0.002, now + 0.002)
+    # the first batch of a size on an executor is warm-up: not a sample
     assert core.profiles.get("m", "gpu").samples(1) == 1
-    assert core.slo.attainment(1, 0.002) == 1.0
-    assert list(core.batch_sizes["m"]) == [(0.0, 1)]
+    assert core.slo.attainment(1, 0.012) == 1.0
+    assert list(core.batch_sizes["m"]) == [(0.0, 1), (0.01, 1)]
 
 
 # ---- executor loss and exactly-once -------------------------------------------------------------

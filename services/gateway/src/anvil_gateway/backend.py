@@ -1,4 +1,10 @@
-"""The gateway's link to the scheduler: one DEALER socket, one future per request id."""
+"""The gateway's link to the scheduler: one DEALER socket, one future per request id.
+
+The receive loop survives any message (issue #18): an undecodable message is counted in
+``anvil_dropped_messages_total{service="gateway"}`` and logged (rate-limited); a response whose id
+matches a caller but whose fields do not read is that caller's error, not the loop's. Should the loop
+still end (a bug), ``alive`` turns False, the failure is logged, and readiness reports it.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,9 @@ from typing import Any, cast
 import zmq
 import zmq.asyncio
 
+from anvil_core import fbread, wire
 from anvil_core import infer_codec as codec
-from anvil_core import wire
+from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.wire import pb
 from anvil_core.zmq_sockets import make_socket
@@ -42,9 +49,28 @@ class SchedulerLink:
         self.pending: dict[str, asyncio.Future[Reply]] = {}
         self._outbox: list[tuple[str, list[Any]]] = []  # requests of this loop turn, not yet sent
         self._rx: asyncio.Task[None] | None = None
+        self.drops = DropLog(log, "gateway")
+        self.died: str | None = None  # why the receive loop ended, if it did while running
+        self.late_answers = 0
 
     def start(self) -> None:
         self._rx = asyncio.create_task(self._rx_loop(), name="scheduler-rx")
+        self._rx.add_done_callback(self._rx_ended)
+
+    @property
+    def alive(self) -> bool:
+        """The receive loop runs: answers from the scheduler can reach their callers."""
+        return self._rx is not None and not self._rx.done()
+
+    def _rx_ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return  # stop()
+        exc = task.exception()
+        self.died = f"scheduler receive loop ended: {type(exc).__name__ if exc else 'returned'}: {exc}"
+        log.error("scheduler receive loop died", extra={"err": self.died}, exc_info=exc)
+        for fut in self.pending.values():  # nobody will answer them now
+            if not fut.done():
+                fut.set_exception(BackendUnavailable(self.died))
 
     async def stop(self) -> None:
         if self._rx is not None:
@@ -116,21 +142,60 @@ class SchedulerLink:
 
     async def _rx_loop(self) -> None:
         while True:
-            parts = await self.sock.recv_multipart(copy=False)
             try:
-                groups = codec.unbundle(parts)
-            except wire.ProtocolError as exc:
-                log.warning("undecodable message from the scheduler", extra={"err": str(exc)})
+                parts = await self.sock.recv_multipart(copy=False)
+            except zmq.ZMQError as exc:
+                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    raise  # the socket is gone: the loop ends, and says so (_rx_ended)
+                self.drops.drop("recv", str(exc))
                 continue
-            for group in groups:
-                try:
-                    resp = codec.open_response(group[0])
-                except wire.ProtocolError as exc:
-                    log.warning("undecodable response from the scheduler", extra={"err": str(exc)})
-                    continue
-                fut = self.pending.get((resp.RequestId() or b"").decode())
-                if fut is not None and not fut.done():
-                    fut.set_result((resp, group[1:]))
+            self.on_message(parts)
+
+    def on_message(self, parts: list[Any]) -> None:
+        """One message from the scheduler: a response, or a bundle of them. Never raises."""
+        try:
+            groups = codec.unbundle(parts)
+        except Exception as exc:  # ProtocolError, or a struct/index error from a corrupt bundle
+            self.drops.drop("undecodable", f"{type(exc).__name__}: {exc}")
+            return
+        for group in groups:
+            try:
+                resp = codec.open_response(group[0])
+                raw = resp.RequestId() or b""
+                rid = raw.decode()
+            except Exception as exc:
+                self.drops.drop("undecodable", f"{type(exc).__name__}: {exc}")
+                continue
+            fut = self.pending.get(rid)
+            if fut is None or fut.done():
+                self.late_answers += 1  # its caller timed out (504) or left: expected, not an error
+                continue
+            try:
+                _check_response(resp, len(group) - 1)
+            except Exception as exc:  # its caller hears it; the loop goes on
+                self.drops.drop("malformed_response", f"{type(exc).__name__}: {exc}")
+                fut.set_exception(BackendUnavailable(f"malformed answer from the scheduler: {exc}"))
+                continue
+            fut.set_result((resp, group[1:]))
+
+
+def _check_response(resp: pb.InferResponse, n_frames: int) -> None:
+    """Read every field the request handlers will read, so a corrupt one fails here, once."""
+    err = resp.Error()
+    if err is not None:
+        err.Code()
+        (err.Reason() or b"").decode()
+    for i in range(resp.OutputsLength()):
+        t = resp.Outputs(i)
+        if t is None:
+            raise wire.ProtocolError(f"output {i} is missing")
+        (t.Name() or b"").decode()
+        if t.ShapeLength() > 16:
+            raise wire.ProtocolError(f"output {i}: {t.ShapeLength()} dimensions")
+        fbread.shape(t)
+        t.Dtype()
+        if t.Frame() >= n_frames:
+            raise wire.ProtocolError(f"output {i}: frame {t.Frame()} of {n_frames}")
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:

@@ -35,7 +35,10 @@ async def live() -> dict[str, bool]:
 
 @router.get("/v2/health/ready", response_model=None)
 async def ready(request: Request) -> Response:
-    ok, why = await state_of(request).discovery.ready()
+    state = state_of(request)
+    if state.link.died is not None:  # the answers of the scheduler can no longer reach anyone
+        return error(503, f"not ready: {state.link.died}")
+    ok, why = await state.discovery.ready()
     return JSONResponse({"ready": True}) if ok else error(503, f"not ready: {why}")
 
 

@@ -31,3 +31,16 @@ pid_measured = Gauge(
     "anvil_scheduler_pid_measured", "EDF+PID input: windowed p99 of best-case latency / budget", ["model"]
 )
 batch_ceiling = Gauge("anvil_scheduler_batch_ceiling", "EDF+PID feedforward ceiling on B*", ["model"])
+
+# Idle means zero: each of these reads 0 once every admitted request has been answered.
+in_flight_batches = Gauge("anvil_scheduler_in_flight_batches", "Batches sent and not yet reported or lost")
+in_flight_requests = Gauge(
+    "anvil_scheduler_in_flight_requests", "Requests in batches sent and not yet reported"
+)
+open_requests = Gauge("anvil_scheduler_open_requests", "Admitted requests not yet answered")
+work_ahead_us = Gauge(
+    "anvil_scheduler_work_ahead_us", "Predicted in-flight execution still ahead, summed, µs"
+)
+awaiting_result_batches = Gauge(
+    "anvil_scheduler_awaiting_result_batches", "Batches whose send time is kept for the round-trip metric"
+)

@@ -4,6 +4,11 @@ One thread owns both sockets and the core (whose calls must come from one thread
 clock); Redis chores (registry beat, profiles and SLO attainment) run on a background loop fed with
 snapshots. Every request that enters is answered exactly once on the socket it came from: the
 executor's response group forwarded unchanged, or an Error (deadline, overload, unavailable).
+
+No message can stop the loop (issue #18): every field is checked before use (``peer_checks``), a
+refused request is answered with BAD_REQUEST when it carries an id to answer, and whatever still
+raises while handling one message is caught, counted in ``anvil_dropped_messages_total`` and logged
+(rate-limited); the loop goes on with the next message.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import zmq
 from anvil_core import infer_codec as codec
 from anvil_core import keys, wire
 from anvil_core.background import Background
+from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
@@ -41,6 +47,7 @@ from anvil_scheduler.core import (
     Shed,
     ShedReason,
 )
+from anvil_scheduler.peer_checks import Refused, check_register, check_request, text_field
 from anvil_scheduler.settings import SchedulerSettings
 
 __all__ = ["Scheduler"]
@@ -104,6 +111,9 @@ class Scheduler:
         )
         self._snapshot: dict[str, Any] = {"profiles": {}, "slo": {}}
         self._next_snapshot = 0.0
+        self._priorities = frozenset(p.priority for p in priorities)
+        self.drops = DropLog(log, "scheduler")
+        self._depth_labels: set[tuple[str, int]] = set()  # queue-depth series ever set, reset to 0
 
     def _router(self, port: int) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -161,10 +171,20 @@ class Scheduler:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                handle(parts[0].bytes, parts[1:])
-            except wire.ProtocolError as exc:
-                log.warning("undecodable message", extra={"err": str(exc)})
+            self.handle(handle, parts)
+
+    def handle(self, handler: Any, parts: list[Any]) -> None:
+        """One received message ([identity, *frames]); nothing it contains can end the loop."""
+        try:
+            if len(parts) < 2:
+                raise wire.ProtocolError(f"{len(parts)} frames: need an identity and an envelope")
+            handler(parts[0].bytes, parts[1:])
+        except Refused as exc:
+            self.drops.drop(exc.reason, str(exc))
+        except wire.ProtocolError as exc:
+            self.drops.drop("undecodable", str(exc))
+        except Exception as exc:  # a bug or a crafted message we did not foresee: log it, keep serving
+            self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
     def _poll_core(self, now: float) -> float | None:
         decision = self.core.poll(now)
@@ -180,17 +200,24 @@ class Scheduler:
         for group in codec.unbundle(parts):
             try:
                 self._on_request(gateway, group)
-            except wire.ProtocolError as exc:  # one bad request spoils none of its neighbours
-                log.warning("undecodable request", extra={"err": str(exc)})
+            except Refused as exc:  # one bad request spoils none of its neighbours
+                self.drops.drop(exc.reason, str(exc))
+            except wire.ProtocolError as exc:
+                self.drops.drop("undecodable", str(exc))
+            except Exception as exc:  # lazy fields of a corrupt table raise struct/index errors
+                self.drops.drop("undecodable", f"{type(exc).__name__}: {exc}")
 
     def _on_request(self, gateway: bytes, parts: list[Any]) -> None:
         req = codec.open_request(parts[0])
-        rid = (req.RequestId() or b"").decode()
-        model = (req.Model() or b"").decode()
-        trace = (req.TraceId() or b"").decode()
-        ticket = Ticket(gateway, parts[0], parts[1:], trace)
+        try:
+            checked = check_request(req, parts[1:], self._priorities)
+        except Refused as exc:
+            self._refuse(gateway, req, exc)
+            raise
+        rid, model = checked.request_id, checked.model
+        ticket = Ticket(gateway, parts[0], parts[1:], checked.trace_id)
         now = time.monotonic()
-        remaining_s = (req.DeadlineUnixNs() - time.time_ns()) / 1e9
+        remaining_s = (checked.deadline_unix_ns - time.time_ns()) / 1e9
         if remaining_s <= 0:
             self._reply_error(
                 ticket, rid, model, pb.ErrorCode.DEADLINE, "deadline passed before it reached the scheduler"
@@ -202,13 +229,26 @@ class Scheduler:
             )
             return
         request = self.core.new_request(
-            rid, model, req.Priority(), now, timeout_s=remaining_s, payload=ticket
+            rid, model, checked.priority, now, timeout_s=remaining_s, payload=ticket
         )
         admission = self.core.admit(request, now)
         if admission.outcome is AdmitOutcome.DUPLICATE:
             m.duplicates.labels(what="request").inc()
         for shed in admission.shed:
             self._answer_shed(shed)
+
+    def _refuse(self, gateway: bytes, req: pb.InferRequest, exc: Refused) -> None:
+        """Answer a refused request with BAD_REQUEST if it has an id the gateway can match."""
+        try:
+            rid = text_field(req.RequestId(), "request_id")
+            trace = text_field(req.TraceId(), "trace_id", required=False)
+        except Refused:
+            return  # no id to answer to: counted and logged by the caller
+        model = (req.Model() or b"").decode(errors="replace")[:256]
+        env = codec.build_response(
+            request_id=rid, trace_id=trace, model=model, error=(pb.ErrorCode.BAD_REQUEST, f"refused: {exc}")
+        )
+        self._send_to(gateway, [env])
 
     def _send_to(self, gateway: bytes, parts: list[Any]) -> None:
         try:
@@ -217,7 +257,8 @@ class Scheduler:
             log.warning("gateway unreachable; answer dropped", extra={"err": str(exc)})
 
     def _reply_error(self, ticket: Ticket, rid: str, model: str, code: int, reason: str) -> None:
-        m.requests.labels(model=model, outcome=wire.ERROR_NAMES.get(code, "error").lower()).inc()
+        label = model if model in self.core.models() else "_unknown"  # no series per crafted name
+        m.requests.labels(model=label, outcome=wire.ERROR_NAMES.get(code, "error").lower()).inc()
         env = codec.build_response(
             request_id=rid, trace_id=ticket.trace_id, model=model, error=(code, reason)
         )
@@ -237,18 +278,25 @@ class Scheduler:
         eid = ident.decode(errors="replace")
         if isinstance(body, pb.RegisterT):
             self._register(ident, body, now)
+        elif isinstance(body, pb.HeartbeatT | pb.BatchResultT) and self.executors.get(eid) != ident:
+            # not registered (the scheduler restarted, or not an executor at all): ask it to register;
+            # a result from it belongs to no batch this scheduler sent
+            self._send_executor(ident, wire.pack(wire.error(pb.ErrorCode.UNAVAILABLE, "unregistered")))
+            if isinstance(body, pb.BatchResultT):
+                raise Refused("unregistered", f"batch result from unregistered executor {eid!r}")
         elif isinstance(body, pb.HeartbeatT):
-            if eid not in self.executors:
-                self._send_executor(ident, wire.pack(wire.error(pb.ErrorCode.UNAVAILABLE, "unregistered")))
-            else:
-                self.last_seen[eid] = now
+            self.last_seen[eid] = now
         elif isinstance(body, pb.BatchResultT):
             self.last_seen[eid] = now
             self._complete(eid, body, frames, now)
+        else:
+            raise Refused(
+                "body", f"executor {eid!r} sent a {type(body).__name__}, which executors do not send"
+            )
 
     def _register(self, ident: bytes, reg: pb.RegisterT, now: float) -> None:
         eid = ident.decode(errors="replace")
-        models = {wire.text(spec.name): max(1, spec.maxBatch) for spec in reg.models or []}
+        models = check_register(reg)
         for name, max_batch in models.items():
             if name not in self.core.models():
                 self.core.register_model(name, max_batch)
@@ -262,7 +310,8 @@ class Scheduler:
         self.last_seen[eid] = now
         m.executors.set(len(self.executors))
         for name in models:
-            self.bg.submit(self._load_profile(name, spec.device))
+            if not self.core.profiles.get(name, spec.device).export_us():
+                self.bg.submit(self._load_profile(name, spec.device))
 
     def _send_executor(self, ident: bytes, parts: list[Any]) -> bool:
         try:
@@ -296,7 +345,9 @@ class Scheduler:
         try:
             batch_id = int(wire.text(result.batchId))
         except ValueError:
-            return
+            raise Refused(
+                "batch_id", f"batch id {result.batchId!r} is not one this scheduler issues"
+            ) from None
         sent = self.sent_at.pop(batch_id, now)
         if result.error is not None and result.error.code != pb.ErrorCode.OK:
             code, reason = result.error.code, wire.text(result.error.reason)
@@ -314,13 +365,13 @@ class Scheduler:
         replies: dict[bytes, list[list[Any]]] = {}  # gateway -> response groups, forwarded unchanged
         try:
             for group in codec.split_groups(frames, wire.ints(result.frameCounts)):
-                rid = (codec.open_response(group[0]).RequestId() or b"").decode()
+                rid = text_field(codec.open_response(group[0]).RequestId(), "request_id")
                 r = answered.pop(rid, None)
                 if r is not None:
                     m.requests.labels(model=r.model, outcome="answered").inc()
                     replies.setdefault(_ticket(r).gateway, []).append(group)
-        except wire.ProtocolError as exc:
-            log.warning("malformed batch result", extra={"executor": eid, "err": str(exc)})
+        except (wire.ProtocolError, Refused) as exc:  # the batch's requests still get an answer below
+            self.drops.drop("batch_result", f"malformed batch result from {eid!r}: {exc}")
         for gateway, groups in replies.items():  # one message per gateway for the whole batch
             self._send_to(gateway, codec.bundle(groups, responses=True))
         for r in answered.values():
@@ -342,6 +393,8 @@ class Scheduler:
     def _lose(self, eid: str, why: str, now: float) -> None:
         self.executors.pop(eid, None)
         self.last_seen.pop(eid, None)
+        for batch in self.core.pool.in_flight(eid):
+            self.sent_at.pop(batch.batch_id, None)  # its result, if it still comes, is a late one
         m.executors.set(len(self.executors))
         rel = self.core.on_executor_lost(eid, now)
         log.warning("executor lost", extra={"executor": eid, "why": why, "requeued": len(rel.requeued)})
@@ -354,8 +407,7 @@ class Scheduler:
         for eid, seen in list(self.last_seen.items()):
             if now - seen > timeout_s:
                 self._lose(eid, f"no heartbeat for {self.s.executor_timeout_ms} ms", now)
-        for (model, priority), n in self.core.queue_depth().items():
-            m.queue_depth.labels(model=model, priority=str(priority)).set(n)
+        self._export_accounting(now)
         policy = self.core.policy
         for model in self.core.models():
             m.target_batch.labels(model=model).set(self.core.target_batch(model))
@@ -365,6 +417,19 @@ class Scheduler:
         if now >= self._next_snapshot:  # what _publish sends; sorting the p99 window is not free
             self._next_snapshot = now + self.s.publish_interval_ms / 1000
             self._take_snapshot(now)
+
+    def _export_accounting(self, now: float) -> None:
+        """Queue, in-flight and open-request state as gauges: all zero when the stack is idle."""
+        depth = self.core.queue_depth()
+        self._depth_labels |= depth.keys()
+        for model, priority in self._depth_labels:  # a drained queue reads 0, not its last depth
+            m.queue_depth.labels(model=model, priority=str(priority)).set(depth.get((model, priority), 0))
+        acc = self.core.accounting(now)
+        m.in_flight_batches.set(acc.in_flight_batches)
+        m.in_flight_requests.set(acc.in_flight_requests)
+        m.open_requests.set(acc.open_requests)
+        m.work_ahead_us.set(acc.work_ahead_s * 1e6)
+        m.awaiting_result_batches.set(len(self.sent_at))
 
     def _take_snapshot(self, now: float) -> None:
         slo = {p: a for p, a in self.core.slo.attainment_all(now).items() if a is not None}

@@ -21,6 +21,7 @@ from anvil_scheduler.core.policy import BatchingPolicy, QueueView
 from anvil_scheduler.core.profile import LatencyProfile, ProfileBook, ProfilePrior
 from anvil_scheduler.core.request import Batch, Request, RequestState
 from anvil_scheduler.core.scheduler import (
+    Accounting,
     Admission,
     AdmitOutcome,
     Completion,
@@ -33,6 +34,7 @@ from anvil_scheduler.core.slo import SLOTracker
 
 __all__ = [
     "DEFAULT_PRIORITIES",
+    "Accounting",
     "Admission",
     "AdmitOutcome",
     "AimdConfig",

@@ -63,6 +63,10 @@ class SchedulerConfig:
     dedup_window_s: float = 60.0
     # Sliding window of the per-priority SLO attainment metric.
     slo_window_s: float = 10.0
+    # A request the profile calls hopeless still runs, alone on an idle executor, once per this interval
+    # per (model, priority): the probe that lets a wrong prediction recover (issue #22). 0.5 s costs an
+    # idle executor one batch of one per class every half second, and a client at most one late answer.
+    probe_interval_s: float = 0.5
     # Batch sizes kept per model for the batch-size history metric.
     batch_history_len: int = 4096
     priority_by_number: dict[int, PriorityClass] = field(init=False, repr=False, compare=False)

@@ -97,6 +97,17 @@ class ExecutorPool:
     def free_at_s(self, executor_id: str) -> float:
         return self._executors[executor_id].free_at_s
 
+    def work_ahead_s(self, executor_id: str, now_s: float) -> float:
+        """Predicted execution still ahead on the executor (0 when nothing is in flight)."""
+        ex = self._executors.get(executor_id)
+        if ex is None or not ex.in_flight:
+            return 0.0
+        return max(0.0, ex.free_at_s - now_s)
+
+    def idle_host(self, model: str) -> str | None:
+        """An executor of ``model`` with nothing in flight, or None."""
+        return next((ex.spec.executor_id for ex in self._hosts(model) if not ex.in_flight), None)
+
     def _hosts(self, model: str) -> list[_Executor]:
         return [ex for ex in self._executors.values() if model in ex.spec.models]
 

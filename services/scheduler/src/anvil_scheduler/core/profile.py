@@ -4,14 +4,21 @@ Per batch size the profile keeps the last ``window`` observed execution times an
 (a tail estimate: the scheduler uses it to promise deadlines, so the mean would be optimistic half the
 time). Before data exists it answers with a conservative prior ``base + per_item * B``; the prior's
 weight decays as samples arrive (``n / (n + prior_weight)``). Sizes never seen are extrapolated with a
-least-squares fit ``a + b*B`` over the observed sizes. Export/import is a plain ``{B: microseconds}``
+least-squares fit ``a + b*B`` over the observed sizes.
+
+Observations age: each weighs ``2 ** (-age / half_life_s)``, in the tail (a weighted p90) and in ``n``.
+A prediction therefore cannot freeze: if it sheds every request, no new observation comes, but the old
+ones fade and the prior takes back its weight, until a request is admitted and measured again (issue
+#22: one 300 ms first batch locked priority 2 of a model out for good). The clock is the book's,
+advanced by the core (``ProfileBook.tick``). Export/import is a plain ``{B: microseconds}``
 dict, the shape of the Redis hash ``anvil:profile:{model}:{device}``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +37,10 @@ class ProfilePrior:
     # batches at full load).
     window: int = 64
     tail_quantile: float = 0.9
+    # An observation loses half its weight every half_life_s. Under load it changes nothing (a window of
+    # 64 batches is well under a second); an idle or fully shed model forgets a stale outlier: after
+    # 30 s it weighs 1/8, and the prior (which any model we serve beats) is back to ~1/3 of the blend.
+    half_life_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.base_us < 0 or self.per_item_us < 0:
@@ -38,45 +49,74 @@ class ProfilePrior:
             raise ValueError(f"tail_quantile must be in (0, 1], got {self.tail_quantile}")
         if self.window < 1 or self.prior_weight < 0:
             raise ValueError("window must be >= 1 and prior_weight >= 0")
+        if not self.half_life_s > 0:
+            raise ValueError(f"half_life_s must be > 0 (math.inf: no decay), got {self.half_life_s}")
 
     def predict_s(self, batch_size: int) -> float:
         return (self.base_us + self.per_item_us * batch_size) / 1e6
 
 
 class LatencyProfile:
-    """Execution-time model of one (model, device)."""
+    """Execution-time model of one (model, device). ``clock`` gives the time observations age against
+    (seconds, the scheduler's clock); without one nothing ages."""
 
-    def __init__(self, prior: ProfilePrior | None = None) -> None:
+    def __init__(self, prior: ProfilePrior | None = None, clock: Callable[[], float] | None = None) -> None:
         self.prior = prior or ProfilePrior()
-        self._samples: dict[int, deque[float]] = {}
+        self._clock = clock or _no_clock
+        self._samples: dict[int, deque[tuple[float, float]]] = {}  # size -> (observed at s, exec s)
         self._counts: dict[int, int] = {}
+        self._mass: dict[int, tuple[float, float]] = {}  # size -> (decayed sample count, as of time s)
         self._cache: dict[int, float] = {}
         self._fit: tuple[float, float] | None = None
+        # Cached predictions hold for 1/16 of a half-life (weights move < 5% meanwhile).
+        self._epoch_s = self.prior.half_life_s / 16
+        self._epoch = -1
 
-    def observe(self, batch_size: int, exec_s: float) -> None:
-        """Record one measured execution (seconds, as timed by the executor)."""
+    def observe(self, batch_size: int, exec_s: float, now_s: float | None = None) -> None:
+        """Record one measured execution (seconds, as timed by the executor) at ``now_s`` (default:
+        the clock's now)."""
         if batch_size < 1 or exec_s < 0:
             raise ValueError(f"bad observation: batch_size={batch_size}, exec_s={exec_s}")
-        self._samples.setdefault(batch_size, deque(maxlen=self.prior.window)).append(exec_s)
+        t = self._clock() if now_s is None else now_s
+        self._samples.setdefault(batch_size, deque(maxlen=self.prior.window)).append((t, exec_s))
         self._counts[batch_size] = self._counts.get(batch_size, 0) + 1
+        self._mass[batch_size] = (self._weight_of(batch_size, t) + 1.0, t)
         self._cache.clear()
         self._fit = None
 
     def samples(self, batch_size: int) -> int:
+        """Observations of ``batch_size`` ever recorded (not decayed)."""
         return self._counts.get(batch_size, 0)
+
+    def weight(self, batch_size: int) -> float:
+        """Decayed number of observations of ``batch_size`` as of the clock's now."""
+        return self._weight_of(batch_size, self._clock())
+
+    def _weight_of(self, batch_size: int, now_s: float) -> float:
+        n, at = self._mass.get(batch_size, (0.0, now_s))
+        return n * self._decay(now_s - at)
+
+    def _decay(self, age_s: float) -> float:
+        return float(0.5 ** (max(age_s, 0.0) / self.prior.half_life_s))
 
     def predict_s(self, batch_size: int) -> float:
         """Predicted (tail) execution time of a batch of ``batch_size``, in seconds."""
+        now = self._clock()
+        epoch = int(now / self._epoch_s) if math.isfinite(self._epoch_s) else 0
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._cache.clear()
+            self._fit = None
         hit = self._cache.get(batch_size)
         if hit is not None:
             return hit
         bucket = self._samples.get(batch_size)
         if bucket:
-            learned, n = self._tail(bucket), float(self._counts[batch_size])
+            learned, n = self._tail(bucket, now), self._weight_of(batch_size, now)
         elif self._samples:
-            a, b = self._line()
+            a, b = self._line(now)
             learned = a + b * batch_size
-            n = float(sum(self._counts.values()))
+            n = sum(self._weight_of(size, now) for size in self._samples)
         else:
             learned, n = 0.0, 0.0
         w = n / (n + self.prior.prior_weight) if n else 0.0
@@ -84,15 +124,26 @@ class LatencyProfile:
         self._cache[batch_size] = value
         return value
 
-    def _tail(self, bucket: deque[float]) -> float:
-        ordered = sorted(bucket)
-        return ordered[min(len(ordered) - 1, int(self.prior.tail_quantile * len(ordered)))]
+    def _tail(self, bucket: deque[tuple[float, float]], now_s: float) -> float:
+        """Weighted ``tail_quantile`` of the bucket: with equal weights, the sample at sorted index
+        int(q * n), as before ageing existed."""
+        ordered = sorted((x, self._decay(now_s - t)) for t, x in bucket)
+        total = sum(w for _, w in ordered)
+        goal, acc = self.prior.tail_quantile * total, 0.0
+        for x, w in ordered:
+            acc += w
+            if acc > goal * (1 + 1e-12):
+                return x
+        return ordered[-1][0]
 
-    def _line(self) -> tuple[float, float]:
+    def _line(self, now_s: float) -> tuple[float, float]:
         """Weighted least squares a + b*B over the observed sizes' tails (b >= 0, a >= 0)."""
         if self._fit is not None:
             return self._fit
-        pts = [(float(b), self._tail(s), float(len(s))) for b, s in self._samples.items()]
+        pts = [
+            (float(b), self._tail(s, now_s), max(self._weight_of(b, now_s), 1e-9))
+            for b, s in self._samples.items()
+        ]
         if len(pts) == 1:
             size, t, _ = pts[0]
             slope = self.prior.per_item_us / 1e6  # one size seen: borrow the prior's slope
@@ -125,22 +176,35 @@ class LatencyProfile:
                 self.observe(size, us / 1e6)
 
 
+def _no_clock() -> float:
+    return 0.0
+
+
 class ProfileBook:
-    """All profiles of one scheduler, keyed by (model, device); created on first use with the prior."""
+    """All profiles of one scheduler, keyed by (model, device); created on first use with the prior.
+    Its clock is the core's: ``tick(now_s)`` on every core call, so observations age in real time in
+    the service and in simulated time in the simulator."""
 
     def __init__(self, prior: ProfilePrior | None = None) -> None:
         self.prior = prior or ProfilePrior()
         self._profiles: dict[tuple[str, str], LatencyProfile] = {}
+        self.now_s = 0.0
+
+    def tick(self, now_s: float) -> None:
+        self.now_s = now_s
 
     def get(self, model: str, device: str) -> LatencyProfile:
         key = (model, device)
         prof = self._profiles.get(key)
         if prof is None:
-            prof = self._profiles[key] = LatencyProfile(self.prior)
+            prof = self._profiles[key] = LatencyProfile(self.prior, self._now)
         return prof
 
     def predict_s(self, model: str, device: str, batch_size: int) -> float:
         return self.get(model, device).predict_s(batch_size)
+
+    def _now(self) -> float:
+        return self.now_s
 
     def keys(self) -> list[tuple[str, str]]:
         return list(self._profiles)

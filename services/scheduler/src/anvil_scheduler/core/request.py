@@ -68,6 +68,9 @@ class Request:
     # The class SLO in s. Upstream time (a request that waited in a saturated gateway) tightens the
     # deadline but is not something batching can fix: the PID regulates against this budget.
     class_budget_s: float = 0.0
+    # Admitted although the profile called it hopeless: it runs alone on an idle executor so that the
+    # profile gets a fresh measurement (see SchedulerCore._probe_due); never shed for its prediction.
+    probe: bool = False
 
     @classmethod
     def create(

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from anvil_scheduler.core.config import SchedulerConfig
 from anvil_scheduler.core.dispatch import ExecutorPool, ExecutorSpec, Predictor
 from anvil_scheduler.core.edf import EDFQueue
+from anvil_scheduler.core.learning import Learning
 from anvil_scheduler.core.ledger import RequestLedger
 from anvil_scheduler.core.policy import BatchingPolicy, QueueView
 from anvil_scheduler.core.profile import ProfileBook, ProfilePrior
@@ -35,7 +36,7 @@ from anvil_scheduler.core.request import Batch, Request, RequestState
 from anvil_scheduler.core.shedding import Shed, ShedCounters, ShedReason, evictions_needed
 from anvil_scheduler.core.slo import SLOTracker
 
-__all__ = ["Admission", "AdmitOutcome", "Completion", "Decision", "Release", "SchedulerCore"]
+__all__ = ["Accounting", "Admission", "AdmitOutcome", "Completion", "Decision", "Release", "SchedulerCore"]
 
 
 class AdmitOutcome(enum.Enum):
@@ -72,6 +73,18 @@ class Release:
     shed: tuple[Shed, ...]  # can no longer meet their deadline: answer each now
 
 
+@dataclass(frozen=True)
+class Accounting:
+    """What the core holds right now. Idle means zero: every field returns to 0 once every admitted
+    request has been answered, whichever way it left (see ``SchedulerCore.idle_violations``)."""
+
+    queued_requests: int  # in a model's queue
+    in_flight_batches: int  # sent to an executor, not yet reported (done, failed) nor lost
+    in_flight_requests: int
+    open_requests: int  # admitted ids not yet answered (the ledger's open set)
+    work_ahead_s: float  # predicted in-flight execution still ahead, summed over executors
+
+
 class SchedulerCore:
     """Queues, batching, shedding, dispatch and bookkeeping for a set of models and executors."""
 
@@ -93,6 +106,7 @@ class SchedulerCore:
         self._batch_ids = itertools.count(1)
         self._now_s = -math.inf
         self._top_priority = min(p.priority for p in self.config.priorities)
+        self.learning = Learning(self.config.probe_interval_s)  # warm-up exclusion, probes
 
     # ---- capacity -------------------------------------------------------------------------------
     def register_model(self, model: str, max_batch: int) -> None:
@@ -115,6 +129,7 @@ class SchedulerCore:
         """The executor stopped heartbeating: its in-flight requests go back to their queues."""
         self._tick(now_s)
         batches = self.pool.remove(executor_id)
+        self.learning.forget_executor(executor_id)
         for model in {b.model for b in batches} | set(self._model_max):
             self._rebind(model)
         return self._release([r for b in batches for r in self._retire(b, now_s)], now_s, retryable=True)
@@ -150,12 +165,18 @@ class SchedulerCore:
             self.policy.observe_arrival(req, best_finish_s, now_s)
         evicted: list[Request] = []
         if self.policy.sheds:
+            # Alone on an idle executor nothing waits behind it and it waits behind nothing: shedding it
+            # protects nobody, and only a request that runs can correct a wrong prediction.
+            alone = not queue and self.pool.idle_host(req.model) is not None
             if now_s + self._exec1_s(req.model) > req.deadline_s:
-                return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.DEADLINE, now_s),))
-            victims = self._work_ahead_victims(queue, req, now_s)
-            if victims is None:
-                return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.OVERLOAD, now_s),))
-            evicted.extend(victims)
+                if not (alone and self.learning.probe_due(req.model, req.priority, now_s)):
+                    return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.DEADLINE, now_s),))
+                req.probe = True
+            else:
+                victims = self._work_ahead_victims(queue, req, now_s)
+                if victims is None and not alone:
+                    return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.OVERLOAD, now_s),))
+                evicted.extend(victims or [])
         if len(queue) - len(evicted) >= self.config.max_queue_depth:
             spare = [v for v in queue.eviction_candidates(req.priority, len(evicted) + 1) if v not in evicted]
             if not spare:
@@ -202,7 +223,7 @@ class SchedulerCore:
             while queue:
                 head = queue.peek()
                 assert head is not None
-                if self.policy.sheds and now_s >= self._hopeless_at_s(head):
+                if self.policy.sheds and not head.probe and now_s >= self._hopeless_at_s(head):
                     sheds.append(self._shed(queue.pop(), ShedReason.DEADLINE, now_s))
                     continue
                 cap = self.policy.batch_limit(model)
@@ -226,8 +247,11 @@ class SchedulerCore:
                     wake = min(wake, at)
                     break
                 size = place.size
-                if self.policy.sheds:
-                    size = self._fit(queue, place.size, place.cap, place.start_s, view.predict_s, now_s)
+                if self.policy.sheds and not head.probe:
+                    alone = len(queue) == 1 and not self.pool.in_flight(place.executor_id)
+                    size = self._fit(
+                        queue, place.size, place.cap, place.start_s, view.predict_s, now_s, alone
+                    )
                     if size == 0:
                         # Overload if a shrunk batch could still have served it; deadline if nothing could.
                         alone_s = place.start_s + predict(place.device, 1)
@@ -237,8 +261,15 @@ class SchedulerCore:
                 reqs = queue.pop_batch(size)
                 batches.append(self._form(model, reqs, place.executor_id, place.device, now_s))
             head = queue.peek()
-            if head is not None and self.policy.sheds:  # wake when the head turns hopeless: answer it then
-                wake = min(wake, self._hopeless_at_s(head))
+            if head is not None and self.policy.sheds and not head.probe:
+                wake = min(wake, self._hopeless_at_s(head))  # wake when the head turns hopeless: answer it
+            elif head is not None and not self.pool.max_batch(model):
+                # Nothing hosts the model any more (its executors were lost): a peer policy sheds
+                # nothing, so answer each request at its deadline rather than hold it forever.
+                while (head := queue.peek()) is not None and now_s >= head.deadline_s:
+                    sheds.append(self._shed(queue.pop(), ShedReason.DEADLINE, now_s))
+                if head is not None:
+                    wake = min(wake, head.deadline_s)
         return Decision(tuple(batches), tuple(sheds), wake if wake < math.inf else None)
 
     def _fit(
@@ -249,13 +280,16 @@ class SchedulerCore:
         start_s: float,
         predict: Callable[[int], float],
         now_s: float,
+        alone: bool = False,
     ) -> int:
         """Size of the batch to release so that its earliest deadline (the head's) is met; 0 = shed the head.
 
         A batch shrinks until the head fits, down to one, except under backlog (a full batch is waiting):
         there a shrunk batch costs capacity that the whole queue needs, so it shrinks only for a head of
         the top priority, and only if the shrink defers some lower-priority work (overload sheds the
-        lowest priorities first; among equals it keeps batches full and sheds the head)."""
+        lowest priorities first; among equals it keeps batches full and sheds the head). A request
+        ``alone`` on an idle executor is no backlog and is never shed for overload: it goes if it can
+        finish by its deadline without the guard."""
         head = queue.peek()
         assert head is not None
 
@@ -270,6 +304,8 @@ class SchedulerCore:
             size -= 1
         if start_s + predict(size) > head.deadline_s:
             return 0
+        if alone:
+            return size
         if full >= cap:  # backlog
             if head.priority != self._top_priority:
                 return 0
@@ -314,7 +350,8 @@ class SchedulerCore:
             _, ids = self._retired.pop(batch_id, (now_s, ()))
             self.ledger.drop_late(len(ids))
             return Completion((), ids)
-        self.profiles.get(batch.model, batch.device).observe(batch.size, exec_time_s)
+        if self.learning.is_sample(executor_id, batch.model, batch.size):  # not warm-up
+            self.profiles.get(batch.model, batch.device).observe(batch.size, exec_time_s, now_s)
         answered, late = [], []
         for r in batch.requests:
             if self.ledger.close(r.request_id, now_s):
@@ -388,6 +425,7 @@ class SchedulerCore:
     def _tick(self, now_s: float) -> None:
         assert now_s >= self._now_s, f"clock went backwards: {now_s} < {self._now_s}"
         self._now_s = now_s
+        self.profiles.tick(now_s)
         horizon = now_s - self.config.dedup_window_s
         while self._retired and next(iter(self._retired.values()))[0] < horizon:
             self._retired.popitem(last=False)
@@ -396,6 +434,24 @@ class SchedulerCore:
     def queue_depth(self) -> dict[tuple[str, int], int]:
         """(model, priority) -> queued requests."""
         return {(m, p): n for m, q in self._queues.items() for p, n in q.depth_by_priority().items()}
+
+    def accounting(self, now_s: float) -> Accounting:
+        """The request state the core holds now (exported as gauges by the service)."""
+        batches = [b for spec in self.pool.specs() for b in self.pool.in_flight(spec.executor_id)]
+        work = sum(self.pool.work_ahead_s(spec.executor_id, now_s) for spec in self.pool.specs())
+        return Accounting(
+            queued_requests=sum(len(q) for q in self._queues.values()),
+            in_flight_batches=len(batches),
+            in_flight_requests=sum(b.size for b in batches),
+            open_requests=self.ledger.open_count,
+            work_ahead_s=work,
+        )
+
+    def idle_violations(self, now_s: float) -> list[str]:
+        """Idle means zero: with no request outstanding, what the core still holds (empty when sound).
+        Tests call it after every scenario; the service exports the same numbers as gauges."""
+        acc = self.accounting(now_s)
+        return [f"{name} = {value}" for name, value in vars(acc).items() if value]
 
     def target_batch(self, model: str) -> int:
         """B*: the size of the next full batch of ``model``."""
