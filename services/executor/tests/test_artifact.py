@@ -54,3 +54,23 @@ def test_a_plan_without_a_tokenizer_is_served_as_tensors(tmp_path: Path) -> None
     art = _compile(tmp_path, with_tokenizer=False)
     model, plan = load_artifact(art, parse_device("cpu"), "tiny")
     assert model is plan and {t.name for t in model.spec.inputs} == {"input_ids", "attention_mask"}
+
+
+def test_a_big_batch_is_encoded_in_length_sorted_chunks(tmp_path: Path) -> None:
+    """Short sentences are not padded to the longest of the batch, and no encoder call exceeds
+    encoder_rows; every request still gets its own rows back, in order."""
+    hf = make_tiny_bert(tmp_path / "hf")
+    calls: list[tuple[int, int]] = []
+
+    def encoder(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        calls.append(ids.shape)
+        return np.repeat(mask.sum(1, keepdims=True).astype(np.float32), 4, axis=1)  # row -> its length
+
+    model = TextEmbeddingModel("t", hf / "tokenizer.json", encoder, 4, max_batch=64, encoder_rows=3)
+    texts = ["cat " * 30, "a", "dog runs", "the red model serves blue text " * 3, "mat", "slow dog"]
+    outs = model.run([{"TEXT": np.array([t.encode()], dtype=object)} for t in texts])
+    assert all(rows <= 3 for rows, _ in calls) and sum(rows for rows, _ in calls) == len(texts)
+    assert min(seq for _, seq in calls) < max(seq for _, seq in calls)  # the short chunk is not padded long
+    for text, out in zip(texts, outs, strict=True):
+        n = len(model.tokenizer.encode(text).ids)
+        assert int(out["TOKENS"][0]) == n and float(out["EMBEDDING"][0, 0]) == n

@@ -77,5 +77,6 @@ def load_artifact(
         max_batch=plan.max_batch,  # rows of text per batch: one plan run (one graph replay on a GPU)
         max_tokens=plan.max_seq,
         buckets=seq_buckets(plan.max_seq),
+        encoder_rows=plan.max_batch,  # one plan run (one graph replay on a GPU) per chunk
     )
     return model, plan

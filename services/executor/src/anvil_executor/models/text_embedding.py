@@ -2,8 +2,10 @@
 
 TEXT (BYTES, one string per row) -> EMBEDDING (FP32, dim per row) and TOKENS (INT32 per row, for
 OpenAI-style usage). Every row of the batch is tokenized together (HF tokenizers, truncation at
-`max_tokens`), then padded to the smallest length bucket that holds the longest row, so the
-encoder sees a handful of shapes (what a compiled plan or a captured CUDA graph needs).
+`max_tokens`), then sorted by length and cut into chunks of at most `encoder_rows` rows; each chunk
+is padded to the smallest length bucket that holds its longest row, so a short sentence is never
+padded to the longest one of a big batch, and the encoder sees a handful of shapes (what a compiled
+plan or a captured CUDA graph needs).
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ class TextEmbeddingModel(Model):
         max_batch: int,
         max_tokens: int = 256,
         buckets: Sequence[int] = BUCKETS,
+        encoder_rows: int = 64,
     ) -> None:
+        if encoder_rows < 1:
+            raise ValueError(f"encoder_rows must be >= 1, got {encoder_rows}")
+        self.encoder_rows = encoder_rows  # rows per encoder call (a GPU plan: its max_batch)
+        self.dim = dim
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -58,17 +65,23 @@ class TextEmbeddingModel(Model):
             for t in req["TEXT"].reshape(-1)
         ]
         encodings = self.tokenizer.encode_batch(texts)
-        seq = self.bucket(max(len(e.ids) for e in encodings))
-        ids = np.zeros((len(texts), seq), np.int64)  # (rows, T) padded with [PAD] = 0
-        mask = np.zeros((len(texts), seq), np.int64)
-        types = np.zeros((len(texts), seq), np.int64)
-        for i, e in enumerate(encodings):
-            n = min(len(e.ids), seq)
-            ids[i, :n] = e.ids[:n]
-            mask[i, :n] = 1
-            types[i, :n] = e.type_ids[:n]
-        vectors = self.encoder(ids, mask, types)  # (rows, D) fp32
-        counts = mask.sum(1).astype(np.int32)
+        longest = self.buckets[-1]  # rows longer than every bucket are cut there
+        counts = np.array([min(len(e.ids), longest) for e in encodings], np.int32)  # tokens per row
+        order = np.argsort(counts, kind="stable")  # short rows together: little padding per chunk
+        vectors = np.empty((len(texts), self.dim), np.float32)  # (rows, D)
+        for start in range(0, len(texts), self.encoder_rows):
+            rows = order[start : start + self.encoder_rows]
+            seq = self.bucket(int(counts[rows].max()))
+            ids = np.zeros((len(rows), seq), np.int64)  # (rows, T) padded with [PAD] = 0
+            mask = np.zeros((len(rows), seq), np.int64)
+            types = np.zeros((len(rows), seq), np.int64)
+            for i, r in enumerate(rows):
+                e = encodings[r]
+                n = min(len(e.ids), seq)
+                ids[i, :n] = e.ids[:n]
+                mask[i, :n] = 1
+                types[i, :n] = e.type_ids[:n]
+            vectors[rows] = self.encoder(ids, mask, types)  # (rows, D) fp32
         out: list[RequestOutputs] = []
         row = 0
         for req in batch:
