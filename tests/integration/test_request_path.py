@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -162,3 +163,22 @@ def test_scheduler_answers_each_request_of_a_bundle_and_skips_a_bad_one(stack: A
     finally:
         sock.close()
         ctx.term()
+
+
+def test_random_model_versions_add_no_metrics_series(stack: Any, http: httpx.Client) -> None:
+    """A client's made-up versions are 404s, not new label values: memory stays bounded (issue #18)."""
+    if not hasattr(stack, "service"):
+        pytest.skip("metrics ports are per-process in local mode only")
+    port = stack.service("gateway")["env"]["ANVIL_METRICS_PORT"]
+
+    def lines() -> int:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text.count("\n")
+
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
+    http.post("/v2/models/mlp/versions/no-such-version/infer", json=body)  # the _unknown series exists
+    before = lines()
+    for i in range(200):
+        r = http.post(f"/v2/models/mlp/versions/{uuid.uuid4()}/infer", json=body)
+        assert r.status_code == 404, (i, r.text)
+    after = lines()
+    assert after - before < 20, f"/metrics grew from {before} to {after} lines"

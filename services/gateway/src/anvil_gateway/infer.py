@@ -113,10 +113,14 @@ async def handle_infer(st: GatewayState, request: Request, name: str, version: s
     try:
         return await _infer(st, request, name, version, hdr, t0)
     except Failed as exc:
-        label = name if name in st.discovery.models else "_unknown"
-        m.failure.labels(model=label, version=version or "", reason=exc.reason).inc()
-        if label != "_unknown":
-            st.stats.failure(name, version or st.discovery.models[name].version, time.perf_counter_ns() - t0)
+        # Labels only from what the server knows: a client's random model or version names would
+        # each add a metrics series and a stats entry (unbounded memory, issue #18).
+        spec = st.discovery.models.get(name)
+        known = spec is not None and version in (None, spec.version)
+        label, vlabel = (name, version or "") if known else ("_unknown", "_unknown" if version else "")
+        m.failure.labels(model=label, version=vlabel, reason=exc.reason).inc()
+        if known and spec is not None:
+            st.stats.failure(name, spec.version, time.perf_counter_ns() - t0)
         return error(exc.status, str(exc), headers={**hdr, **exc.headers})
     finally:
         m.inflight.dec()
