@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -108,7 +109,11 @@ def _http_binary(http: httpx.Client, x: np.ndarray) -> np.ndarray:
     return np.frombuffer(r.content[n:], np.float32).reshape(x.shape)
 
 
-def test_one_mebibyte_inputs_reach_the_executor_without_a_copy(stack: Any, http: httpx.Client) -> None:
+def test_one_mebibyte_inputs_reach_the_executor_without_crossing_a_socket(
+    stack: Any, http: httpx.Client
+) -> None:
+    """Payloads stay in the client's memory until the executor reads them, with one pread copy each
+    (a mapped read would let a client that shrinks its region SIGBUS the executor)."""
     endpoint = _endpoint(stack)
     if shutil.which("ss") is None:
         pytest.skip("`ss` (iproute2) is needed to read the kernel's per-socket byte counters")
@@ -127,7 +132,7 @@ def test_one_mebibyte_inputs_reach_the_executor_without_a_copy(stack: Any, http:
         after = {k: _metric(stack, f"anvil_executor_shm_{k}_total") for k in counters}
     assert after["inputs"] - before["inputs"] == n
     assert after["input_bytes"] - before["input_bytes"] == n * MiB
-    assert after["bytes_copied"] == before["bytes_copied"] == 0
+    assert after["bytes_copied"] - before["bytes_copied"] == n * MiB  # exactly one copy, in the executor
 
     wire0 = _wire(stack)
     for _ in range(n):
@@ -228,9 +233,11 @@ def test_executor_resolver_checks_the_registry_and_every_span(redis_url: str) ->
         client.hset(shm_key("zc-test-1"), mapping=cast(Any, record))
         got = inputs.resolve(tensor("zc-test-1", base, 32, (1, 8)))
         assert np.array_equal(got.data, np.arange(8, dtype=np.float32).reshape(1, 8))
-        assert inputs.mapped["zc-test-1"].contains(got.data) and not got.data.flags.writeable
+        assert not inputs.mapped["zc-test-1"].contains(got.data)  # a copy (pread), not a view
         region.set(base, np.array([42.0], np.float32))
-        assert got.data[0, 0] == 42.0  # a view of the client's memory
+        assert (
+            got.data[0, 0] == 0.0 and inputs.resolve(tensor("zc-test-1", base, 32, (1, 8))).data[0, 0] == 42.0
+        )
         for offset, length, shape, says in [
             (region.slot_offset(1), 32, (1, 8), "leaves the payload"),  # the slot header
             (region.slot_offset(1) + 4090, 32, (1, 8), "leaves the payload"),  # into the next slot
@@ -239,12 +246,22 @@ def test_executor_resolver_checks_the_registry_and_every_span(redis_url: str) ->
         ]:
             with pytest.raises(TensorError, match=says):
                 inputs.resolve(tensor("zc-test-1", offset, length, shape))
+        # The client shrinks its object under the executor: that request fails, nothing faults.
+        fd = os.open(f"/dev/shm/{region.name}", os.O_RDWR)
+        try:
+            os.ftruncate(fd, region.slot_offset(1))
+            with pytest.raises(TensorError, match="shrank"):
+                inputs.resolve(tensor("zc-test-1", base, 32, (1, 8)))
+            os.ftruncate(fd, region.size)  # grown back: served again
+            assert inputs.resolve(tensor("zc-test-1", base, 32, (1, 8))).data.shape == (1, 8)
+        finally:
+            os.close(fd)
         client.delete(shm_key("zc-test-1"))
         deadline = time.monotonic() + 2
         while "zc-test-1" in inputs.mapped and time.monotonic() < deadline:
             time.sleep(0.02)
         assert "zc-test-1" not in inputs.mapped  # unregistered: unmapped by the sweeper
-        assert got.data[0, 0] == 42.0  # a view handed out earlier stays valid (no SIGBUS)
+        assert got.data[0, 0] == 0.0  # an array handed out earlier is the executor's own copy
         with pytest.raises(TensorError, match="not registered"):
             inputs.resolve(tensor("zc-test-1", base, 32, (1, 8)))
     inputs.close()

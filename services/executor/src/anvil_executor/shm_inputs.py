@@ -1,14 +1,16 @@
-"""Inputs that live in a client's shared memory (ZeroCopy): `Tensor.shm` → a numpy view, no copy.
+"""Inputs that live in a client's shared memory (ZeroCopy): `Tensor.shm` → one copy into the executor.
 
 The gateway registered the region and announced it in Redis (`anvil:shm:{region}`: name, bytes,
 slot layout). Here a region is mapped read-only on first use, after checking that the key exists
 and that the object passes the same checks the gateway made (name, owner, mode 0600, size, header).
-Every reference is bounds-checked against one slot's payload before it is wrapped with
-`np.frombuffer`. A background thread re-checks the keys every `recheck_s` and unmaps regions whose
-key is gone (unregistered, or their gateway died and the TTL ran out).
+Every reference is bounds-checked against one slot's payload, then read with `pread` (one copy, the
+one any device needs anyway) rather than viewed through the mapping: a client that shrinks its object
+while the executor reads would make a mapped read fault (SIGBUS, the whole executor and, after
+re-dispatch, the next one); a `pread` comes back short and only that request fails (issue #18).
+A background thread re-checks the keys every `recheck_s` and unmaps regions whose key is gone
+(unregistered, or their gateway died and the TTL ran out).
 
-Called on the compute thread through `ShmInputs.resolve` (batch_runner's ShmResolver). The arrays
-returned view the client's memory: models must not keep them past `run` (models/base.py).
+Called on the compute thread through `ShmInputs.resolve` (batch_runner's ShmResolver).
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ log = get_logger("anvil.executor.shm")
 _NAMES: dict[int, str] = {getattr(pb.DType, name): name for name in DATATYPES}
 
 shm_inputs = Counter("anvil_executor_shm_inputs_total", "Input tensors read from shared memory")
-shm_bytes = Counter("anvil_executor_shm_input_bytes_total", "Input bytes read in place from shared memory")
+shm_bytes = Counter("anvil_executor_shm_input_bytes_total", "Input bytes read from shared memory")
 shm_copied = Counter(
     "anvil_executor_shm_bytes_copied_total",
-    "Shared-memory input bytes that had to be copied (BYTES tensors; 0 for fixed-size dtypes)",
+    "Shared-memory input bytes copied into the executor (pread: all of them; a shrunk region cannot fault)",
 )
 shm_regions = Gauge("anvil_executor_shm_regions_mapped", "Shared-memory regions mapped by this executor")
 
@@ -69,14 +71,13 @@ class ShmInputs:
         try:
             region = self._region(key)
             region.check_span(offset, length)
-            view = region.get(offset, length)
+            data = region.read(offset, length)
         except ZeroCopyError as exc:
             raise TensorError(f"tensor {name!r}: shared-memory input refused: {exc.message}") from None
-        tensor = HostTensor.from_buffer(name, datatype, shape, view)  # checks length vs shape
+        tensor = HostTensor.from_buffer(name, datatype, shape, data)  # checks length vs shape
         shm_inputs.inc()
         shm_bytes.inc(length)
-        if datatype == "BYTES" or not region.contains(tensor.data):
-            shm_copied.inc(length)
+        shm_copied.inc(length)
         return tensor
 
     def _region(self, key: str) -> Region:

@@ -268,6 +268,25 @@ class Region:
             )
         return self._view[offset : offset + length]
 
+    def read(self, offset: int, length: int) -> bytes:
+        """A copy of [offset, offset+length) read with pread, not through the mapping: a client that
+        shrinks its object under a reader makes this a short read (an error), never a SIGBUS."""
+        if self._mm is None:
+            raise RegionError(Status.BAD_REGION, "region is closed")
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise RegionError(
+                Status.BAD_LENGTH, f"range [{offset}, {offset + length}) outside the region's {self.size} B"
+            )
+        try:
+            data = os.pread(self._fd, length, offset)
+        except OSError as exc:
+            raise RegionError(Status.BAD_REGION, f"region unreadable: {_errno(exc)}") from None
+        if len(data) != length:
+            raise RegionError(
+                Status.BAD_REGION, f"region shrank under the reader ({len(data)} of {length} B)"
+            )
+        return data
+
     def set(self, offset: int, data: Any) -> int:
         """Copy `data` (any C-contiguous buffer) to `offset`; returns the byte count."""
         if not self.writable:
