@@ -85,3 +85,22 @@ def test_api_keys() -> None:
     assert info.value.status == 401 and "wrong" not in str(info.value)
     with pytest.raises(Rejected, match="required"):
         a.tenant({})
+
+
+def test_names_that_are_not_tenant_names_are_not_loaded() -> None:
+    """A "*" tenant written into Redis by hand would alias the limits' wildcard: it is dropped."""
+    a = Admission(True, 10)
+    a.load(
+        {
+            "*:2": json.dumps({"rate_rps": 5}),
+            "acme:*": json.dumps({"rate_rps": 1}),
+            "a:b:c": "{}",
+            "x:9": "{}",
+        },
+        {hash_key("k1"): "*", hash_key("k2"): "acme", hash_key("k3"): "bad name"},
+    )
+    assert set(a.limits) == {"*:2", "acme:*"}
+    assert a.tenant({"x-api-key": "k2"}) == "acme"
+    for key in ("k1", "k3"):
+        with pytest.raises(Rejected, match="unknown API key"):
+            a.tenant({"x-api-key": key})

@@ -49,6 +49,12 @@ def qos_set(args: argparse.Namespace) -> int:
     if args.rate < 0 or (args.burst is not None and args.burst < 1):
         print("anvil: rate must be >= 0 req/s and burst >= 1", file=sys.stderr)
         return 2
+    if args.tenant != "*":
+        try:
+            keys.check_tenant(args.tenant)
+        except ValueError as exc:
+            print(f"anvil: {exc}", file=sys.stderr)
+            return 2
     field = f"{args.tenant}:{args.priority}"
     doc = {
         "rate_rps": args.rate,
@@ -81,9 +87,32 @@ def qos_show(args: argparse.Namespace) -> int:
 
 
 def tenant_add(args: argparse.Namespace) -> int:
+    try:
+        keys.check_tenant(args.name)
+    except ValueError as exc:
+        print(f"anvil: {exc}", file=sys.stderr)
+        return 2
     key = "anv_" + secrets.token_urlsafe(24)
     _redis(args).hset(keys.tenants_key(), hashlib.sha256(key.encode()).hexdigest(), args.name)
     print(f"tenant {args.name!r} added; its API key (shown once, stored hashed):\n{key}")
+    return 0
+
+
+def tenant_revoke(args: argparse.Namespace) -> int:
+    """Remove API keys: the one given (--key), or every key of the tenant. Gateways drop them at their
+    next registry refresh (admission reloads tenants every few seconds)."""
+    r = _redis(args)
+    table = {str(h): str(t) for h, t in r.hgetall(keys.tenants_key()).items()}
+    if args.key:
+        h = hashlib.sha256(args.key.encode()).hexdigest()
+        doomed = [h] if table.get(h) == args.name else []
+    else:
+        doomed = [h for h, t in table.items() if t == args.name]
+    if not doomed:
+        print(f"anvil: no such key for tenant {args.name!r}", file=sys.stderr)
+        return 1
+    r.hdel(keys.tenants_key(), *doomed)
+    print(f"revoked {len(doomed)} key(s) of tenant {args.name!r}")
     return 0
 
 
@@ -114,4 +143,8 @@ def add_admin_commands(sub: Any) -> None:
     a = tsub.add_parser("add", help="add a tenant; prints its new API key once")
     a.add_argument("name")
     a.set_defaults(fn=_guard(tenant_add))
+    rv = tsub.add_parser("revoke", help="remove the tenant's API keys (all, or the one given by --key)")
+    rv.add_argument("name")
+    rv.add_argument("--key", default=None, help="revoke only this key (as printed by `tenant add`)")
+    rv.set_defaults(fn=_guard(tenant_revoke))
     tsub.add_parser("list", help="list tenant names").set_defaults(fn=_guard(tenant_list))

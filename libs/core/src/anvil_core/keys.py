@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "EVENTS",
     "PREFIX",
+    "TENANT_NAME",
+    "check_tenant",
     "model_key",
     "profile_key",
     "qos_base_key",
@@ -49,6 +53,19 @@ def qos_base_key() -> str:
     """Hash: field "{tenant}:{priority}" -> JSON {"rate_rps", "burst"}: the operator's base rates that
     qos throttles down from and restores to (`python -m anvil_qos.ctl base set ...`)."""
     return "anvil:qos:base"
+
+
+TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # never "*", the wildcard of limits
+
+
+def check_tenant(name: str) -> str:
+    """A tenant name as it may appear in keys and limits (``tenant:priority``); ValueError otherwise."""
+    if not TENANT_NAME.fullmatch(name):
+        raise ValueError(
+            f"tenant name {name[:80]!r} must be 1-64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
 
 
 def tenants_key() -> str:

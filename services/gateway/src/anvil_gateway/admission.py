@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from anvil_core import keys
+
 __all__ = ["Admission", "Rejected", "TokenBucket", "hash_key"]
 
 
@@ -60,6 +62,9 @@ class Admission:
     def load(self, limits: dict[str, str], tenants: dict[str, str]) -> None:
         parsed: dict[str, tuple[float, float]] = {}
         for key, raw in limits.items():
+            tenant, _, prio = key.rpartition(":")
+            if not (tenant == "*" or keys.TENANT_NAME.fullmatch(tenant)) or prio not in ("1", "2", "3", "*"):
+                continue  # not "tenant:priority": ignored, like a malformed value
             try:
                 doc: dict[str, Any] = json.loads(raw)
                 rate = float(doc["rate_rps"])
@@ -68,7 +73,9 @@ class Admission:
                 continue  # a malformed entry is ignored, not fatal
             parsed[key] = (max(0.0, rate), max(1.0, burst))
         self.limits = parsed
-        self.tenants = dict(tenants)
+        # A name that is not a tenant name (e.g. "*", written by hand into Redis) would alias the
+        # limits' wildcard: such entries are dropped, not served.
+        self.tenants = {h: t for h, t in tenants.items() if keys.TENANT_NAME.fullmatch(t)}
         for (tenant, priority), bucket in list(self.buckets.items()):
             limit = self._limit(tenant, priority)
             if limit is None:
