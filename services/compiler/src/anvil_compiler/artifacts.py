@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 # Part of every artifact key: bump when a change to passes, codegen or templates changes outputs.
-COMPILER_VERSION = "0.1.0+plan1"
+COMPILER_VERSION = "0.2.0+plan1"  # 0.2: accuracy report and error budget
 
 
 def model_digest(data: bytes) -> str:
@@ -113,6 +113,7 @@ def write_artifact(
         "compile_s": round(compile_s, 3),
         "options": opts.to_dict(),
         "stats": lowered.stats,
+        "accuracy": lowered.accuracy,
         "spec": json.loads(spec_from_plan(lowered.plan, name).to_json()),
         "kernels": kernels,
         "files": {f: _file_info(out_dir / f) for f in files},

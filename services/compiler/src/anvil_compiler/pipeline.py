@@ -15,6 +15,7 @@ from anvil_compiler.errors import CompileError
 from anvil_compiler.ir import Graph
 from anvil_compiler.lower import Lowered, lower
 from anvil_compiler.options import CompileOptions
+from anvil_compiler.passes.accuracy import check_accuracy
 from anvil_compiler.passes.fuse import fuse
 from anvil_compiler.passes.quantize import quantize_graph
 
@@ -44,8 +45,14 @@ def compile_graph(g: Graph, opts: CompileOptions, progress: Progress = _quiet) -
     fuse(g)
     progress("quantize", 30)
     weights = quantize_graph(g, opts)
+    report = None
+    if opts.quantize:
+        progress("accuracy", 45)
+        report = check_accuracy(g, opts, weights)  # may keep linears fp32 (error budget)
     progress("plan", 60)
-    return lower(g, weights, opts)
+    lowered = lower(g, weights, opts)
+    lowered.accuracy = report.to_dict() if report is not None else None
+    return lowered
 
 
 def compile_model(
