@@ -92,6 +92,33 @@ def test_sample_request_of_token_and_text_inputs() -> None:
     assert req["input_ids"].shape == (1, 5) and req["input_ids"].dtype == np.int64
     assert (req["attention_mask"] == 1).all()  # every token valid
     assert req["TEXT"].shape == (1,) and isinstance(req["TEXT"][0], bytes)
+    assert len(sample_request(spec, seq=64)["TEXT"][0].split()) >= 64  # past a 64-token limit
+
+
+class TextRecorder(Model):
+    """TEXT (BYTES) -> EMBEDDING; records the words per call, like a tokenizer's input."""
+
+    def __init__(self) -> None:
+        self.spec = ModelSpec(
+            name="text",
+            max_batch=4,
+            inputs=(TensorSpec("TEXT", "BYTES", ()),),
+            outputs=(TensorSpec("EMBEDDING", "FP32", (2,)),),
+        )
+        self.buckets = [16, 32, 48]  # token lengths it pads to (TextEmbeddingModel's)
+        self.calls: list[tuple[int, int]] = []  # (requests, words of the first text)
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        self.calls.append((len(batch), len(batch[0]["TEXT"][0].split())))
+        return [{"EMBEDDING": np.zeros((1, 2), np.float32)} for _ in batch]
+
+
+def test_text_models_warm_up_short_sentences_then_their_longest() -> None:
+    model = TextRecorder()
+    warm_up(model, executor_max_batch=64)
+    short = model.calls[0][1]
+    assert model.calls[:-1] == [(n, short) for n in (1, 2, 3, 4)] and short < 48
+    assert model.calls[-1][0] == 4 and model.calls[-1][1] >= 48  # the longest bucket's worth
 
 
 def test_warm_up_runs_every_bucket_the_scheduler_can_send(caplog: pytest.LogCaptureFixture) -> None:
@@ -100,7 +127,7 @@ def test_warm_up_runs_every_bucket_the_scheduler_can_send(caplog: pytest.LogCapt
         report = warm_up(model, executor_max_batch=64)  # the model's 20 caps the scheduler's batches
     sizes = [*range(1, 17), 20]
     assert report.batch_sizes == tuple(sizes)
-    assert model.calls == [(n, SHORT_SEQ) for n in sizes] + [(20, 64)]  # then the largest shape
+    assert model.calls == [(n, SHORT_SEQ) for n in sizes] + [(20, 64)]  # then the longest sequence
     assert model.cold == sizes and report.runs == len(sizes) + 1
     assert report.seconds >= len(sizes) * COLD_S and report.first_run_s >= COLD_S
     assert _metric("slow") == pytest.approx(report.seconds)

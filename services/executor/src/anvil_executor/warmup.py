@@ -12,8 +12,11 @@ max_batch)`` (the scheduler caps a batch by both, `dispatch.place`), every size 
 ``ALL_SIZES_UP_TO`` and powers of two above it, plus the maximum. One size per kernel path is what
 matters (numba compiles per type signature, not per shape; anvil_kernels switches GEMM paths at
 M = 1, 16 and 48 rows), the cheap small sizes are all run so no path is missed. A model with a
-sequence axis (a -1 dim) runs those sizes at ``SHORT_SEQ`` tokens, then once at its largest batch
-and ``max_seq`` (when the model has one), which grows every scratch buffer to its final size.
+sequence axis (a -1 dim, or text: a BYTES input) runs those sizes at ``SHORT_SEQ`` tokens (text:
+one short sentence), then once at its longest sequence (``max_seq`` of a plan, ``max_tokens`` of
+a text model: a sentence repeated past it, truncated by the tokenizer) with as many requests as
+fit ``LONG_RUN_TOKENS`` (at most the largest batch), which grows scratch buffers without paying
+for a full largest batch of longest rows (64 x 256 tokens of MiniLM: ~10 s on 2 cores).
 
 The runs are not batches: they produce no BatchResult, so neither the scheduler's latency profile
 (fed by BatchResult.computeUs) nor the executor's compute histogram ever sees them; warm-up cannot
@@ -34,12 +37,21 @@ from anvil_core.tensors import numpy_dtype
 from anvil_executor import metrics as m
 from anvil_executor.models.base import Model, RequestInputs
 
-__all__ = ["ALL_SIZES_UP_TO", "SHORT_SEQ", "WarmupReport", "batch_sizes", "sample_request", "warm_up"]
+__all__ = [
+    "ALL_SIZES_UP_TO",
+    "LONG_RUN_TOKENS",
+    "SHORT_SEQ",
+    "WarmupReport",
+    "batch_sizes",
+    "sample_request",
+    "warm_up",
+]
 
 log = get_logger("anvil.executor.warmup")
 
 ALL_SIZES_UP_TO = 16  # every batch size up to here is run (the GEMM paths switch at 1 and 16 rows)
 SHORT_SEQ = 8  # tokens per row of the batch-size runs of a sequence model
+LONG_RUN_TOKENS = 2048  # tokens of the longest-sequence run (a MiniLM plan's 8 x 128 fit whole)
 WARM_TEXT = b"the executor warms this model up before it serves"  # BYTES inputs (text models)
 
 
@@ -67,18 +79,27 @@ def batch_sizes(max_batch: int) -> list[int]:
 
 
 def _has_seq(spec: ModelSpec) -> bool:
-    return any(d < 0 for t in spec.inputs for d in t.dims)
+    return any(d < 0 or t.datatype == "BYTES" for t in spec.inputs for d in (*t.dims, 0))
+
+
+def _longest_seq(model: Model) -> int:
+    """A plan's ``max_seq`` (PlanModel, GpuPlanModel), a text model's largest length bucket
+    (TextEmbeddingModel); 0 for models without a longest sequence."""
+    seq = getattr(model, "max_seq", 0)
+    if not seq and getattr(model, "buckets", None):
+        seq = max(model.buckets)  # type: ignore[attr-defined]
+    return int(seq or 0)
 
 
 def sample_request(spec: ModelSpec, seq: int = SHORT_SEQ) -> RequestInputs:
     """One request of one row that fits ``spec``: -1 dims are ``seq``; floats 0.5, integers 1
-    (a valid token id, a valid mask), BYTES a short sentence."""
+    (a valid token id, a valid mask), BYTES a sentence of >= ``seq`` words (one at SHORT_SEQ)."""
     req: RequestInputs = {}
     for t in spec.inputs:
         shape = (1, *(seq if d < 0 else d for d in t.dims))
         dt = numpy_dtype(t.datatype)
         if dt is None:
-            req[t.name] = np.full(shape, WARM_TEXT, dtype=object)
+            req[t.name] = np.full(shape, b" ".join([WARM_TEXT] * max(1, seq // SHORT_SEQ)), dtype=object)
         elif dt.kind == "f":
             req[t.name] = np.full(shape, 0.5, dtype=dt)
         else:
@@ -95,9 +116,9 @@ def warm_up(model: Model, executor_max_batch: int) -> WarmupReport:
     seq_model = _has_seq(spec)
     short = SHORT_SEQ if seq_model else 1
     plan: list[tuple[int, int]] = [(n, short) for n in sizes]
-    max_seq = int(getattr(model, "max_seq", 0) or 0)  # PlanModel: the plan's T; others: none
+    max_seq = _longest_seq(model)
     if seq_model and max_seq > short:
-        plan.append((top, max_seq))
+        plan.append((max(1, min(top, LONG_RUN_TOKENS // max_seq)), max_seq))
     times: list[float] = []
     t0 = time.perf_counter()
     for n, seq in plan:
