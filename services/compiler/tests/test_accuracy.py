@@ -124,3 +124,19 @@ def test_token_models_of_the_calibration_vocabulary_use_the_calibration_set() ->
         f["input_ids"].shape[1] <= 16 and f["input_ids"][:, 0].tolist() == [101] * len(f["input_ids"])
         for f in feeds
     )
+
+
+def test_row_error_measures() -> None:
+    from anvil_compiler.passes.accuracy import _rows_error
+
+    r = np.array([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0], [3.0, 0.0, 0.0]], np.float32)
+    q = r + np.array([[0.1, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.3, 0.0]], np.float32)
+    rel, cos = _rows_error(q, r)
+    np.testing.assert_allclose(rel, [0.1 / 2.0, 0.0, 0.3 / 3.0], rtol=1e-6)
+    assert cos[1] == 1.0 and cos[0] == pytest.approx(
+        float(q[0] @ r[0] / np.linalg.norm(q[0]) / np.linalg.norm(r[0]))
+    )
+    rel_zero_row, _ = _rows_error(
+        np.array([[1e-3, 0.0], [1.0, 1.0]], np.float32), np.array([[0.0, 0.0], [1.0, 1.0]], np.float32)
+    )
+    assert np.isfinite(rel_zero_row).all() and rel_zero_row[0] == pytest.approx(1.0)
