@@ -214,3 +214,21 @@ def test_max_rel_error_flag() -> None:
     for bad in ("0", "-1", "x", "inf"):
         with pytest.raises(SystemExit):
             parser.parse_args(["deploy", "m", "--name", "m", "--max-rel-error", bad])
+
+
+def test_deploy_uploads_calibration_data_for_the_report(deploy_cli: Any, tmp_path: Path, capsys: Any) -> None:
+    import numpy as np
+
+    model = _onnx(tmp_path / "usermlp.onnx", seed=0)
+    calib = tmp_path / "inputs.npz"
+    np.savez(calib, x=np.random.default_rng(3).random((40, 64)).astype(np.float32))
+    argv = [str(model), "--name", "cal", "--calibration-data", str(calib), "--max-rel-error", "none"]
+    assert deploy_cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "on the calibration data uploaded with the model (40 rows):" in out
+    np.savez(calib, y=np.zeros((4, 64), np.float32))
+    assert deploy_cli([str(model), "--name", "cal2", "--calibration-data", str(calib)]) == 1
+    assert (
+        "compile failed at accuracy: calibration data: no array for graph input(s) ['x']"
+        in capsys.readouterr().out
+    )

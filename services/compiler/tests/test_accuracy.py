@@ -140,3 +140,60 @@ def test_row_error_measures() -> None:
         np.array([[1e-3, 0.0], [1.0, 1.0]], np.float32), np.array([[0.0, 0.0], [1.0, 1.0]], np.float32)
     )
     assert np.isfinite(rel_zero_row).all() and rel_zero_row[0] == pytest.approx(1.0)
+
+
+def _npz(**arrays: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def test_uploaded_calibration_data_feeds_the_report() -> None:
+    """Inputs in [0, 1] (an image-like range), not N(0, 1): the report runs on them."""
+    x = np.random.default_rng(9).random((100, 64)).astype(np.float32)
+    data = _npz(x=x)
+    low_q = compile_graph(
+        load_onnx(user_mlp_bytes(), "m"), CompileOptions(max_rel_error=None, max_batch=128), calibration=data
+    )
+    acc = low_q.accuracy
+    assert acc is not None
+    assert acc["inputs"] == "the calibration data uploaded with the model (100 rows)" and acc["rows"] == 100
+    low_f = compile_graph(load_onnx(user_mlp_bytes(), "m"), CompileOptions(quantize=False, max_batch=128))
+    q, r = _plan_outputs(low_q, {"x": x}), _plan_outputs(low_f, {"x": x})
+    rel = np.abs(q - r).max(axis=1) / np.abs(r).max(axis=1)
+    assert acc["max_rel"] == pytest.approx(rel.max(), rel=1e-3)
+    generated = _compile(user_mlp_bytes(), max_rel_error=None).accuracy
+    assert generated is not None and generated["max_rel"] != pytest.approx(acc["max_rel"], rel=1e-2)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"other": np.zeros((4, 64), np.float32)}, r"no array for graph input\(s\) \['x'\]"),
+        ({"x": np.zeros((4, 63), np.float32)}, "axis 1 is 63, the model declares 64"),
+        ({"x": np.zeros((4, 2, 64), np.float32)}, "3 dims, the model declares 2"),
+        ({"x": np.array([["a"] * 64] * 4)}, "cannot feed a float32 input"),
+    ],
+)
+def test_bad_calibration_data_is_refused_with_the_constraint(
+    arrays: dict[str, np.ndarray], message: str
+) -> None:
+    with pytest.raises(CompileError, match=message) as err:
+        compile_graph(load_onnx(user_mlp_bytes(), "m"), CompileOptions(), calibration=_npz(**arrays))
+    assert err.value.stage == "accuracy"
+    with pytest.raises(CompileError, match=r"not a numpy \.npz archive"):
+        compile_graph(load_onnx(user_mlp_bytes(), "m"), CompileOptions(), calibration=b"not a zip")
+
+
+def test_calibration_data_is_part_of_the_artifact_key() -> None:
+    from anvil_compiler.artifacts import artifact_key, model_digest
+
+    opts = CompileOptions()
+    plain = artifact_key("d", "onnx", opts)
+    assert plain == artifact_key("d", "onnx", opts, "")
+    assert artifact_key("d", "onnx", opts, model_digest(b"a")) not in (
+        plain,
+        artifact_key("d", "onnx", opts, model_digest(b"b")),
+    )

@@ -4,6 +4,7 @@
     anvil deploy path/to/hf_dir --name minilm            # config.json + model.safetensors
     anvil deploy path/to/hf_dir --name minilm --gptq [--act-order] --group 32 [--keep-fp32 PAT]
     anvil deploy model.onnx --name m --max-rel-error 0.2      # error budget; `none`: report only
+    anvil deploy model.onnx --name m --calibration-data inputs.npz   # the report's inputs
     anvil models
 
 Deploy uploads the model to ``POST /v1/compile``, follows the job with a progress bar, then writes
@@ -69,6 +70,14 @@ def add_deploy_commands(subparsers: Any) -> None:
         metavar="X|none",
         help="error budget: largest relative max-norm output error vs the unquantized plan; linears "
         "are kept fp32 until it fits (default: the compiler's, 0.05); none: report only",
+    )
+    d.add_argument(
+        "--calibration-data",
+        type=Path,
+        default=None,
+        metavar="NPZ",
+        help="inputs the accuracy report and error budget run on: numpy .npz, one array per model "
+        "input (rows along axis 0); default: the model's calibration set or generated inputs",
     )
     d.add_argument("--compiler", default=compiler, help="compiler URL (env ANVIL_COMPILER_URL)")
     d.add_argument("--redis-url", default=redis_url, help="env ANVIL_REDIS_URL")
@@ -138,9 +147,13 @@ def compile_remote(args: argparse.Namespace, on_progress: Any = None) -> dict[st
     path: Path = args.model
     fmt, data = ("hf", hf_bundle(path)) if path.is_dir() else ("onnx", path.read_bytes())
     with httpx.Client(base_url=args.compiler, timeout=60) as http:
+        files = {"file": (path.name, data)}
+        calib: Path | None = getattr(args, "calibration_data", None)
+        if calib is not None:
+            files["calibration"] = (calib.name, calib.read_bytes())
         r = http.post(
             "/v1/compile",
-            files={"file": (path.name, data)},
+            files=files,
             data={"name": args.name, "format": fmt, "options": json.dumps(_options(args))},
         )
         if r.status_code != 200:

@@ -42,12 +42,18 @@ def model_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def artifact_key(digest: str, fmt: str, opts: CompileOptions) -> str:
-    """hash(model bytes, format, pass options incl. archs, compiler version) -> artifact id."""
-    doc = json.dumps(
-        {"model": digest, "format": fmt, "options": opts.to_dict(), "compiler": COMPILER_VERSION},
-        sort_keys=True,
-    )
+def artifact_key(digest: str, fmt: str, opts: CompileOptions, calibration: str = "") -> str:
+    """hash(model bytes, format, pass options incl. archs, compiler version[, calibration data
+    digest: it picks the layers the error budget keeps]) -> artifact id."""
+    doc_: dict[str, Any] = {
+        "model": digest,
+        "format": fmt,
+        "options": opts.to_dict(),
+        "compiler": COMPILER_VERSION,
+    }
+    if calibration:
+        doc_["calibration"] = calibration
+    doc = json.dumps(doc_, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:32]
 
 

@@ -6,10 +6,11 @@ dequantized, fp16 embedding tables rounded). Per output and input row (masked-ou
 in both), the error is the relative max-norm ``max|q - ref| / max|ref|``; the report gives its
 max and mean over rows and the per-row cosine (the measure that matters for embeddings).
 
-Inputs: the model's own calibration set when it has one (a token-id model whose vocabulary is
-that of ``opts.calibration``: every k-th sample, lengths spread, at most ``max_seq`` tokens),
-otherwise generated inputs of the declared shapes with a fixed seed: N(0, 1) floats, token ids
-uniform over the embedding table, masks with random valid lengths, other integers 0.
+Inputs, first that applies: calibration data uploaded with the model (``.npz``, one array per
+graph input, rows along axis 0; `read_calibration`); the model's own calibration set (a token-id
+model whose vocabulary is that of ``opts.calibration``: every k-th sample, lengths spread, at most
+``max_seq`` tokens); generated inputs of the declared shapes with a fixed seed: N(0, 1) floats,
+token ids uniform over the embedding table, masks with random valid lengths, other integers 0.
 
 Budget (``opts.max_rel_error``): when the all-INT4 error is over it, each INT4 linear's
 sensitivity is measured (the error with only that linear quantized), and linears are kept fp32,
@@ -37,13 +38,22 @@ from anvil_compiler.passes.forward import run_graph
 from anvil_compiler.passes.quantize import OpWeights, fp32_linear
 from anvil_kernels import Int4Weight, dequantize
 
-__all__ = ["AccuracyReport", "OutputError", "check_accuracy", "eval_inputs"]
+__all__ = [
+    "AccuracyReport",
+    "Calibration",
+    "OutputError",
+    "check_accuracy",
+    "eval_inputs",
+    "read_calibration",
+]
 
 SEED = 0  # generated inputs: the same draw on every compile of a model
 GENERATED_ROWS = 64  # rows of generated inputs (one batch; the evaluator has no batch limit)
 GENERATED_SEQ = 32  # tokens per generated row of a sequence model (capped by max_seq)
 CALIBRATION_SAMPLES = 24  # samples of a calibration set (MiniLM: ~1,000 tokens, ~0.5 s a run)
-BATCH = 16  # calibration samples per forward batch
+MAX_UPLOADED_ROWS = 1024  # rows of uploaded calibration data used (the first ones)
+
+Calibration = dict[str, np.ndarray]  # graph input name -> (rows, ...) array
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +111,55 @@ def _feeds_of(g: Graph, rows: int, seq: int, rng: np.random.Generator) -> dict[s
     return out
 
 
-def eval_inputs(g: Graph, opts: CompileOptions) -> tuple[list[dict[str, np.ndarray]], str]:
+def read_calibration(data: bytes, g: Graph, opts: CompileOptions) -> Calibration:
+    """Parse uploaded calibration data (``numpy.savez`` bytes, no pickles) against the graph's
+    inputs: every input present, same rows in each, per-row shape as declared (a sequence axis at
+    most ``max_seq``), values castable to the input's dtype. CompileError (stage accuracy) names
+    the first violation."""
+    import io
+    import zipfile
+
+    def bad(msg: str) -> CompileError:
+        return CompileError(f"calibration data: {msg}", stage="accuracy")
+
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            arrays = {k: np.asarray(z[k]) for k in z.files}
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise bad(f"not a numpy .npz archive without pickles ({exc})") from None
+    missing = [x for x in g.inputs if x not in arrays]
+    if missing:
+        raise bad(f"no array for graph input(s) {missing}; arrays: {sorted(arrays)}")
+    rows = {x: arrays[x].shape[0] if arrays[x].ndim else 0 for x in g.inputs}
+    if len(set(rows.values())) != 1 or min(rows.values()) < 1:
+        raise bad(f"every input needs the same number of rows >= 1 along axis 0, got {rows}")
+    out: Calibration = {}
+    for x in g.inputs:
+        a, t = arrays[x][:MAX_UPLOADED_ROWS], g.types[x]
+        if a.ndim != len(t.shape):
+            raise bad(f"input {x!r}: {a.ndim} dims, the model declares {len(t.shape)} ({t.shape})")
+        for axis, d in enumerate(t.shape[1:], 1):
+            if d.static and a.shape[axis] != d.coef:
+                raise bad(f"input {x!r}: axis {axis} is {a.shape[axis]}, the model declares {d.coef}")
+            if d.t and a.shape[axis] > opts.max_seq:
+                raise bad(f"input {x!r}: {a.shape[axis]} tokens exceed max_seq {opts.max_seq}")
+        kind = np.dtype(t.dtype).kind
+        if a.dtype.kind not in ({"f", "i", "u"} if kind == "f" else {"i", "u", "b"}):
+            raise bad(f"input {x!r}: {a.dtype} cannot feed a {t.dtype} input")
+        out[x] = np.ascontiguousarray(a, dtype=t.dtype)
+    return out
+
+
+def eval_inputs(
+    g: Graph, opts: CompileOptions, uploaded: Calibration | None = None
+) -> tuple[list[dict[str, np.ndarray]], str]:
     """Batches of inputs for the report, and a line saying where they came from."""
+    if uploaded:
+        n = int(next(iter(uploaded.values())).shape[0])
+        feeds = [
+            {x: a[i : i + GENERATED_ROWS] for x, a in uploaded.items()} for i in range(0, n, GENERATED_ROWS)
+        ]
+        return feeds, f"the calibration data uploaded with the model ({n} rows)"
     seq_model = any(d.t for x in g.inputs for d in g.types[x].shape)
     max_seq = opts.max_seq if seq_model else 1
     tables = [g.consts[n.attrs["table"]].shape[0] for n in g.nodes if n.op == "embed_ln"]
@@ -138,9 +195,11 @@ def _rows_error(q: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _Bench:
     """The inputs, the reference values, and the candidate weights of one graph."""
 
-    def __init__(self, g: Graph, opts: CompileOptions, weights: dict[str, OpWeights]) -> None:
+    def __init__(
+        self, g: Graph, opts: CompileOptions, weights: dict[str, OpWeights], uploaded: Calibration | None
+    ) -> None:
         self.g = g
-        self.feeds, self.source = eval_inputs(g, opts)
+        self.feeds, self.source = eval_inputs(g, opts, uploaded)
         self.masks = [next((f[x] for x in g.inputs if "mask" in x.lower()), None) for f in self.feeds]
         self.ref = [run_graph(g, f, {}) for f in self.feeds]  # every value, kept for resuming
         self.deq: dict[str, np.ndarray] = {}
@@ -198,14 +257,16 @@ def _worst(errs: list[OutputError]) -> float:
     return max((e.max_rel for e in errs), default=0.0)
 
 
-def check_accuracy(g: Graph, opts: CompileOptions, weights: dict[str, OpWeights]) -> AccuracyReport | None:
+def check_accuracy(
+    g: Graph, opts: CompileOptions, weights: dict[str, OpWeights], uploaded: Calibration | None = None
+) -> AccuracyReport | None:
     """Measure the quantized plan's error; keep linears fp32 (``weights`` updated in place) until
     it fits ``opts.max_rel_error``. None when nothing is quantized (the plan is the reference).
 
     Over budget: sensitivities (one run per INT4 linear, each resumed at that linear), then a
     binary search for the fewest most-sensitive linears to keep (error falls as more are kept;
     the plan shipped is the one measured), ~log2(L) + 1 more runs."""
-    bench = _Bench(g, opts, weights)
+    bench = _Bench(g, opts, weights, uploaded)
     int4 = list(bench.deq)
     if not int4 and not bench.tables:
         return None
