@@ -59,3 +59,53 @@ def reference(data: bytes, x: np.ndarray) -> np.ndarray:
     h = x @ w["w1"] + w["b1"]
     h = {"Relu": np.maximum(h, 0), "Tanh": np.tanh(h), "Sigmoid": 1 / (1 + np.exp(-h))}[op]
     return (h @ w["w2"]).astype(np.float32)
+
+
+def user_mlp_bytes(seed: int = 0) -> bytes:
+    """Issue 22's model: MatMul -> Add -> Relu -> MatMul -> Add, 64 -> 256 -> 10, N(0, 0.1^2)
+    weights and biases. Default INT4 moves its outputs by 10-38% (max-norm, relative)."""
+    rng = np.random.default_rng(seed)
+    w1, b1 = (
+        (0.1 * rng.standard_normal((64, 256))).astype(np.float32),
+        (0.1 * rng.standard_normal(256)).astype(np.float32),
+    )
+    w2, b2 = (
+        (0.1 * rng.standard_normal((256, 10))).astype(np.float32),
+        (0.1 * rng.standard_normal(10)).astype(np.float32),
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1"),
+            helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1_bias"),
+            helper.make_node("Relu", ["h1"], ["h2"], name="relu"),
+            helper.make_node("MatMul", ["h2", "w2"], ["h3"], name="fc2"),
+            helper.make_node("Add", ["h3", "b2"], ["y"], name="fc2_bias"),
+        ],
+        "usermlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def embed_mlp_bytes(seed: int = 0, vocab: int = 300, hidden: int = 64) -> bytes:
+    """Token ids (batch, seq) -> Gather from an embedding table -> linear -> Relu -> linear: an fp16
+    table (the quantized plan's) and two INT4 linears."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((vocab, hidden)).astype(np.float32)
+    w1 = (rng.standard_normal((hidden, 128)) / np.sqrt(hidden)).astype(np.float32)
+    w2 = (rng.standard_normal((128, 32)) / np.sqrt(128)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+            helper.make_node("MatMul", ["e", "w1"], ["h0"], name="fc1"),
+            helper.make_node("Relu", ["h0"], ["h1"], name="act"),
+            helper.make_node("MatMul", ["h1", "w2"], ["y"], name="fc2"),
+        ],
+        "embedmlp",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 32])],
+        [numpy_helper.from_array(a, n) for a, n in ((table, "table"), (w1, "w1"), (w2, "w2"))],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()

@@ -123,7 +123,8 @@ def test_gptq_on_one_minilm_layer() -> None:
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
     def embed(**opts: object) -> np.ndarray:
-        o = CompileOptions(max_batch=16, max_seq=32, **opts)  # type: ignore[arg-type]
+        # report only: the test compares quantizers, an error budget would keep layers fp32
+        o = CompileOptions(max_batch=16, max_seq=32, max_rel_error=None, **opts)  # type: ignore[arg-type]
         low = compile_graph(load_hf_bundle(data, "m1"), o)
         plan = PlanModel(LoadedPlan(pg.PlanT.InitFromPackedBuf(low.plan, 0)), low.weights)
         return np.asarray(plan.forward(feeds)["sentence_embedding"])

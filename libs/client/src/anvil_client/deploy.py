@@ -3,13 +3,20 @@
     anvil deploy model.onnx --name m [--group 128] [--arch sm_90] [--max-batch 8] [--max-seq 128]
     anvil deploy path/to/hf_dir --name minilm            # config.json + model.safetensors
     anvil deploy path/to/hf_dir --name minilm --gptq [--act-order] --group 32 [--keep-fp32 PAT]
+    anvil deploy model.onnx --name m --max-rel-error 0.2      # error budget; `none`: report only
+    anvil deploy model.onnx --name m --calibration-data inputs.npz   # the report's inputs
     anvil models
 
 Deploy uploads the model to ``POST /v1/compile``, follows the job with a progress bar, then writes
 ``anvil:model:{name}`` (``spec``: the ModelSpec JSON the gateway validates with, ``status``:
 COMPILED, ``artifact``: the artifact id, ``artifact_dir``) and publishes
 ``{"event": "model_deployed", "model": name, "artifact": id}`` on ``anvil:events``; executors load
-the artifact and set the status to READY.
+the artifact, warm it up, and then set the status to READY.
+
+Deploy prints the compiler's accuracy report (the quantized plan against the unquantized one: max
+and mean relative error, cosine, the linears kept fp32 to meet ``--max-rel-error``). A compile
+that fails (an unmeetable error budget included) registers nothing: the version already
+deployed under the name keeps serving.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import httpx
 
 from anvil_core import keys
 
-__all__ = ["add_deploy_commands", "cmd_deploy", "cmd_models", "hf_bundle"]
+__all__ = ["add_deploy_commands", "cmd_deploy", "cmd_models", "format_accuracy", "hf_bundle"]
 
 
 def hf_bundle(path: Path) -> bytes:
@@ -56,6 +63,22 @@ def add_deploy_commands(subparsers: Any) -> None:
     d.add_argument("--calibration", default="bert-uncased", help="GPTQ calibration set")
     d.add_argument("--act-order", action="store_true", help="GPTQ: rows by decreasing input energy")
     d.add_argument("--keep-fp32", action="append", default=[], help="node-name pattern kept fp32, repeatable")
+    d.add_argument(
+        "--max-rel-error",
+        type=_budget,
+        default=None,
+        metavar="X|none",
+        help="error budget: largest relative max-norm output error vs the unquantized plan; linears "
+        "are kept fp32 until it fits (default: the compiler's, 0.05); none: report only",
+    )
+    d.add_argument(
+        "--calibration-data",
+        type=Path,
+        default=None,
+        metavar="NPZ",
+        help="inputs the accuracy report and error budget run on: numpy .npz, one array per model "
+        "input (rows along axis 0); default: the model's calibration set or generated inputs",
+    )
     d.add_argument("--compiler", default=compiler, help="compiler URL (env ANVIL_COMPILER_URL)")
     d.add_argument("--redis-url", default=redis_url, help="env ANVIL_REDIS_URL")
     d.add_argument("--timeout-s", type=float, default=900.0)
@@ -65,8 +88,20 @@ def add_deploy_commands(subparsers: Any) -> None:
     m.set_defaults(fn=cmd_models)
 
 
+def _budget(text: str) -> float | str:
+    if text.lower() in ("none", "off"):
+        return "none"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants a number > 0 or 'none', got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"wants a number > 0 or 'none', got {text!r}")
+    return value
+
+
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
+    opts: dict[str, Any] = {
         "group_size": args.group,
         "archs": args.arch or ["sm_90"],
         "max_batch": args.max_batch,
@@ -78,6 +113,33 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "act_order": args.act_order,
         "keep_fp32": args.keep_fp32,
     }
+    budget = getattr(args, "max_rel_error", None)
+    if budget is not None:  # absent: the compiler's default budget (declared once, CompileOptions)
+        opts["max_rel_error"] = None if budget == "none" else budget
+    return opts
+
+
+def format_accuracy(accuracy: dict[str, Any] | None) -> list[str]:
+    """The lines `anvil deploy` prints for a manifest's accuracy report."""
+    if not accuracy:
+        return ["accuracy: nothing quantized (the plan is the fp32 reference)"]
+    budget = accuracy.get("budget")
+    lines = [f"accuracy vs the unquantized plan, on {accuracy['inputs']}:"]
+    for o in accuracy["outputs"]:
+        lines.append(
+            f"  {o['name']}: max rel error {o['max_rel']:.4f}, mean {o['mean_rel']:.4f}, "
+            f"cosine min {o['cos_min']:.6f} mean {o['cos_mean']:.6f}"
+        )
+    n_int4, kept = len(accuracy["int4_linears"]), accuracy["kept_fp32"]
+    within = "report only, no budget" if budget is None else f"budget {budget:g}"
+    lines.append(f"  max rel error {accuracy['max_rel']:.4f} ({within}); {n_int4} linears INT4")
+    if kept:
+        sens = accuracy.get("sensitivity", {})
+        lines.append(
+            f"  all-INT4 error was {accuracy['all_int4_max_rel']:.4f}: kept fp32, most sensitive first: "
+            + ", ".join(f"{k} ({sens[k]:.3f})" if k in sens else k for k in kept)
+        )
+    return lines
 
 
 def compile_remote(args: argparse.Namespace, on_progress: Any = None) -> dict[str, Any]:
@@ -85,9 +147,13 @@ def compile_remote(args: argparse.Namespace, on_progress: Any = None) -> dict[st
     path: Path = args.model
     fmt, data = ("hf", hf_bundle(path)) if path.is_dir() else ("onnx", path.read_bytes())
     with httpx.Client(base_url=args.compiler, timeout=60) as http:
+        files = {"file": (path.name, data)}
+        calib: Path | None = getattr(args, "calibration_data", None)
+        if calib is not None:
+            files["calibration"] = (calib.name, calib.read_bytes())
         r = http.post(
             "/v1/compile",
-            files={"file": (path.name, data)},
+            files=files,
             data={"name": args.name, "format": fmt, "options": json.dumps(_options(args))},
         )
         if r.status_code != 200:
@@ -160,6 +226,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         f"{stats['kernels']} kernels, activations {stats['activation_bytes'] / 2**20:.1f} MiB, "
         f"weights {stats['weight_bytes'] / 2**20:.1f} MiB"
     )
+    for line in format_accuracy(manifest.get("accuracy")):
+        print(line)
     return 0
 
 

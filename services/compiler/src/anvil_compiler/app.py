@@ -76,6 +76,7 @@ def create_app(settings: CompilerSettings) -> FastAPI:
     @app.post("/v1/compile")
     async def compile_(
         file: UploadFile | None = File(None),  # noqa: B008 (FastAPI's idiom)
+        calibration: UploadFile | None = File(None),  # noqa: B008 (.npz: inputs for the accuracy report)
         path: str = Form(""),
         name: str = Form("model"),
         format: str = Form(""),
@@ -96,7 +97,14 @@ def create_app(settings: CompilerSettings) -> FastAPI:
             data = await run_in_threadpool(_read_path, settings, path, fmt)
         else:
             raise HTTPException(400, "send the model as `file` or name a server-side `path`")
-        job = await run_in_threadpool(jobs.submit, fmt, data, name, opts)
+        calib = b""
+        if calibration is not None:
+            calib = await calibration.read(settings.max_model_mib * 2**20 + 1)
+            if len(calib) > settings.max_model_mib * 2**20:
+                raise HTTPException(
+                    413, f"calibration data larger than max_model_mib={settings.max_model_mib}"
+                )
+        job = await run_in_threadpool(jobs.submit, fmt, data, name, opts, calib)
         return job.to_dict()
 
     @app.get("/v1/jobs/{job_id}")

@@ -35,19 +35,25 @@ __all__ = [
 ]
 
 # Part of every artifact key: bump when a change to passes, codegen or templates changes outputs.
-COMPILER_VERSION = "0.1.0+plan1"
+COMPILER_VERSION = "0.2.0+plan1"  # 0.2: accuracy report and error budget
 
 
 def model_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def artifact_key(digest: str, fmt: str, opts: CompileOptions) -> str:
-    """hash(model bytes, format, pass options incl. archs, compiler version) -> artifact id."""
-    doc = json.dumps(
-        {"model": digest, "format": fmt, "options": opts.to_dict(), "compiler": COMPILER_VERSION},
-        sort_keys=True,
-    )
+def artifact_key(digest: str, fmt: str, opts: CompileOptions, calibration: str = "") -> str:
+    """hash(model bytes, format, pass options incl. archs, compiler version[, calibration data
+    digest: it picks the layers the error budget keeps]) -> artifact id."""
+    doc_: dict[str, Any] = {
+        "model": digest,
+        "format": fmt,
+        "options": opts.to_dict(),
+        "compiler": COMPILER_VERSION,
+    }
+    if calibration:
+        doc_["calibration"] = calibration
+    doc = json.dumps(doc_, sort_keys=True)
     return hashlib.sha256(doc.encode()).hexdigest()[:32]
 
 
@@ -113,6 +119,7 @@ def write_artifact(
         "compile_s": round(compile_s, 3),
         "options": opts.to_dict(),
         "stats": lowered.stats,
+        "accuracy": lowered.accuracy,
         "spec": json.loads(spec_from_plan(lowered.plan, name).to_json()),
         "kernels": kernels,
         "files": {f: _file_info(out_dir / f) for f in files},

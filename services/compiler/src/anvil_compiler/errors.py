@@ -8,7 +8,7 @@ __all__ = ["CompileError"]
 class CompileError(ValueError):
     """A model the compiler rejects. The message names the op and node (or the file) at fault.
 
-    ``stage`` is the pipeline stage that raised it (load, import, fuse, quantize, plan, codegen,
+    ``stage`` is the pipeline stage that raised it (load, import, fuse, quantize, accuracy, plan, codegen,
     build); ``detail`` carries long diagnostics whole (e.g. nvcc's output and the source path).
     """
 

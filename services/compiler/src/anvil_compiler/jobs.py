@@ -74,8 +74,9 @@ class JobManager:
         self.slots = threading.BoundedSemaphore(max_jobs)
         self.ctx = multiprocessing.get_context("spawn")
 
-    def submit(self, fmt: str, data: bytes, name: str, opts: CompileOptions) -> Job:
-        key = artifact_key(model_digest(data), fmt, opts)
+    def submit(self, fmt: str, data: bytes, name: str, opts: CompileOptions, calibration: bytes = b"") -> Job:
+        """``calibration``: ``.npz`` inputs for the accuracy report (part of the key)."""
+        key = artifact_key(model_digest(data), fmt, opts, model_digest(calibration) if calibration else "")
         with self.lock:
             if (running := self.inflight.get(key)) is not None:
                 return running
@@ -88,6 +89,8 @@ class JobManager:
         spool = self.cache.root / ".spool" / f"{job.id}.model"
         spool.parent.mkdir(parents=True, exist_ok=True)
         spool.write_bytes(data)
+        if calibration:
+            spool.with_suffix(".npz").write_bytes(calibration)
         threading.Thread(
             target=self._run, args=(job, fmt, spool, opts), name=f"job-{job.id}", daemon=True
         ).start()
@@ -130,8 +133,14 @@ class JobManager:
             self._fail(job, f"internal error: {exc}", "internal")
         finally:
             spool.unlink(missing_ok=True)
+            spool.with_suffix(".npz").unlink(missing_ok=True)
             with self.lock:
                 self.inflight.pop(job.key, None)
+
+    @staticmethod
+    def _calibration(spool: Path) -> str:
+        npz = spool.with_suffix(".npz")
+        return str(npz) if npz.exists() else ""
 
     def _compile(self, job: Job, fmt: str, spool: Path, opts: CompileOptions, deadline: float) -> None:
         tmp = self.cache.root / f".tmp-{job.key}-{job.id}"
@@ -140,7 +149,7 @@ class JobManager:
         proc = self.ctx.Process(
             target=worker_main,
             daemon=True,
-            args=(tx, fmt, str(spool), job.name, opts.to_dict(), str(tmp), job.key),
+            args=(tx, fmt, str(spool), job.name, opts.to_dict(), str(tmp), job.key, self._calibration(spool)),
         )
         proc.start()
         tx.close()

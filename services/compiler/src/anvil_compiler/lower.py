@@ -43,6 +43,9 @@ class Lowered:
     weights: dict[str, np.ndarray]
     sources: dict[str, str]  # kernel name -> CUDA source
     stats: dict[str, Any] = field(default_factory=dict)
+    # the quantized plan's error against the unquantized plan (passes/accuracy.py); None when
+    # nothing is quantized
+    accuracy: dict[str, Any] | None = None
 
 
 def _roles(n: Node) -> list[str]:

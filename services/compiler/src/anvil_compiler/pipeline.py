@@ -15,6 +15,7 @@ from anvil_compiler.errors import CompileError
 from anvil_compiler.ir import Graph
 from anvil_compiler.lower import Lowered, lower
 from anvil_compiler.options import CompileOptions
+from anvil_compiler.passes.accuracy import check_accuracy, read_calibration
 from anvil_compiler.passes.fuse import fuse
 from anvil_compiler.passes.quantize import quantize_graph
 
@@ -39,13 +40,23 @@ def import_model(fmt: str, data: bytes, name: str) -> Graph:
     raise CompileError(f"unknown model format {fmt!r}; formats: onnx, hf", stage="load")
 
 
-def compile_graph(g: Graph, opts: CompileOptions, progress: Progress = _quiet) -> Lowered:
+def compile_graph(
+    g: Graph, opts: CompileOptions, progress: Progress = _quiet, calibration: bytes = b""
+) -> Lowered:
+    """``calibration``: ``.npz`` bytes of inputs the accuracy report runs on (passes/accuracy.py)."""
     progress("fuse", 20)
     fuse(g)
+    uploaded = read_calibration(calibration, g, opts) if calibration else None
     progress("quantize", 30)
     weights = quantize_graph(g, opts)
+    report = None
+    if opts.quantize:
+        progress("accuracy", 45)
+        report = check_accuracy(g, opts, weights, uploaded)  # may keep linears fp32 (error budget)
     progress("plan", 60)
-    return lower(g, weights, opts)
+    lowered = lower(g, weights, opts)
+    lowered.accuracy = report.to_dict() if report is not None else None
+    return lowered
 
 
 def compile_model(
@@ -57,6 +68,7 @@ def compile_model(
     key: str,
     progress: Progress = _quiet,
     build: bool = True,
+    calibration: bytes = b"",
 ) -> dict[str, Any]:
     """Compile into ``out_dir`` (plan.bin, weights.safetensors, kernels.cu, fatbin/cubins,
     manifest.json); returns the manifest."""
@@ -66,7 +78,7 @@ def compile_model(
     t0 = time.perf_counter()
     progress("import", 5)
     g = import_model(fmt, data, name)
-    lowered = compile_graph(g, opts, progress)
+    lowered = compile_graph(g, opts, progress, calibration)
     progress("codegen", 70)
     kernels = build_kernels(lowered.sources, opts.archs, out_dir) if build else {}
     progress("write", 95)

@@ -17,7 +17,14 @@ __all__ = ["worker_main"]
 
 
 def worker_main(
-    conn: Connection, fmt: str, model_path: str, name: str, opts: dict[str, Any], out_dir: str, key: str
+    conn: Connection,
+    fmt: str,
+    model_path: str,
+    name: str,
+    opts: dict[str, Any],
+    out_dir: str,
+    key: str,
+    calibration_path: str = "",
 ) -> None:
     from anvil_compiler.errors import CompileError
     from anvil_compiler.options import CompileOptions
@@ -28,8 +35,16 @@ def worker_main(
 
     try:
         data = Path(model_path).read_bytes()
+        calibration = Path(calibration_path).read_bytes() if calibration_path else b""
         manifest = compile_model(
-            fmt, data, name, CompileOptions.from_dict(opts), Path(out_dir), key, progress
+            fmt,
+            data,
+            name,
+            CompileOptions.from_dict(opts),
+            Path(out_dir),
+            key,
+            progress,
+            calibration=calibration,
         )
         conn.send(("done", manifest))
     except CompileError as exc:

@@ -29,3 +29,7 @@ padding_waste = Gauge(
     ["model"],
 )
 device_bytes = Gauge("anvil_executor_device_arena_bytes", "Device arena bytes per bank", ["model", "bank"])
+# seconds, not µs: a per-model load-time figure (the Prometheus base unit), set once per load
+warmup_seconds = Gauge(
+    "anvil_executor_warmup_seconds", "Wall time of the last warm-up of a model before READY, s", ["model"]
+)

@@ -29,6 +29,7 @@ from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.models import Model, load_builtin
 from anvil_executor.models.builtin import BusyModel
 from anvil_executor.settings import ExecutorSettings
+from anvil_executor.warmup import warm_up
 from anvil_kernels import set_blas_threads
 
 __all__ = ["Executor"]
@@ -46,7 +47,8 @@ class Executor:
         if settings.blas_threads > 0 and not set_blas_threads(settings.blas_threads):
             log.info("numpy does not use OpenBLAS here: blas_threads not applied")
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
-        self.models: dict[str, Model] = {n: self._load(n) for n in names}
+        # warmed up before the registry starts: nothing is advertised cold (warmup.py)
+        self.models: dict[str, Model] = {n: self._warm(self._load(n)) for n in names}
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -78,6 +80,10 @@ class Executor:
         if name == "busy":
             return BusyModel(self.s.max_batch, self.s.busy_base_us, self.s.busy_per_row_us)
         return load_builtin(name, self.s.max_batch)
+
+    def _warm(self, model: Model) -> Model:
+        warm_up(model, self.s.max_batch)
+        return model
 
     def _fields(self) -> dict[str, Any]:
         return {
@@ -114,10 +120,11 @@ class Executor:
         try:
             gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
             model, plan = load_artifact(Path(self.s.artifact_dir) / artifact, self.device, name, gpu)
+            self._warm(model)  # before the steady-state mark: its first runs may touch memory
             if self.device.is_cuda:
                 self._gpu_loaded(name, plan)
                 self._plans[name] = plan
-            self.models[name] = model
+            self.models[name] = model  # advertised (READY) only once warm
             self._artifacts[name] = artifact
             self.bg.post(self._register)  # tell the scheduler about the new model
             where = {"model": name, "artifact": artifact, "platform": model.spec.platform}

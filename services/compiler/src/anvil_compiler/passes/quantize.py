@@ -10,7 +10,7 @@ from anvil_compiler.ir import Graph, Node
 from anvil_compiler.options import CompileOptions
 from anvil_kernels import Int4Weight, quantize
 
-__all__ = ["OpWeights", "quantize_graph"]
+__all__ = ["OpWeights", "fp32_linear", "quantize_graph"]
 
 OpWeights = dict[str, np.ndarray]
 
@@ -72,3 +72,10 @@ def _linear(g: Graph, n: Node, opts: CompileOptions, group: int, q: Int4Weight |
     if n.attrs.get("bias"):
         w["bias"] = _f32(g.consts[n.attrs["bias"]]).reshape(-1)
     _ln(g, w, n.attrs.get("ln"))
+
+
+def fp32_linear(g: Graph, n: Node, opts: CompileOptions) -> OpWeights:
+    """The weights of linear ``n`` kept fp32 (the error budget's fallback); clears its group."""
+    w: OpWeights = {}
+    _linear(g, n, opts, 0, None, w)
+    return w
