@@ -140,6 +140,7 @@ class Executor:
         m.graphs.labels(model=name).set(plan.graph_count)
         for bank, size in plan.arena.usage().items():
             m.device_bytes.labels(model=name, bank=bank).set(size)
+        plan.padded_cells = plan.used_cells = 0  # padding is reported for served batches, not warm-up
         counter.mark_steady()  # loads are done: what follows must allocate nothing
 
     def _device_metrics(self) -> None:
