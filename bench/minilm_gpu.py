@@ -168,7 +168,7 @@ def main() -> None:
             "max_batch": args.max_batch,
             "max_seq": args.max_seq,
             "weights": "fp32",
-            "kernels": "generic fp32",
+            "gemm": os.environ.get("ANVIL_GPU_GEMM", "cublas"),
         },
     }
     res["deploy_s"] = round(deploy(args.model_dir, args.name, args.max_batch, args.max_seq), 2)
