@@ -87,14 +87,33 @@ class Discovery:
         out: dict[str, ModelSpec] = {}
         redis = self.registry.redis
         async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
-            raw = await redis.hget(key, "spec")
+            status, raw = await redis.hmget(key, ["status", "spec"])
+            name = _text(key).removeprefix(keys.model_key(""))
+            if _text(status) != "READY":  # deployed, not yet served: keep what is served meanwhile
+                if name in self.models:
+                    out[name] = self.models[name]
+                continue
             if raw:
                 try:
-                    spec = ModelSpec.from_json(raw if isinstance(raw, str) else raw.decode())
+                    spec = ModelSpec.from_json(_text(raw))
                 except (ValueError, KeyError, TypeError, json.JSONDecodeError):
                     continue
                 out[spec.name] = spec
         return out
+
+    async def _served_spec(self, model: str) -> bool:
+        """Whether an executor has published ``model`` (status READY, written with the spec it serves;
+        `anvil deploy` writes COMPILED and the plan's spec). Takes that spec into the snapshot at once,
+        so a request right after "ready" is checked against what the executor serves (a deployed
+        encoder serves text, not the token ids of its plan), not the spec of the last refresh."""
+        status, raw = await self.registry.redis.hmget(keys.model_key(model), ["status", "spec"])
+        if _text(status) != "READY" or not raw:
+            return model in self.models  # a new version is loading; the served one still answers
+        try:
+            self.models[model] = ModelSpec.from_json(_text(raw))
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            return False
+        return True
 
     async def ready(self, model: str | None = None) -> tuple[bool, str]:
         """(ready, why-not): an executor (serving `model`, if given) is registered in Redis AND a
@@ -113,11 +132,17 @@ class Discovery:
                 return False, f"no executor serving model {model!r}"
             if model not in served:
                 return False, f"no executor serving model {model!r} is connected to a scheduler yet"
+            if not await self._served_spec(model):
+                return False, f"model {model!r} is not yet published by an executor that serves it"
         elif not executors:
             return False, "no executor registered"
         elif not served:
             return False, "no executor is connected to a scheduler yet"
         return True, ""
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw or "")
 
 
 def _json_list(raw: str) -> list[str]:

@@ -1,0 +1,47 @@
+"""What the gateway takes from the registry about models: only what an executor publishes (READY)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis
+
+from anvil_core import keys
+from anvil_core.model_spec import ModelSpec, TensorSpec
+from anvil_core.registry import Registry
+from anvil_gateway.discovery import Discovery
+
+PLAN = ModelSpec(
+    "enc", inputs=(TensorSpec("input_ids", "INT64", (-1,)),), outputs=(TensorSpec("e", "FP32", (4,)),)
+)
+TEXT = ModelSpec(
+    "enc", inputs=(TensorSpec("TEXT", "BYTES", ()),), outputs=(TensorSpec("EMBEDDING", "FP32", (4,)),)
+)
+
+
+def test_a_deployed_model_is_known_once_an_executor_serves_it_and_stays_known_while_it_reloads(
+    redis_server: str,
+) -> None:
+    r = redis.Redis.from_url(redis_server)
+    key = keys.model_key("enc")
+
+    async def run() -> None:
+        d = Discovery(Registry(redis_server, "gateway", "g1", 3.0, 1.0), 0.25, lambda _: None)
+        try:
+            r.hset(key, mapping={"spec": PLAN.to_json(), "status": "COMPILED"})  # `anvil deploy`
+            await d.refresh()
+            assert "enc" not in d.models  # compiled is not served: no spec of token ids to check against
+            assert not await d._served_spec("enc")
+            r.hset(key, mapping={"spec": TEXT.to_json(), "status": "READY"})  # the executor, warm
+            assert await d._served_spec("enc") and d.models["enc"] == TEXT  # taken at once by "ready"
+            r.hset(key, mapping={"spec": PLAN.to_json(), "status": "COMPILED"})  # a new version deployed
+            await d.refresh()
+            assert d.models["enc"] == TEXT and await d._served_spec("enc")  # the old one still answers
+        finally:
+            await d.registry.redis.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        r.delete(key)
+        r.close()
