@@ -31,6 +31,36 @@ def test_trace_schedule_reads_offsets(tmp_path: Path) -> None:
     assert s.offsets_s.tolist() == [0.1, 0.5, 2.0]
 
 
+def test_a_trace_is_rescaled_to_a_mean_rate_keeping_its_shape(tmp_path: Path) -> None:
+    trace = tmp_path / "t.txt"
+    trace.write_text("\n".join(str(x) for x in (0.0, 0.1, 0.2, 1.0, 3.0)))  # 4 gaps in 3 s
+    s = schedule("trace", 0, 0.0, trace=trace, trace_rate_rps=40.0)
+    assert s.offsets_s.size == 5 and (s.offsets_s.size - 1) / s.offsets_s[-1] == pytest.approx(40.0)
+    gaps = np.diff(s.offsets_s)
+    assert gaps.tolist() == pytest.approx((np.diff([0.0, 0.1, 0.2, 1.0, 3.0]) * gaps[0] / 0.1).tolist())
+
+
+def test_a_trace_file_implies_the_trace_pattern_and_refuses_another(tmp_path: Path) -> None:
+    import argparse
+
+    from anvil_client.bench.cli import resolve_arrivals
+
+    trace = tmp_path / "t.txt"
+    args = argparse.Namespace(trace=trace, pattern=None, rate=None)
+    resolve_arrivals(args)
+    assert (args.pattern, args.trace_rate) == ("trace", None)  # as recorded (it ran Poisson before)
+    args = argparse.Namespace(trace=trace, pattern=None, rate=300.0)
+    resolve_arrivals(args)
+    assert (args.pattern, args.trace_rate) == ("trace", 300.0)
+    with pytest.raises(ValueError, match="cannot be combined with --pattern poisson"):
+        resolve_arrivals(argparse.Namespace(trace=trace, pattern="poisson", rate=None))
+    with pytest.raises(ValueError, match="needs --trace"):
+        resolve_arrivals(argparse.Namespace(trace=None, pattern="trace", rate=None))
+    args = argparse.Namespace(trace=None, pattern=None, rate=None)
+    resolve_arrivals(args)
+    assert (args.pattern, args.rate) == ("poisson", 200.0)
+
+
 def test_priority_mix_and_bodies() -> None:
     assert parse_mix("1:1,3:3") == {1: 0.25, 3: 0.75}
     with pytest.raises(ValueError):

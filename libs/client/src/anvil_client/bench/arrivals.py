@@ -56,13 +56,15 @@ def schedule(
     burst_len_s: float | None = None,
     period_s: float = 2.0,
     trace: Path | None = None,
+    trace_rate_rps: float | None = None,
 ) -> Schedule:
     """Arrival offsets for one run.
 
     poisson: exponential gaps at `rate_rps`. constant: evenly spaced. step: Poisson at `rate_rps`, with
     `burst_factor` x the rate from `burst_at_s` (default a third in) for `burst_len_s` (a third).
     onoff: Poisson at `rate_rps` for half of each `period_s`, silent for the other half.
-    trace: one send offset in seconds per line of `trace` (sorted; lines after `duration_s` dropped).
+    trace: one send offset in seconds per line of `trace` (sorted; lines after `duration_s` dropped),
+    time-scaled so its mean rate is `trace_rate_rps` when that is given (the shape of the bursts kept).
     """
     rng = np.random.default_rng(seed)
     if pattern == "poisson":
@@ -92,6 +94,14 @@ def schedule(
         t = np.sort(np.array([float(x) for x in lines if x], dtype=np.float64))
         if t.size and t[0] < 0:
             raise ValueError("trace offsets must be >= 0 s")
+        if trace_rate_rps is not None:
+            if trace_rate_rps <= 0:
+                raise ValueError(f"a trace's rate must be > 0 req/s, got {trace_rate_rps:g}")
+            span = float(t[-1] - t[0]) if t.size > 1 else 0.0
+            if span <= 0:
+                raise ValueError("a trace needs two or more distinct offsets to be rescaled to a rate")
+            t = (t - t[0]) * ((t.size - 1) / span / trace_rate_rps)  # mean rate -> trace_rate_rps
+            rate_rps = trace_rate_rps
         t = t[t <= duration_s] if duration_s > 0 else t
         duration_s = float(t[-1]) if duration_s <= 0 and t.size else duration_s
     else:

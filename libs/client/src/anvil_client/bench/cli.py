@@ -58,12 +58,21 @@ def add_bench_command(sub: Any) -> None:
     p.add_argument("--model", default="mlp")
     p.add_argument("--rows", type=int, default=1, help="rows per request")
     p.add_argument("--width", type=int, help="features per row (default: from the model's metadata)")
-    p.add_argument("--pattern", choices=PATTERNS, default="poisson")
-    p.add_argument("--rate", type=float, default=200.0, help="mean offered load, req/s")
+    p.add_argument(
+        "--pattern", choices=PATTERNS, default=None, help="arrivals (default: poisson; trace with --trace)"
+    )
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="mean offered load, req/s (default 200; a trace: as recorded)",
+    )
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load")
     p.add_argument("--burst-factor", type=float, default=4.0, help="step: rate multiplier in the burst")
     p.add_argument("--period", type=float, default=2.0, help="onoff: seconds per on+off cycle")
-    p.add_argument("--trace", type=Path, help="trace: file of send offsets in s, one per line")
+    p.add_argument(
+        "--trace", type=Path, help="replay this file of send offsets in s, one per line (rescaled by --rate)"
+    )
     p.add_argument("--concurrency", type=int, help="closed loop with N clients instead of open loop")
     p.add_argument("--priority-mix", default="2", help="e.g. 1:0.2,2:0.5,3:0.3 (weights)")
     p.add_argument("--tenant-key", action="append", default=[], help="API key (repeat: round-robin)")
@@ -111,6 +120,7 @@ async def run_load(
                 burst_factor=args.burst_factor,
                 period_s=args.period,
                 trace=args.trace,
+                trace_rate_rps=args.trace_rate,
             )
             result = await engine.run_open(sched, on_tick)
     finally:
@@ -119,7 +129,27 @@ async def run_load(
     return result, batches
 
 
+def resolve_arrivals(args: argparse.Namespace) -> None:
+    """Fill args.pattern, args.rate and args.trace_rate: a trace file implies the trace pattern (it
+    was silently ignored under the default Poisson load), and --rate then rescales the trace."""
+    if args.trace is not None:
+        if args.pattern not in (None, "trace"):
+            raise ValueError(f"--trace replays a file; it cannot be combined with --pattern {args.pattern}")
+        args.pattern, args.trace_rate, args.rate = "trace", args.rate, args.rate or 0.0
+        return
+    if args.pattern == "trace":
+        raise ValueError("--pattern trace needs --trace FILE")
+    args.pattern = args.pattern or "poisson"
+    args.rate = 200.0 if args.rate is None else args.rate
+    args.trace_rate = None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        resolve_arrivals(args)
+    except ValueError as exc:
+        print(f"anvil bench: {exc}", file=sys.stderr)
+        return 2
     state = _state()
     url, sched_metrics = default_urls(state)
     url = (args.url or url).rstrip("/")
