@@ -1,0 +1,100 @@
+"""Where a running stack spends its time under load: py-spy samples of the gateway, scheduler and
+executor processes while a closed-loop /v1/embeddings load runs, summarized as each process's
+hottest functions (share of its samples, self and total).
+
+    python bench/profile_stack.py --model minilm-gpu --concurrency 64 --seconds 10 --out-dir OUT
+
+Needs py-spy on PATH and permission to ptrace the services (root). The load is the same as
+bench/minilm_gpu.py's (requests of --per-request corpus-v2 sentences).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from corpus import sentences  # noqa: E402
+from minilm_gpu import load  # noqa: E402
+
+SERVICES = {"gateway": "anvil_gateway", "scheduler": "anvil_scheduler", "executor": "anvil_executor"}
+
+
+def pids() -> dict[str, int]:
+    out = {}
+    for name, module in SERVICES.items():
+        found = subprocess.run(
+            ["pgrep", "-f", "--", f"-m {module}"], capture_output=True, text=True
+        ).stdout.split()
+        if found:
+            out[name] = int(found[0])
+    return out
+
+
+def summarize(raw: Path, top: int) -> list[dict[str, object]]:
+    """Collapsed stacks ('f1;f2;f3 count' per line) -> the hottest functions by self and total share."""
+    self_n: collections.Counter[str] = collections.Counter()
+    total_n: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        frames = stack.split(";")
+        self_n[frames[-1]] += n
+        for f in set(frames):
+            total_n[f] += n
+    rows = []
+    for f, n in self_n.most_common(top):
+        share = {"self_pct": round(100 * n / samples, 1), "total_pct": round(100 * total_n[f] / samples, 1)}
+        rows.append({"function": f, **share})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="http://localhost:8000")
+    ap.add_argument("--model", default="minilm-gpu")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--per-request", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=10.0, help="sampling time, s (the load runs 4 s longer)")
+    ap.add_argument("--out-dir", type=Path, default=Path("."))
+    args = ap.parse_args()
+    texts = sentences(1000)
+    result: dict[str, object] = {}
+
+    def drive() -> None:
+        result["load"] = asyncio.run(
+            load(args.url, args.model, texts, args.per_request, args.concurrency, args.seconds + 4)
+        )
+
+    loader = threading.Thread(target=drive)
+    loader.start()
+    time.sleep(2)  # past the ramp
+    procs = {}
+    for name, pid in pids().items():
+        raw = args.out_dir / f"pyspy_{name}.txt"
+        cmd = ["py-spy", "record", "-p", str(pid), "-d", str(int(args.seconds)), "-r", "200"]
+        cmd += ["-f", "raw", "-o", str(raw), "--nonblocking", "--threads"]
+        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), raw)
+    for name, (p, raw) in procs.items():
+        p.wait()
+        err = (p.stderr.read() if p.stderr else b"").decode()[-500:]
+        result[name] = summarize(raw, 15) if raw.exists() else {"error": err}
+    loader.join()
+    print(json.dumps(result, indent=1))
+    (args.out_dir / "profile_stack.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
