@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.pipeline import compile_model
@@ -17,6 +16,9 @@ from anvil_executor.device import DeviceError, DeviceSpec, open_device, parse_de
 from anvil_executor.plan_runtime.buckets import Buckets, batch_buckets, seq_buckets
 from anvil_executor.plan_runtime.launch import resolve_launches
 from anvil_executor.plan_runtime.plan import load_plan
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "compiler" / "tests"))
+from onnx_models import mlp_bytes
 
 
 def test_parse_device_accepts_cpu_and_cuda_ordinals_only() -> None:
@@ -59,21 +61,8 @@ def test_buckets_cover_every_shape_with_bounded_padding() -> None:
 
 
 def _mlp_plan(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    w1 = rng.standard_normal((32, 64)).astype(np.float32)
-    w2 = rng.standard_normal((64, 8)).astype(np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
-            helper.make_node("Relu", ["h"], ["r"]),
-            helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"),
-        ],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
-    )
-    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    """x (b, 32) -> MatMul + bias + Relu (64) -> MatMul (8), compiled without building kernels."""
+    data = mlp_bytes(d_in=32, hidden=64, d_out=8)
     opts = CompileOptions(quantize=False, max_batch=8)
     compile_model("onnx", data, "mlp", opts, tmp_path, "k1", build=False)
     return tmp_path / "plan.bin"

@@ -1,4 +1,10 @@
-"""CUDA kernels for Anvil (sm_90). CuPy is imported lazily, only where a GPU call is made."""
+"""CUDA kernels for Anvil (sm_90). CuPy is imported lazily, only where a GPU call is made.
+
+``PLAN_COMMON``: the device helpers (fp16 loads, activations, block reductions) that every compiled
+plan kernel and the executor's GPU epilogue include, kept in one file.
+"""
+
+from pathlib import Path
 
 from anvil_kernels.cuda.w4a16 import (
     OPS,
@@ -15,8 +21,11 @@ from anvil_kernels.cuda.w4a16 import (
     w4a16_source,
 )
 
+PLAN_COMMON = Path(__file__).with_name("plan_common.cuh")
+
 __all__ = [
     "OPS",
+    "PLAN_COMMON",
     "LaunchPlan",
     "Variant",
     "W4A16Linear",

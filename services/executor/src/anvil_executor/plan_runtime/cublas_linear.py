@@ -7,7 +7,8 @@ faster (MiniLM's linears are >90% of its FLOPs). A ``GemmStep`` replaces such an
     out (M, N) = LN?(act(tmp + bias) + residual)      one epilogue kernel, one block per row
 
 the same semantics as the op's CPU twin (``ops.linear``). INT4 linears keep the plan's kernel. The
-epilogue source is compiled once per process (NVRTC) and counted as a module load.
+epilogue source (``PLAN_COMMON``'s helpers, shared with the compiler's kernels, plus one kernel) is
+compiled once per process (NVRTC) and counted as a module load.
 """
 
 from __future__ import annotations
@@ -20,31 +21,13 @@ import numpy as np
 from anvil_executor.plan_runtime.io import _l
 from anvil_executor.plan_runtime.ops import ACT_CODES
 from anvil_executor.plan_runtime.plan import DTYPES, _s, attrs_of, eval_dim
+from anvil_kernels.cuda import PLAN_COMMON
 
 __all__ = ["EPILOGUE_SOURCE", "GemmStep", "gemm_ops"]
 
-EPILOGUE_SOURCE = r"""
-__device__ __forceinline__ float anvil_act(float v, int act) {
-  switch (act) {  // codes as anvil_executor.plan_runtime.ops.ACT_CODES
-    case 1: return v > 0.f ? v : 0.f;
-    case 2: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-    case 3: return 0.5f * v * (1.f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-    case 4: return v / (1.f + expf(-v));
-    case 5: return 1.f / (1.f + expf(-v));
-    case 6: return tanhf(v);
-    default: return v;
-  }
-}
-__device__ __forceinline__ float anvil_block_sum(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float t = 0.f;
-  for (int w = 0; w < warps; ++w) t += red[w];
-  return t;
-}
+EPILOGUE_SOURCE = (
+    PLAN_COMMON.read_text()
+    + r"""
 // out[row] = LN?(act(tmp[row] + bias) + res[row]); one block per row, buf: n floats of smem when ln.
 extern "C" __global__ void anvil_gemm_epilogue(const float* tmp, const float* bias, const float* res,
     const float* gamma, const float* beta, float* out, int n, int act, int ln, float eps) {
@@ -68,6 +51,7 @@ extern "C" __global__ void anvil_gemm_epilogue(const float* tmp, const float* bi
     out[base + i] = (buf[i] - mean) * inv * gamma[i] + beta[i];
 }
 """
+)
 
 
 @dataclass(frozen=True, slots=True)

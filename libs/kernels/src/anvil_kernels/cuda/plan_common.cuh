@@ -1,4 +1,6 @@
-// Shared device helpers for Anvil's generated kernels (no system headers: NVRTC-compatible).
+// Shared device helpers (no system headers: NVRTC-compatible), defined once for the compiler's generated
+// kernels (anvil_compiler.codegen.build puts this first in every kernels.cu) and the executor's GPU
+// epilogue (anvil_executor.plan_runtime.cublas_linear). Activation codes as anvil_kernels.activations.
 #ifndef ANVIL_COMMON_CUH
 #define ANVIL_COMMON_CUH
 // fp16 is read as its 16-bit pattern and converted with one PTX instruction, so no CUDA header is
