@@ -6,14 +6,15 @@ scheduler's published p1 p99 loses headroom, lowers the priority-3 tenant's toke
 share rises), priority 1 keeps >= 99% of its requests within its SLO, and once the hog stops the rate
 climbs back to its base. The decisions are on `anvil:events` and on qos's /metrics.
 
-Calibration, measured on the 2-core CI-like machine (the load generator, the five services, Redis and
-the hog share 2 cores; numbers from `tests/integration/test_qos_stack.py` runs):
+Calibration: the test sets no run-queue threshold. qos learns the executor's calm level while the
+calm load runs (the test waits until qos's registry record says so) and must act on the hog relative
+to it, with the product's floors and ceilings (docs/qos.md, "Calibration"):
 - The hog is a busy loop pinned to the executor's core, in its own session whose autogroup nice is
   -5 (every service runs in its own session, so a plain nice would not weigh against the executor's
-  autogroup): the executor keeps ~25% of that core. Executor run-queue p99: 3-7 ms idle or loaded,
-  16-27 ms under the hog. Threshold 12 ms; pressure clears below 0.7 x (8.4 ms). Where eBPF cannot
-  load, qos falls back to the mean wait from /proc/<pid>/schedstat: 0.1-1.1 ms idle or loaded, 2-4 ms
-  under the hog; threshold 2 ms (clears below 1.4 ms).
+  autogroup): the executor keeps ~25% of that core. Measured before calibration on the Intel CI VM:
+  executor run-queue p99 3-7 ms idle or loaded, 16-27 ms under the hog; /proc mean 0.1-1.1 ms calm,
+  2-4 ms under the hog. An AMD EPYC VM showed ~4 ms p99 at idle, which a fixed 6-12 ms threshold
+  tuned here could not separate from the hog.
 - Priority 1's SLO is 80 ms here (the default 50 ms leaves no room for a load generator sharing two
   cores with the stack): p1 p99 13-14 ms unloaded, 55-57 ms over the hog phase (the scheduler's
   published p99 reached 53-58 ms when qos first acted; with the SLO at 100 ms, where a slower stack
@@ -69,8 +70,7 @@ ENV = {
     "ANVIL_HEALTHY_HOLD_MS": "2000",
     "ANVIL_HEADROOM_LOW": "0.5",
     "ANVIL_HEADROOM_OK": "0.6",
-    "ANVIL_RUNQ_P99_US_MAX": "12000",
-    "ANVIL_RUNQ_MEAN_US_MAX": "2000",
+    "ANVIL_BASELINE_MIN_SAMPLES": "12",  # 3 s of calm load at 250 ms ticks
     "ANVIL_PRESSURE_CLEAR_RATIO": "0.7",
 }
 
@@ -114,6 +114,16 @@ def hog_cpu() -> Iterator[int]:
     if os.geteuid() != 0:
         pytest.skip("the hog needs a negative autogroup nice (root) to outweigh the executor")
     yield max(os.sched_getaffinity(0))
+
+
+def _executor_baselines(r: redis.Redis) -> dict[str, dict[str, Any]]:
+    """The run-queue baselines qos's registry record shows for executors ("name subject" -> fields)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in r.keys("anvil:svc:qos:*"):
+        for what, b in json.loads(r.hget(key, "baselines") or "{}").items():
+            if what.startswith("runq_") and " executor:" in what:
+                out[what] = b
+    return out
 
 
 def _pin(pid: int, cpu: int) -> None:
@@ -161,6 +171,8 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
         calm = _load(stack.url, keys, 6, seed=1)
         assert rate() == P3_BASE, "qos throttled without a hog"
         assert _share(calm[1], 429) < 0.05, calm[1].reasons
+        learned = _executor_baselines(r)
+        assert learned and all(b["ready"] for b in learned.values()), f"qos learned no calm level: {learned}"
 
         hog = _start_hog(hog_cpu)
         hogged = _load(stack.url, keys, 14, seed=2)
@@ -193,7 +205,7 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
             f"p3 429 share: calm {_share(calm[1], 429):.1%}, hog {_share(hogged[1], 429):.1%} "
             f"({share:.1%} once throttled), "
             f"after {_share(after[1], 429):.1%}; p1 within {SLO_P1_MS} ms: {met}/{sent}; "
-            f"decreases {len(throttled)}, first: {throttled[0]['reason']}"
+            f"decreases {len(throttled)}, first: {throttled[0]['reason']}; calm baselines {learned}"
         )
         assert met >= 0.99 * sent, f"priority 1: {met} of {sent} within {SLO_P1_MS} ms"
 

@@ -175,7 +175,9 @@ def test_qos_throttles_p3_under_a_cpu_hog_and_restores_after(
         log.flush()
         tail = "\n".join((tmp_path / "qos.log").read_text().splitlines()[-25:])
         records = {k: r.hgetall(k) for k in r.keys("anvil:svc:qos:*")}
-        raise AssertionError(f"{exc}\nqos record: {records}\n--- qos log (last 25 lines) ---\n{tail}") from exc
+        raise AssertionError(f"{exc}\nqos record: {records}\n--- qos log (last 25 lines) ---\n{tail}") from (
+            exc
+        )
     finally:
         world.stop.set()
         world.join(5)
