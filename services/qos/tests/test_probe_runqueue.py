@@ -44,10 +44,18 @@ def _kernel(pid: int) -> tuple[int, int]:
     return sum(t[1] for t in threads.values()), sum(t[2] for t in threads.values())
 
 
-def _window(probe: object, pid: int, seconds: float) -> tuple[ProcessSample, ProcessSample, int, int]:
+def _window(
+    probe: object, pid: int, min_s: float = 1.5, min_slices: int = 150, max_s: float = 10.0
+) -> tuple[ProcessSample, ProcessSample, int, int]:
+    """Readings around a window of at least `min_s` that lasts until the process ran `min_slices`
+    timeslices (a loaded host starves the sleeper beside a nice -19 hog: ~35 slices/s were seen),
+    at most `max_s`."""
     k0, s0 = _kernel(pid)
     (r0,) = probe.read()  # type: ignore[attr-defined]
-    time.sleep(seconds)
+    start = time.monotonic()
+    time.sleep(min_s)
+    while _kernel(pid)[1] - s0 < min_slices and time.monotonic() - start < max_s:
+        time.sleep(0.1)
     k1, s1 = _kernel(pid)
     (r1,) = probe.read()  # type: ignore[attr-defined]
     return r0, r1, k1 - k0, s1 - s0
@@ -66,7 +74,7 @@ def test_hog_on_the_same_core_raises_run_queue_delay_and_agrees_with_schedstat(
         if phase == "hog":
             hog(cpu, -19)  # 68:1 against the sleeper: it must queue, whatever else runs here
             time.sleep(0.2)
-        r0, r1, kernel_ns, slices = _window(probe, target.pid, 1.5)
+        r0, r1, kernel_ns, slices = _window(probe, target.pid)
         assert r0.runq_hist is not None and r1.runq_hist is not None
         hist: Log2Histogram = r1.runq_hist.delta(r0.runq_hist)
         waits = r1.runq_events - r0.runq_events
