@@ -122,7 +122,8 @@ class Qos:
         self.notes = sample.notes
         self._say(sample.notes)
         self.measures = self.meter.update(sample)
-        self.calibrator.retain(m.subject for m in self.measures)
+        # Baselines of targets that left are dropped (a target idle for a window keeps its own).
+        self.calibrator.retain([f"{t.kind}:{t.id}" for t in targets] + [f"port:{p}" for p in self.s.ports])
         self.exporter.observe(sample, self.measures, self.calibrator.baselines())
         slo = parse_slo(_strs(await redis.hgetall(keys.slo_key())))
         bases, errors = parse_bases(self.s.base_rates, _strs(await redis.hgetall(BASE_KEY)))
