@@ -31,9 +31,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -49,6 +50,11 @@ pytestmark = pytest.mark.integration
 SLO_P1_MS = 80
 P1_RPS, P3_RPS, P3_BASE, P3_BURST = 20.0, 60.0, 80.0, 20
 HOG_AUTOGROUP_NICE = -5
+# If p1 keeps its headroom (qos rightly does nothing), the hog is too weak for this host: it is made
+# heavier step by step. Measured on the Intel VM: at -5 p1's p99 reached 44-57 ms in most runs and
+# 23 ms in one (executor p99 12 ms instead of 29 ms), where qos saw pressure but p1 was never at risk.
+HOG_ESCALATION = (-8, -11)
+ESCALATE_AFTER_S = 4.0
 HOG = """
 import os, sys
 os.sched_setaffinity(0, {int(sys.argv[1])})
@@ -126,6 +132,14 @@ def _executor_baselines(r: redis.Redis) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _qos_view(stack: Any, r: redis.Redis) -> str:
+    """What qos saw (for failure messages): its measures now, its baselines and p1's SLO reading."""
+    port = stack.env["ANVIL_QOS_METRICS_PORT"]
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    measures = [ln for ln in body.splitlines() if ln.startswith("anvil_qos_measure{")]
+    return f"measures {measures}; baselines {_executor_baselines(r)}; slo {r.hget('anvil:slo', '1')!r}"
+
+
 def _pin(pid: int, cpu: int) -> None:
     for tid in os.listdir(f"/proc/{pid}/task"):
         os.sched_setaffinity(int(tid), {cpu})
@@ -133,12 +147,27 @@ def _pin(pid: int, cpu: int) -> None:
 
 def _start_hog(cpu: int) -> subprocess.Popen[bytes]:
     hog = subprocess.Popen([sys.executable, "-c", HOG, str(cpu)], start_new_session=True)
-    try:
-        with open(f"/proc/{hog.pid}/autogroup", "w") as f:  # its own session: its own autogroup
-            f.write(str(HOG_AUTOGROUP_NICE))
-    except FileNotFoundError:  # kernel without autogroups: a plain nice weighs the same
-        os.setpriority(os.PRIO_PROCESS, hog.pid, HOG_AUTOGROUP_NICE)
+    _weigh(hog.pid, HOG_AUTOGROUP_NICE)
     return hog
+
+
+def _weigh(pid: int, nice: int) -> None:
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:  # its own session: its own autogroup
+            f.write(str(nice))
+    except FileNotFoundError:  # kernel without autogroups: a plain nice weighs the same
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+
+
+def _escalate(hog: subprocess.Popen[bytes], events: list[dict[str, Any]], stop: threading.Event) -> list[int]:
+    """While no decrease came, make the hog heavier every ESCALATE_AFTER_S (the nices used)."""
+    used = [HOG_AUTOGROUP_NICE]
+    for nice in HOG_ESCALATION:
+        if stop.wait(ESCALATE_AFTER_S) or any(e.get("event") == "qos.decrease" for e in events):
+            break
+        _weigh(hog.pid, nice)
+        used.append(nice)
+    return used
 
 
 def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
@@ -175,9 +204,19 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
         assert learned and all(b["ready"] for b in learned.values()), f"qos learned no calm level: {learned}"
 
         hog = _start_hog(hog_cpu)
+        stop_escalating = threading.Event()
+        nices: list[int] = []
+        escalator = threading.Thread(
+            target=lambda: nices.extend(
+                _escalate(cast(subprocess.Popen[bytes], hog), events, stop_escalating)
+            )
+        )
+        escalator.start()
         hogged = _load(stack.url, keys, 14, seed=2)
+        stop_escalating.set()
+        escalator.join(10)
         throttled = [e for e in events if e.get("event") == "qos.decrease"]
-        assert throttled, f"qos never throttled; limit now {rate()}"
+        assert throttled, f"qos never throttled; limit now {rate()}; {_qos_view(stack, r)}"
         assert {e["key"] for e in throttled} == {"bulk:3"} and {e["cause"] for e in throttled} == {
             "cpu_runqueue"
         }
@@ -205,7 +244,8 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
             f"p3 429 share: calm {_share(calm[1], 429):.1%}, hog {_share(hogged[1], 429):.1%} "
             f"({share:.1%} once throttled), "
             f"after {_share(after[1], 429):.1%}; p1 within {SLO_P1_MS} ms: {met}/{sent}; "
-            f"decreases {len(throttled)}, first: {throttled[0]['reason']}; calm baselines {learned}"
+            f"decreases {len(throttled)}, first: {throttled[0]['reason']}; calm baselines {learned}; "
+            f"hog autogroup nice {nices}"
         )
         assert met >= 0.99 * sent, f"priority 1: {met} of {sent} within {SLO_P1_MS} ms"
 
