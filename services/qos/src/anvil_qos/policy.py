@@ -170,7 +170,9 @@ class Policy:
             (m, thresholds[(m.name, m.subject)]) for m in measures if (m.name, m.subject) in thresholds
         ]
         over = sorted(
-            ((m, t) for m, t in governed if m.value > t), key=lambda mt: mt[0].value / mt[1], reverse=True
+            ((m, t) for m, t in governed if m.value > t),
+            key=lambda mt: mt[0].value / max(mt[1], 1e-12),
+            reverse=True,
         )
         calm = all(m.value <= t * self.cfg.clear_ratio for m, t in governed)
         if state == "risk":
