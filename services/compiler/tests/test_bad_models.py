@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-pytest.importorskip("onnx")
-
 from onnx_models import mismatched_bytes, mlp_bytes
 
 from anvil_compiler.errors import CompileError

@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-ort = pytest.importorskip("onnxruntime")
+torch = pytest.importorskip(
+    "torch", reason="torch is a test-only package that .ci/run installs (CPU wheel); not in the uv lock"
+)
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is a test-only package that .ci/run installs")
 
 from torch_models import export_bert, export_mlp  # noqa: E402
 

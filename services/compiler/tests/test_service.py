@@ -11,9 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-pytest.importorskip("onnx")
-
 from fastapi.testclient import TestClient
 from onnx_models import mlp_bytes
 

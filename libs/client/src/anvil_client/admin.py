@@ -78,12 +78,33 @@ def qos_clear(args: argparse.Namespace) -> int:
 
 
 def qos_show(args: argparse.Namespace) -> int:
-    limits = {str(k): str(v) for k, v in _redis(args).hgetall(keys.qos_limits_key()).items()}
+    r = _redis(args)
+    limits = {str(k): str(v) for k, v in r.hgetall(keys.qos_limits_key()).items()}
     if not limits:
         print("no limits (every tenant unlimited)")
     for field, raw in sorted(limits.items()):
         print(f"{field:<24} {raw}")
+    for key in sorted(r.scan_iter(keys.svc_pattern("qos"))):
+        print("\n".join(_qos_record_lines(str(key), {str(k): str(v) for k, v in r.hgetall(key).items()})))
     return 0
+
+
+def _qos_record_lines(key: str, rec: dict[str, str]) -> list[str]:
+    """A qos registry record for people: its mode and the baselines it learned on its host."""
+    out = [f"{key}: mode={rec.get('mode', '?')}" + (f" ({rec['reason']})" if rec.get("reason") else "")]
+    try:
+        baselines: dict[str, dict[str, Any]] = json.loads(rec.get("baselines") or "{}")
+    except ValueError:
+        baselines = {}
+    if not baselines:
+        out.append("  no baselines learned yet")
+    for what, b in sorted(baselines.items()):
+        state = "learned" if b.get("ready") else "learning (ceiling acts)"
+        out.append(
+            f"  {what:<36} calm median {b.get('median')} mad {b.get('mad')} -> threshold "
+            f"{b.get('threshold')} [{b.get('samples')} calm ticks, {state}]"
+        )
+    return out
 
 
 def tenant_add(args: argparse.Namespace) -> int:
@@ -135,7 +156,9 @@ def add_admin_commands(sub: Any) -> None:
     c = qsub.add_parser("clear", help="remove one limit (tenant:priority) or all")
     c.add_argument("field", nargs="?")
     c.set_defaults(fn=_guard(qos_clear))
-    qsub.add_parser("show", help="list limits").set_defaults(fn=_guard(qos_show))
+    qsub.add_parser("show", help="list limits and what each qos learned (mode, baselines)").set_defaults(
+        fn=_guard(qos_show)
+    )
 
     ten = sub.add_parser("tenant", help="tenants and API keys (anvil:tenants)")
     ten.add_argument("--redis-url", default=None)

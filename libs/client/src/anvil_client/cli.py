@@ -17,6 +17,7 @@ from anvil_client.admin import add_admin_commands
 from anvil_client.bench import add_bench_command
 from anvil_client.demo import run_demo
 from anvil_client.deploy import add_deploy_commands
+from anvil_client.doctor import add_doctor_command
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
 from anvil_client.procs import running, stop_group
 
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_commands(sub)
     add_deploy_commands(sub)
     add_bench_command(sub)
+    add_doctor_command(sub)
     return parser
 
 

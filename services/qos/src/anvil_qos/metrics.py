@@ -6,8 +6,11 @@ eBPF p99 unknowingly. Label sets of targets that left are removed, so churn does
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import Counter, Gauge
 
+from anvil_qos.baseline import Baseline
 from anvil_qos.policy import Decision
 from anvil_qos.samples import Sample
 from anvil_qos.signals import Measure
@@ -35,6 +38,16 @@ gpu_launches = Gauge("anvil_qos_gpu_launches_total", "cuLaunchKernel* calls sinc
 gpu_wait = Gauge(
     "anvil_qos_gpu_sync_wait_seconds_total", "Time blocked in cu*Synchronize since probed", ["kind", "id"]
 )
+idle_wake_seconds = Gauge(
+    "anvil_qos_idle_wake_seconds_total",
+    "Waits that ended on an idle CPU (its exit, not a queue; eBPF only), since probed",
+    ["kind", "id"],
+)
+baseline_gauge = Gauge(
+    "anvil_qos_baseline",
+    "Learned calm level of a measure on this host (stat: median, mad, threshold, samples)",
+    ["name", "subject", "stat"],
+)
 decisions_total = Counter("anvil_qos_decisions", "Throttling decisions", ["action", "cause"])
 rate_gauge = Gauge(
     "anvil_qos_rate_rps", "Current limit qos sets, by tenant and priority", ["tenant", "priority"]
@@ -53,7 +66,7 @@ class Exporter:
         gauge.labels(*labels).set(value)
         seen.setdefault(gauge, set()).add(labels)
 
-    def observe(self, sample: Sample, measures: list[Measure]) -> None:
+    def observe(self, sample: Sample, measures: list[Measure], baselines: Sequence[Baseline] = ()) -> None:
         mode = sample.mode
         seen: dict[Gauge, set[tuple[str, ...]]] = {}
         kinds: dict[str, int] = {}
@@ -62,6 +75,8 @@ class Exporter:
             ids = (p.target.kind, p.target.id, mode)
             self._set(runq_seconds, ids, p.runq_delay_ns / 1e9, seen)
             self._set(cpu_seconds, ids, p.cpu_ns / 1e9, seen)
+            if mode == "ebpf":
+                self._set(idle_wake_seconds, ids[:2], p.idle_wake_ns / 1e9, seen)
         for kind, n in kinds.items():
             self._set(targets_gauge, (kind,), n, seen)
         for t in sample.tcp:
@@ -73,7 +88,13 @@ class Exporter:
             self._set(gpu_wait, (g.target.kind, g.target.id), g.sync_wait_ns / 1e9, seen)
         for m in measures:
             self._set(measure_gauge, (m.name, m.subject, mode), m.value, seen)
+        for b in baselines:
+            for stat, value in (("median", b.median), ("mad", b.mad), ("threshold", b.threshold)):
+                self._set(baseline_gauge, (b.name, b.subject, stat), value, seen)
+            self._set(baseline_gauge, (b.name, b.subject, "samples"), b.samples, seen)
         for gauge in (
+            idle_wake_seconds,
+            baseline_gauge,
             targets_gauge,
             runq_seconds,
             cpu_seconds,

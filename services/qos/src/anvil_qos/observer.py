@@ -96,10 +96,12 @@ class EbpfObserver:
 def open_observer(force_procfs: bool = False, cuda_library: str = "", cuda_probe: bool = True) -> Observer:
     """The eBPF observer where it can load, else the /proc one carrying the reason (never raises
     for a missing capability: qos always runs, honestly labelled)."""
-    reason = "procfs forced by settings (ANVIL_FORCE_PROCFS)" if force_procfs else unavailable_reason()
+    if force_procfs:
+        return ProcfsObserver("procfs forced by settings (ANVIL_FORCE_PROCFS)")
+    reason = unavailable_reason()
     if not reason:
         try:
             return EbpfObserver(cuda_library, cuda_probe)
         except BpfUnavailable as exc:
             reason = str(exc)
-    return ProcfsObserver(reason)
+    return ProcfsObserver(f"{reason} (`anvil doctor` lists each missing item and its fix)")

@@ -4,7 +4,9 @@ Each tick `Policy.step(now, slo, measures, bases)` returns the limit changes to 
 
 - **Decrease** (multiplicative): when p1 is *at risk* — attainment below `attainment_low` or latency
   headroom (1 - p99/SLO) below `headroom_low`, over at least `min_requests` requests — AND a pressure
-  measure is over its threshold (the "explaining" signal, named in the reason). The lowest class
+  measure is over its threshold (the "explaining" signal, named in the reason). Thresholds come per
+  (measure, subject) from the caller — the service passes those `baseline.Calibrator` learned on
+  this host — else from `PolicyConfig.thresholds` by measure name. The lowest class
   first: every priority-3 limit x `md_factor`, at most once per `md_interval_s`; priority 2 only once
   all priority-3 limits sit at their floor (`floor_frac` x base).
 - **No explanation, no action.** p1 at risk with every pressure under threshold means the cause is
@@ -129,6 +131,17 @@ class Policy:
         self._adopted: dict[str, float] = {}
         self._last_md = self._last_ai = self._last_unexplained = float("-inf")
         self._healthy_since: float | None = None
+        self.state = "healthy"  # of p1 at the last step: "risk" | "healthy" | "watch"
+
+    def settled(self, now: float, quiet_s: float) -> bool:
+        """p1 healthy at the last step, no governed limit below its base and no decrease for `quiet_s`:
+        what the measures show now is this host calm (the service learns baselines only then)."""
+        throttled = any(
+            self.rates.get(k, b.rate_rps) < b.rate_rps
+            for k, b in self.bases.items()
+            if self.governed_priority(k)
+        )
+        return self.state == "healthy" and not throttled and now - self._last_md >= quiet_s
 
     def adopt(self, current: Mapping[str, float]) -> None:
         """Start from the rates a previous qos left in `anvil:qos:limits` (restart keeps throttles)."""
@@ -140,18 +153,28 @@ class Policy:
         slo: Mapping[int, SloReading],
         measures: Sequence[Measure],
         bases: Mapping[str, BaseRate],
+        thresholds: Mapping[tuple[str, str], float] | None = None,
     ) -> list[Decision]:
+        """`thresholds`: (measure name, subject) -> threshold; measures without one are informational.
+        None: `PolicyConfig.thresholds` by measure name."""
         decisions = self._sync_bases(now, bases)
         state, p1 = self._assess_p1(now, slo)
-        thresholds = self.cfg.thresholds
+        self.state = state
+        if thresholds is None:
+            thresholds = {
+                (m.name, m.subject): self.cfg.thresholds[m.name]
+                for m in measures
+                if m.name in self.cfg.thresholds
+            }
+        governed = [
+            (m, thresholds[(m.name, m.subject)]) for m in measures if (m.name, m.subject) in thresholds
+        ]
         over = sorted(
-            (m for m in measures if m.name in thresholds and m.value > thresholds[m.name]),
-            key=lambda m: m.value / thresholds[m.name],
+            ((m, t) for m, t in governed if m.value > t),
+            key=lambda mt: mt[0].value / max(mt[1], 1e-12),
             reverse=True,
         )
-        calm = all(
-            m.value <= thresholds[m.name] * self.cfg.clear_ratio for m in measures if m.name in thresholds
-        )
+        calm = all(m.value <= t * self.cfg.clear_ratio for m, t in governed)
         if state == "risk":
             self._healthy_since = None
             if over and now - self._last_md >= self.cfg.md_interval_s:
@@ -229,7 +252,7 @@ class Policy:
             out.append(self._decision(Action.BASE, key, rate, "operator", f"base {base.rate_rps:g} rps", now))
         return out
 
-    def _decrease(self, now: float, p1: str, over: Sequence[Measure]) -> list[Decision]:
+    def _decrease(self, now: float, p1: str, over: Sequence[tuple[Measure, float]]) -> list[Decision]:
         by_prio: dict[int, list[str]] = {}
         for key in self.bases:
             prio = self.governed_priority(key)
@@ -239,11 +262,9 @@ class Policy:
             return []  # every governed limit is at its floor already
         self._last_md = now
         self._last_ai = now  # a later increase waits a full interval after the last decrease
-        top = over[0]
+        top = over[0][0]
         cause = CAUSES.get(top.name, top.name)
-        why = "; ".join(
-            f"{m.name} {m.subject} {m.value:.4g} > {self.cfg.thresholds[m.name]:.4g}" for m in over[:3]
-        )
+        why = "; ".join(f"{m.name} {m.subject} {m.value:.4g} > {t:.4g}" for m, t in over[:3])
         out = []
         for key in sorted(by_prio[max(by_prio)]):
             base = self.bases[key]

@@ -40,6 +40,10 @@ class ProcessSample:
     runq_delay_ns: int  # time its threads spent runnable but waiting for a CPU
     runq_events: int  # eBPF: waits measured; /proc: timeslices run (schedstat field 3)
     runq_hist: Log2Histogram | None  # µs per wait; None where only sums exist (/proc)
+    # eBPF only: waits that ended on an idle CPU (its exit path, not a queue; charged 0 above, as the
+    # kernel's schedstat does) and their total length. 0 under /proc (schedstat cannot tell them apart).
+    idle_wake_ns: int = 0
+    idle_wakes: int = 0
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ class Qos:
         self.s = settings
         self.explicit = parse_explicit(settings.targets)
         self.policy = Policy(settings.policy_config())
+        self.calibrator = settings.calibrator()
         self.meter = PressureMeter(settings.signal_window_ms / 1000)
         self.exporter = Exporter()
         self.observer: Observer | None = None
@@ -64,6 +65,8 @@ class Qos:
             "reason": obs.reason if obs else "",
             "targets": len(self.targets),
             "notes": list(self.notes),
+            # "name subject" -> {samples, ready, median, mad, threshold}: what qos learned on this host
+            "baselines": {f"{b.name} {b.subject}": b.record() for b in self.calibrator.baselines()},
         }
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -119,11 +122,18 @@ class Qos:
         self.notes = sample.notes
         self._say(sample.notes)
         self.measures = self.meter.update(sample)
-        self.exporter.observe(sample, self.measures)
+        # Baselines of targets that left are dropped (a target idle for a window keeps its own).
+        self.calibrator.retain([f"{t.kind}:{t.id}" for t in targets] + [f"port:{p}" for p in self.s.ports])
+        self.exporter.observe(sample, self.measures, self.calibrator.baselines())
         slo = parse_slo(_strs(await redis.hgetall(keys.slo_key())))
         bases, errors = parse_bases(self.s.base_rates, _strs(await redis.hgetall(BASE_KEY)))
         self._say(errors)
-        decisions = self.policy.step(time.time(), slo, self.measures, bases)
+        now = time.time()
+        decisions = self.policy.step(
+            now, slo, self.measures, bases, self.calibrator.thresholds(self.measures)
+        )
+        if self.policy.settled(now, self.s.baseline_quiet_ms / 1000):
+            self.calibrator.learn(self.measures)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "tick",

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from anvil_core.settings import ServiceSettings
+from anvil_qos.baseline import Band, Calibrator
 from anvil_qos.policy import PolicyConfig
 
 __all__ = ["QosSettings"]
@@ -48,9 +49,28 @@ class QosSettings(ServiceSettings):
     slo_p1_ms: float = 50.0
     slo_min_requests: int = 20
     slo_stale_ms: int = 5000
-    runq_p99_us_max: float = 2000.0
-    runq_mean_us_max: float = 500.0
-    retransmits_per_s_max: float = 5.0
+    # -- calibration (anvil_qos.baseline): pressure = a measure over
+    #    clamp(max(baseline_ratio x calm median, calm median + baseline_sigmas x sigma), _min, _max)
+    # Twice the calm level and 4 sigma (MAD-based) out of the calm noise: a CPU hog on the core moved
+    # the run-queue mean 50-500x and the p99 5-50x on the CI VMs.
+    baseline_ratio: float = 2.0
+    baseline_sigmas: float = 4.0
+    # Calm ticks before a target's baseline counts (until then only the _max ceilings act): 10 s.
+    baseline_min_samples: int = 20
+    # Calm values kept per (measure, target): 2 min of ticks, a few KiB per target.
+    baseline_capacity: int = 240
+    # No learning this long after a decrease: the measures still show the pressure that caused it.
+    baseline_quiet_ms: int = 5000
+    # Floors: never pressure below (1 ms of CPU wait at p99 is 2% of p1's 50 ms SLO; a 100 µs mean
+    # wait is noise for any service). Ceilings: always pressure above, however noisy the host was
+    # when calm (20 ms at p99 is 40% of p1's SLO per hop).
+    runq_p99_us_min: float = 1000.0
+    runq_p99_us_max: float = 20000.0
+    runq_mean_us_min: float = 100.0
+    runq_mean_us_max: float = 5000.0
+    retransmits_per_s_min: float = 5.0  # loopback/LAN should see ~0
+    retransmits_per_s_max: float = 50.0
+    # An executor blocked on the GPU 95% of wall time is GPU-bound: absolute (floor = ceiling).
     gpu_sync_wait_share_max: float = 0.95
     pressure_clear_ratio: float = 0.5
     md_factor: float = 0.5
@@ -69,12 +89,7 @@ class QosSettings(ServiceSettings):
             p1_slo_ms=self.slo_p1_ms,
             min_requests=self.slo_min_requests,
             slo_stale_s=self.slo_stale_ms / 1000,
-            thresholds={
-                "runq_p99_us": self.runq_p99_us_max,
-                "runq_mean_us": self.runq_mean_us_max,
-                "retransmits_per_s": self.retransmits_per_s_max,
-                "gpu_sync_wait_share": self.gpu_sync_wait_share_max,
-            },
+            thresholds={name: band.ceiling for name, band in self.bands().items()},
             clear_ratio=self.pressure_clear_ratio,
             md_factor=self.md_factor,
             md_interval_s=self.md_interval_ms / 1000,
@@ -82,6 +97,23 @@ class QosSettings(ServiceSettings):
             ai_step_frac=self.ai_step_frac,
             ai_interval_s=self.ai_interval_ms / 1000,
             hold_s=self.healthy_hold_ms / 1000,
+        )
+
+    def bands(self) -> dict[str, Band]:
+        return {
+            "runq_p99_us": Band(self.runq_p99_us_min, self.runq_p99_us_max),
+            "runq_mean_us": Band(self.runq_mean_us_min, self.runq_mean_us_max),
+            "retransmits_per_s": Band(self.retransmits_per_s_min, self.retransmits_per_s_max),
+            "gpu_sync_wait_share": Band(self.gpu_sync_wait_share_max, self.gpu_sync_wait_share_max),
+        }
+
+    def calibrator(self) -> Calibrator:
+        return Calibrator(
+            self.bands(),
+            ratio=self.baseline_ratio,
+            sigmas=self.baseline_sigmas,
+            min_samples=self.baseline_min_samples,
+            capacity=self.baseline_capacity,
         )
 
     @property

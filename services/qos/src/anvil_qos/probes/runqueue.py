@@ -2,8 +2,21 @@
 
 A thread's run-queue delay is the time from becoming runnable — woken (`sched_wakeup`), newly created
 (`sched_wakeup_new`) or preempted while still runnable (`sched_switch` with prev_state running) — to
-being switched in (`sched_switch`, next_pid). That is what /proc/<tid>/schedstat's second field sums
-(`run_delay`), so the two can be checked against each other; the probe adds the distribution.
+being switched in (`sched_switch`, next_pid). The probe charges it the way /proc/<tid>/schedstat's
+second field (`run_delay`) does, so the two can be checked against each other, and adds the
+distribution:
+
+- **A wait that ends on an idle CPU is not run-queue delay.** When the CPU the thread was queued on
+  was idle (`sched_switch` prev_pid 0), the wait is the idle task's exit path (and, in a VM, the
+  host's delay in resuming the vCPU), not time spent behind another task. The kernel charges it
+  ~0: `wakeup_preempt()` marks the run-queue clock "skip update" when it reschedules the idle task,
+  so `__schedule()` stamps the arrival with the enqueue clock. Measured on the Intel CI VM: 2,560
+  such waits, probe 26.6 ms vs kernel 0.56 ms; on an AMD EPYC VM these exits made the probe's sum
+  4.3x schedstat's and its idle p99 ~4 ms. The probe counts such a wait (a timeslice follows) in
+  bucket 0 with no delay, and reports its length separately (`idle_wake_ns`, `idle_wakes`).
+- **A wakeup of a thread that is on a CPU starts no wait** (it was woken between setting its sleep
+  state and calling schedule(); the kernel enqueues nothing), and a thread that blocks drops any
+  pending start, so a stale timestamp never reaches a later switch-in.
 
 Only target processes are measured. The programs never read task_struct (offsets from other kernel
 headers are wrong), so a thread's process is learned from BPF helpers: in `sched_switch` the current
@@ -34,7 +47,7 @@ PROGRAM = r"""
 #define TASK_REPORT_MASK 0xff
 
 struct hist_key { u32 tgid; u32 slot; };
-struct totals { u64 delay_ns; u64 waits; u64 cpu_ns; };
+struct totals { u64 delay_ns; u64 waits; u64 cpu_ns; u64 idle_wake_ns; u64 idle_wakes; };
 
 BPF_HASH(targets, u32, u32, MAX_TARGETS);                // tgid -> 1, written by user space
 BPF_TABLE("lru_hash", u32, u32, owner, MAX_THREADS);     // tid -> tgid, for threads of targets
@@ -51,7 +64,7 @@ static __always_inline u32 target_of(u32 tid) {
 }
 
 static __always_inline int mark_runnable(u32 tid) {
-    if (tid == 0 || !target_of(tid))
+    if (tid == 0 || !target_of(tid) || oncpu_at.lookup(&tid))  // on a CPU: nothing is enqueued
         return 0;
     u64 now = bpf_ktime_get_ns();
     queued_at.update(&tid, &now);
@@ -86,6 +99,8 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         }
         if ((args->prev_state & TASK_REPORT_MASK) == 0)
             queued_at.update(&prev, &now);
+        else
+            queued_at.delete(&prev);  // blocks: its next wait starts at its next wakeup
     }
     if (next == 0)
         return 0;
@@ -95,14 +110,20 @@ TRACEPOINT_PROBE(sched, sched_switch) {
         u64 delta = now - *t_q;
         queued_at.delete(&next);
         if (tgid) {
-            u64 us = delta / 1000;
+            // The CPU was idle (prev is the idle task, pid 0): the wait was its exit, not a queue.
+            u64 queued = prev == 0 ? 0 : delta;
+            u64 us = queued / 1000;
             struct hist_key key = {.tgid = tgid, .slot = us ? bpf_log2l(us) : 0};
             runq_hist.increment(key);
             struct totals zero = {};
             struct totals *t = runq_totals.lookup_or_try_init(&tgid, &zero);
             if (t) {
-                __sync_fetch_and_add(&t->delay_ns, delta);
+                __sync_fetch_and_add(&t->delay_ns, queued);
                 __sync_fetch_and_add(&t->waits, 1);
+                if (prev == 0) {
+                    __sync_fetch_and_add(&t->idle_wake_ns, delta);
+                    __sync_fetch_and_add(&t->idle_wakes, 1);
+                }
             }
         }
     }
@@ -165,6 +186,8 @@ class RunQueueProbe:
                     runq_delay_ns=int(t.delay_ns) if t else 0,
                     runq_events=int(t.waits) if t else 0,
                     runq_hist=hists.get(pid, Log2Histogram()),
+                    idle_wake_ns=int(t.idle_wake_ns) if t else 0,
+                    idle_wakes=int(t.idle_wakes) if t else 0,
                 )
             )
         return out
