@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 def test_deploy_registers_model_and_publishes_event(
     redis_url: str, tmp_path: Path, monkeypatch: Any, capsys: Any
