@@ -120,6 +120,19 @@ class Harness:
         self.redis.close()
 
 
+async def _connected(sock: Any, timeout_s: float = 10.0) -> None:
+    """Until the link's DEALER has completed its connection: it is ZMQ_IMMEDIATE, so a send before
+    that is refused ("scheduler not connected"), which on a loaded machine a test's first request
+    could meet (seen in CI: the request never reached the stand-in scheduler)."""
+    mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:  # not already connected
+            await asyncio.wait_for(mon.recv_multipart(), timeout_s)
+    finally:
+        sock.disable_monitor()
+        mon.close()
+
+
 @asynccontextmanager
 async def gateway(redis_url: str) -> AsyncIterator[Harness]:
     s = GatewaySettings(redis_url=redis_url, heartbeat_interval_ms=100, heartbeat_ttl_ms=1000, slo_p2_ms=2000)
@@ -129,6 +142,7 @@ async def gateway(redis_url: str) -> AsyncIterator[Harness]:
     sched = ctx.socket(zmq.ROUTER)
     port = sched.bind_to_random_port("tcp://127.0.0.1")
     link.follow(f"tcp://127.0.0.1:{port}")
+    await _connected(link.sock)
     registry = Registry(redis_url, "gateway", "gw-zc-test", 1, 1)
     admission = Admission(require_api_key=False, max_inflight_per_model=4096)
     discovery = Discovery(registry, 1, link.follow, admission.load)
