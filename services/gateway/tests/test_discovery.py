@@ -45,3 +45,32 @@ def test_a_deployed_model_is_known_once_an_executor_serves_it_and_stays_known_wh
     finally:
         r.delete(key)
         r.close()
+
+
+def test_the_gateway_is_ready_only_once_it_can_route_every_model_the_scheduler_serves(
+    redis_server: str,
+) -> None:
+    """Readiness with no model named includes the snapshot: a stack that reports ready must not answer
+    its first requests "unknown model" while the next refresh is still to come (seen in CI)."""
+    r = redis.Redis.from_url(redis_server)
+    svc = [keys.svc_key("scheduler", "s1"), keys.svc_key("executor", "e1")]
+    key = keys.model_key("enc")
+    r.hset(svc[0], mapping={"id": "s1", "served": '["enc"]'})
+    r.hset(svc[1], mapping={"id": "e1", "models": '["enc"]'})
+
+    async def run() -> None:
+        d = Discovery(Registry(redis_server, "gateway", "g1", 3.0, 1.0), 0.25, lambda _: None)
+        try:
+            r.hset(key, mapping={"spec": PLAN.to_json(), "status": "COMPILED"})
+            ok, why = await d.ready()
+            assert not ok and "not yet published" in why and "enc" not in d.models
+            r.hset(key, mapping={"spec": TEXT.to_json(), "status": "READY"})
+            assert await d.ready() == (True, "") and d.models["enc"] == TEXT  # no refresh ran
+        finally:
+            await d.registry.redis.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        r.delete(key, *svc)
+        r.close()

@@ -106,7 +106,10 @@ class Discovery:
         `anvil deploy` writes COMPILED and the plan's spec). Takes that spec into the snapshot at once,
         so a request right after "ready" is checked against what the executor serves (a deployed
         encoder serves text, not the token ids of its plan), not the spec of the last refresh."""
-        status, raw = await self.registry.redis.hmget(keys.model_key(model), ["status", "spec"])
+        try:
+            status, raw = await self.registry.redis.hmget(keys.model_key(model), ["status", "spec"])
+        except (RedisError, OSError):
+            return model in self.models
         if _text(status) != "READY" or not raw:
             return model in self.models  # a new version is loading; the served one still answers
         try:
@@ -138,6 +141,10 @@ class Discovery:
             return False, "no executor registered"
         elif not served:
             return False, "no executor is connected to a scheduler yet"
+        else:  # every model the scheduler can dispatch must be routable here, not one refresh later
+            unknown = [m for m in sorted(served) if m not in self.models and not await self._served_spec(m)]
+            if unknown:
+                return False, f"models served but not yet published: {unknown}"
         return True, ""
 
 
