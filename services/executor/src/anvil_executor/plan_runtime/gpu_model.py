@@ -282,17 +282,6 @@ class GpuPlanModel(PlanIO):
             self.stream.synchronize()
         return {name: self._pinned(name, bb, bt) for name, _, _, _ in self.outputs}
 
-    def forward(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One batch given as whole arrays (B, ...) — the CPU runtime's ``forward`` twin, for tests."""
-        b = int(feeds[self.inputs[0][0]].shape[0])
-        t = int(feeds[self.seq_inputs[0]].shape[1]) if self.seq_inputs else 1
-        reqs: list[RequestInputs] = [{k: v[i : i + 1] for k, v in feeds.items()} for i in range(b)]
-        outs = self._run_chunk(reqs, [t] * b, t)
-        return {
-            name: np.array(o[:b, :t] if self._has_seq(tensor) else o[:b])
-            for (name, tensor, _, _), o in zip(self.outputs, outs.values(), strict=True)
-        }
-
     @property
     def graph_count(self) -> int:
         return len(self._graphs)

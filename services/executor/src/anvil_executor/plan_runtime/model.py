@@ -67,7 +67,11 @@ class PlanModel(PlanIO):
         return self.arena.view("activations", int(ti.offset), self.plan.shape(tensor, b, t), DTYPES[ti.dtype])
 
     def forward(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One padded batch: every input (B, ...) with B <= max_batch, T <= max_seq."""
+        """One padded batch: every input (B, ...) with B <= max_batch, T <= max_seq; outputs copied."""
+        return {name: v.copy() for name, v in self._compute(feeds).items()}
+
+    def _compute(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the ops; the outputs as views into the arena (valid until the next batch)."""
         first = feeds[self.inputs[0][0]]
         b = first.shape[0]
         t = feeds[self.seq_inputs[0]].shape[1] if self.seq_inputs else 1
@@ -82,7 +86,7 @@ class PlanModel(PlanIO):
             views = {r: self._view(i, b, t) for r, i in op.inputs.items()}
             views["out"] = self._view(op.output, b, t)
             CPU_OPS[op.kind](op, views, self.ws)
-        return {name: self._view(tensor, b, t).copy() for name, tensor, _, _ in self.outputs}
+        return {name: self._view(tensor, b, t) for name, tensor, _, _ in self.outputs}
 
     def _run_chunk(self, reqs: list[RequestInputs], lens: list[int], t: int) -> dict[str, np.ndarray]:
         feeds: dict[str, np.ndarray] = {}
@@ -95,4 +99,4 @@ class PlanModel(PlanIO):
                     a = np.concatenate([a, np.zeros((a.shape[0], t - n, *a.shape[2:]), dt)], axis=1)
                 parts.append(a)
             feeds[name] = np.concatenate(parts, axis=0)
-        return self.forward(feeds)
+        return self._compute(feeds)  # views: _split copies each request's rows out once
