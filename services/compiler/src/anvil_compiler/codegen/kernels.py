@@ -28,6 +28,11 @@ __all__ = ["ACT_CODES", "EMITTERS", "Arg", "KernelSpec", "OpView", "emit", "temp
 
 TEMPLATES = Path(__file__).parent / "templates"
 ACT_CODES = {"none": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}
+# Staged attention (attention_warp.cu): warps per block, and the most dynamic shared memory it may ask
+# for. 99 KB is the per-block opt-in limit of sm_86/sm_89 (sm_80 163 KB, sm_90 227 KB), so one
+# kernel runs on every arch the compiler targets; MiniLM at T = 128, D = 32 needs ~35 KB.
+ATTENTION_WARPS = 4
+ATTENTION_SMEM_MAX_BYTES = 99 * 1024
 CTYPES = {
     "int64": "long long",
     "int32": "int",
@@ -165,9 +170,19 @@ def emit_attention(op: OpView) -> KernelSpec:
         "HAS_MASK": int(mask is not None),
         "MASK_T": CTYPES[mask[1].dtype] if mask else "int",
     }
-    name, src = _specialize("attention", "attention", subs)
     b, t = q.shape[0], q.shape[1]
-    grid = ((t, 1), (Dim(int(a["heads"])), 1), (b, 1))
+    d, warps = int(a["head_dim"]), ATTENTION_WARPS
+    smem_floats = op.max_seq * (2 * d + 1) + warps * (d + op.max_seq)
+    smem = smem_floats * 4
+    if smem <= ATTENTION_SMEM_MAX_BYTES:  # K and V of a sequence fit in shared memory: one block per (h, b)
+        subs.update(THREADS=32 * warps, SMEM_FLOATS=smem_floats)
+        name, src = _specialize("attention_warp", "attention_warp", subs)
+        grid = ((Dim(int(a["heads"])), 1), (b, 1), (Dim(1), 1))
+        block = (32 * warps, 1, 1)
+    else:  # long sequences: one block per (query row, h, b), keys streamed from global memory
+        name, src = _specialize("attention", "attention", subs)
+        grid = ((t, 1), (Dim(int(a["heads"])), 1), (b, 1))
+        block, smem = (128, 1, 1), 0
     args = [
         _t(op, "q"),
         _t(op, "k"),
@@ -176,7 +191,7 @@ def emit_attention(op: OpView) -> KernelSpec:
         Arg("tensor", op.outputs[0][0]),
         Arg("dim", dim=Dim(1, t=1)),
     ]
-    return KernelSpec(name, src, grid, (128, 1, 1), args)  # type: ignore[arg-type]
+    return KernelSpec(name, src, grid, block, args, smem_bytes=smem)  # type: ignore[arg-type]
 
 
 def emit_layer_norm(op: OpView) -> KernelSpec:

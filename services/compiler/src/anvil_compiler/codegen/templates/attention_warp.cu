@@ -1,0 +1,62 @@
+// ${KERNEL}: softmax(q k^T * scale, key-padding mask) v for one (head h, batch b) per block, one warp
+// per query row. The sequence's K and V (T x ${D} each) are staged once in shared memory, so each
+// key is read from global memory once per (b, h) instead of once per query row (the per-row kernel,
+// attention.cu, read them T times). K rows are padded to ${D} + 1 floats so the 32 lanes, each on
+// its own key, hit 32 different banks. Semantics as attention.cu: a padded key gets probability 0;
+// a row with no valid key gives zeros. Dynamic shared memory: ${SMEM_FLOATS} floats (sized for
+// MAX_T = ${MAX_T}). CPU twin: anvil_kernels.attention over the (B, H, T, D) views.
+extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const ${MASK_T}* __restrict__ mask, float* __restrict__ out, int T) {
+  constexpr int D = ${D}, H = ${HEADS}, MAXT = ${MAX_T}, DP = D + 1, WARPS = ${THREADS} / 32;
+  constexpr int QS = ${Q_STRIDE}, KS = ${K_STRIDE}, VS = ${V_STRIDE};
+  extern __shared__ float smem[];
+  float* ks = smem;              // (MAXT, D + 1)
+  float* vs = ks + MAXT * DP;    // (MAXT, D)
+  float* qs = vs + MAXT * D;     // (WARPS, D): the warp's query row, pre-scaled
+  float* ps = qs + WARPS * D;    // (WARPS, MAXT): the warp's scores, then probabilities
+  const int h = blockIdx.x, b = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int idx = threadIdx.x; idx < T * D; idx += blockDim.x) {
+    const int j = idx / D, d = idx - j * D;
+    const long row = (long)b * T + j;
+    ks[j * DP + d] = k[row * KS + ${K_OFF} + h * D + d];
+    vs[j * D + d] = v[row * VS + ${V_OFF} + h * D + d];
+  }
+  __syncthreads();
+  float* qw = qs + warp * D;
+  float* pw = ps + warp * MAXT;
+  for (int i = warp; i < T; i += WARPS) {
+    const float* qrow = q + ((long)b * T + i) * QS + ${Q_OFF} + h * D;
+    for (int d = lane; d < D; d += 32) qw[d] = qrow[d] * ${SCALE}f;
+    __syncwarp();
+    float mx = -ANVIL_INF;
+    for (int j = lane; j < T; j += 32) {
+      float s = -ANVIL_INF;
+      if (${HAS_MASK} == 0 || mask[(long)b * T + j] != 0) {
+        float dot = 0.f;
+#pragma unroll
+        for (int d = 0; d < D; ++d) dot += qw[d] * ks[j * DP + d];
+        s = dot;
+      }
+      pw[j] = s;
+      mx = fmaxf(mx, s);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float total = 0.f;
+    for (int j = lane; j < T; j += 32) {
+      const float e = (mx == -ANVIL_INF || pw[j] == -ANVIL_INF) ? 0.f : __expf(pw[j] - mx);
+      pw[j] = e;
+      total += e;
+    }
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    __syncwarp();  // every lane's probabilities are written before any lane reads them
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    for (int d = lane; d < D; d += 32) {
+      float acc = 0.f;
+      for (int j = 0; j < T; ++j) acc += pw[j] * vs[j * D + d];
+      out[((long)b * T + i) * (H * D) + h * D + d] = acc * inv;
+    }
+    __syncwarp();  // the next row overwrites qw and pw
+  }
+}
