@@ -6,8 +6,10 @@ deploys the checkpoint directory with `anvil deploy` (the artifact keeps the tok
 serves text), checks accuracy against sentence-transformers fp32 on the GPU, then measures:
   - requests of 32 sentences, closed loop, concurrency 16 and 64: sentences/s, p50/p99 (ms);
   - single sentences, concurrency 1: p50/p99 (ms);
-  - sentence-transformers in process: fp32 and fp16 at batch 32, 128, 512; the best is the reference.
-Not yet here (issue #16): infinity-emb in the same run.
+  - sentence-transformers in process: fp32 and fp16 at batch 32, 128, 512; the best is the reference;
+  - infinity-emb (its own OpenAI-compatible server, torch engine, fp16, started here on --infinity-port
+    with the same checkpoint) under the same client load as Anvil; skipped with the reason recorded
+    when `infinity_emb` is not importable or its server does not come up.
 
     python bench/minilm_gpu.py --model-dir DIR --out-dir bench/results
 """
@@ -77,7 +79,7 @@ async def embed_all(url: str, name: str, texts: list[str], batch: int = 32) -> n
 
 
 async def load(
-    url: str, name: str, texts: list[str], per_req: int, conc: int, seconds: float
+    url: str, name: str, texts: list[str], per_req: int, conc: int, seconds: float, who: str = "anvil"
 ) -> dict[str, Any]:
     lat: list[float] = []
     errors = 0
@@ -104,7 +106,7 @@ async def load(
         wall = time.perf_counter() - t0
     a = np.asarray(lat) if lat else np.zeros(1)
     return {
-        "what": f"anvil {per_req} sentences/request",
+        "what": f"{who} {per_req} sentences/request",
         "concurrency": conc,
         "sentences_per_s": round(len(lat) * per_req / wall, 1),
         "p50_ms": round(float(np.percentile(a, 50)), 2),
@@ -132,6 +134,35 @@ def st_speed(st: Any, texts: list[str], batch: int, seconds: float, label: str) 
     }
 
 
+def start_infinity(model_dir: Path, port: int, batch: int, timeout_s: float = 240) -> subprocess.Popen[bytes]:
+    """infinity-emb's server on ``port`` (OpenAI routes under /v1), torch engine, fp16; returns once
+    its model answers, or raises RuntimeError with the tail of its log."""
+    cmd = [sys.executable, "-m", "infinity_emb.cli", "v2", "--model-id", str(model_dir)]
+    cmd += ["--served-model-name", "infinity-minilm", "--engine", "torch", "--dtype", "float16"]
+    cmd += ["--batch-size", str(batch), "--port", str(port), "--url-prefix", "/v1", "--host", "127.0.0.1"]
+    env = {**os.environ, "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
+    log = open(f"/tmp/infinity-{port}.log", "wb")  # noqa: SIM115 (the server outlives this function)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout_s:
+        if proc.poll() is not None:
+            break
+        try:
+            r = httpx.post(
+                f"http://127.0.0.1:{port}/v1/embeddings",
+                json={"model": "infinity-minilm", "input": ["warm up"]},
+                timeout=5,
+            )
+            if r.status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    tail = Path(f"/tmp/infinity-{port}.log").read_bytes()[-1500:].decode(errors="replace")
+    raise RuntimeError(f"infinity-emb did not serve (exit {proc.poll()}): {tail}")
+
+
 def accuracy(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
     nn = lambda e: np.argsort(-(e @ e.T) + 2 * np.eye(len(e)), axis=1)[:, 0]  # noqa: E731
@@ -147,11 +178,13 @@ def main() -> None:
     ap.add_argument("--url", default="http://localhost:8000")
     ap.add_argument("--model-dir", type=Path, required=True, help="HF checkpoint dir (with tokenizer.json)")
     ap.add_argument("--name", default="minilm-gpu")
-    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--max-batch", type=int, default=512, help="plan rows per GPU run")
     ap.add_argument("--max-seq", type=int, default=128)
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=6.0, help="duration of each load phase, s")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--infinity-port", type=int, default=7997)
+    ap.add_argument("--infinity-batch", type=int, default=128, help="infinity-emb's --batch-size")
     args = ap.parse_args()
     import torch
     from sentence_transformers import SentenceTransformer
@@ -185,6 +218,25 @@ def main() -> None:
         asyncio.run(load(args.url, args.name, texts, 32, 64, args.seconds)),
         asyncio.run(load(args.url, args.name, texts, 1, 1, args.seconds)),
     ]
+    inf_rows: list[dict[str, Any]] = []
+    try:
+        proc = start_infinity(args.model_dir, args.infinity_port, args.infinity_batch)
+        try:
+            inf_url = f"http://127.0.0.1:{args.infinity_port}"
+            for per_req, conc in ((32, 16), (32, 64), (1, 1)):
+                inf_rows.append(
+                    asyncio.run(
+                        load(inf_url, "infinity-minilm", texts, per_req, conc, args.seconds, "infinity-emb")
+                    )
+                )
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        res["infinity"] = inf_rows
+        res["ratio_c16_vs_infinity"] = round(rows[0]["sentences_per_s"] / inf_rows[0]["sentences_per_s"], 3)
+    except (RuntimeError, OSError) as exc:
+        res["infinity"] = f"not measured: {exc}"
+        print(res["infinity"], flush=True)
     st_rows = []
     for label, half in (("fp32", False), ("fp16", True)):
         model = SentenceTransformer(str(args.model_dir), device="cuda")
@@ -211,10 +263,11 @@ def main() -> None:
         *(
             f"| {r['what']} | {r.get('concurrency', 'in process')} | {r['sentences_per_s']:,} | "
             f"{r['p50_ms']} | {r['p99_ms']} |"
-            for r in rows + st_rows
+            for r in rows + inf_rows + st_rows
         ),
         "",
         f"Anvil c16 / best sentence-transformers ({best['what']}): {res['ratio_c16_vs_st_best']}x",
+        f"Anvil c16 / infinity-emb c16: {res.get('ratio_c16_vs_infinity', res['infinity'])}",
     ]
     (args.out_dir / "minilm_gpu.md").write_text("\n".join(lines) + "\n")
 
