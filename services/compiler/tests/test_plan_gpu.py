@@ -78,7 +78,11 @@ def _run_gpu(
             else:
                 args.append(np.float32(a.value))
         grid = tuple(max(1, -(-eval_dim(g, b, t) // int(g.div))) for g in op.grid)
-        mod.get_function(op.kernel.decode())(grid, tuple(int(x) for x in op.block), tuple(args))
+        fn = mod.get_function(op.kernel.decode())
+        smem = int(op.smemBytes or 0)  # dynamic shared memory the plan recorded (staged attention)
+        if smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = smem
+        fn(grid, tuple(int(x) for x in op.block), tuple(args), shared_mem=smem)
     cp.cuda.Device(0).synchronize()
     return {io.name.decode(): cp.asnumpy(tview(int(io.tensor))) for io in plan.outputs}
 
