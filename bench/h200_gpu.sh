@@ -28,7 +28,8 @@ curl -s localhost:8000/v2/health/ready; echo
 if [ -d .carry/minilm ]; then  # all-MiniLM-L6-v2 as fp16 safetensors + tokenizer + configs (45 MB)
   timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" 2>&1 | tail -40
   if [ "${PROFILE:-0}" = 1 ]; then  # py-spy (carried in .whl) on each service under c64 load
-    PATH=/tmp/site/bin:$PATH timeout 120 python3 bench/profile_stack.py --out-dir "$OUT" 2>&1 | tail -80
+    PATH=/tmp/site/bin:$PATH timeout 120 python3 bench/profile_stack.py --concurrency "${PROFILE_CONC:-64}" \
+      --out-dir "$OUT" 2>&1 | tail -80
     curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_batch_size_(sum|count)" | tee "$OUT/batch.txt"
   fi
 fi

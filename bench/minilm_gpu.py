@@ -137,7 +137,7 @@ def st_speed(st: Any, texts: list[str], batch: int, seconds: float, label: str) 
 def start_infinity(model_dir: Path, port: int, batch: int, timeout_s: float = 240) -> subprocess.Popen[bytes]:
     """infinity-emb's server on ``port`` (OpenAI routes under /v1), torch engine, fp16; returns once
     its model answers, or raises RuntimeError with the tail of its log."""
-    cmd = [sys.executable, "-m", "infinity_emb.cli", "v2", "--model-id", str(model_dir)]
+    cmd = [sys.executable, str(ROOT / "bench/peers/infinity_server.py"), "v2", "--model-id", str(model_dir)]
     cmd += ["--served-model-name", "infinity-minilm", "--engine", "torch", "--dtype", "float16"]
     cmd += ["--batch-size", str(batch), "--port", str(port), "--url-prefix", "/v1", "--host", "127.0.0.1"]
     env = {**os.environ, "INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
