@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,3 +75,33 @@ def test_a_big_batch_is_encoded_in_length_sorted_chunks(tmp_path: Path) -> None:
     for text, out in zip(texts, outs, strict=True):
         n = len(model.tokenizer.encode(text).ids)
         assert int(out["TOKENS"][0]) == n and float(out["EMBEDDING"][0, 0]) == n
+
+
+def test_a_text_artifact_is_recognised_from_its_plan_before_loading(tmp_path: Path) -> None:
+    from anvil_executor.artifact import _text_artifact
+
+    assert _text_artifact(_compile(tmp_path / "a", with_tokenizer=True))
+    assert not _text_artifact(_compile(tmp_path / "b", with_tokenizer=False))
+
+
+def test_a_plan_serves_only_the_outputs_it_is_asked_for(tmp_path: Path) -> None:
+    """What GpuPlanModel does for a text encoder (only the pooled vector leaves the device), through
+    the shared PlanIO layer on the CPU."""
+    import pytest
+
+    from anvil_executor.plan_runtime.io import PlanIO
+    from anvil_executor.plan_runtime.plan import load_plan
+
+    class Names(PlanIO):
+        def _run_chunk(self, reqs: Any, lens: Any, t: int) -> Any:
+            raise AssertionError("not run")
+
+    art = _compile(tmp_path, with_tokenizer=True)
+    every, only = Names(), Names()
+    every._init_io(load_plan(art / "plan.bin"), "tiny")
+    only._init_io(load_plan(art / "plan.bin"), "tiny", ["sentence_embedding"])
+    assert {o[0] for o in every.outputs} == {"last_hidden_state", "sentence_embedding"}
+    assert [o[0] for o in only.outputs] == ["sentence_embedding"]
+    assert [t.name for t in only.spec.outputs] == ["sentence_embedding"]
+    with pytest.raises(ValueError, match="no output"):
+        Names()._init_io(load_plan(art / "plan.bin"), "tiny", ["logits"])

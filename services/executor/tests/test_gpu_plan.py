@@ -128,3 +128,26 @@ def test_kernels_cu_alone_is_compiled_at_load(tmp_path: Path) -> None:
     gpu = _gpu(art)  # CuPy's NVRTC builds the module from the source the artifact carries
     x = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
     _close(gpu.run([{"x": x}]), PlanModel.load(art).run([{"x": x}]))
+
+
+def test_a_text_encoder_on_the_gpu_copies_out_only_its_vectors(tmp_path: Path) -> None:
+    """An HF encoder artifact served as text: the GPU plan moves only ``sentence_embedding`` to the
+    host (not the (B, T, H) token states) and embeds like the CPU runtime."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_bert import make_tiny_bert
+
+    from anvil_compiler.frontends.hf import bundle_from_dir
+    from anvil_executor.artifact import load_artifact
+    from anvil_executor.device import parse_device
+
+    hf = make_tiny_bert(tmp_path / "hf")
+    art = tmp_path / "art"
+    opts = CompileOptions(quantize=False, max_batch=8, max_seq=32, archs=(_arch(),))
+    compile_model("hf", bundle_from_dir(hf), "tiny", opts, art, "k", build=True)
+    gpu_model, gpu_plan = load_artifact(art, parse_device("cuda:0"), "tiny")
+    cpu_model, _ = load_artifact(art, parse_device("cpu"), "tiny")
+    assert [o[0] for o in gpu_plan.outputs] == ["sentence_embedding"]
+    texts = ["the cat sat on the mat", "a dog runs", "red model serves blue text fast", "slow"]
+    reqs = [{"TEXT": np.array([t.encode() for t in texts], dtype=object)}]
+    got, ref = gpu_model.run(reqs)[0]["EMBEDDING"], cpu_model.run(reqs)[0]["EMBEDDING"]
+    np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3)

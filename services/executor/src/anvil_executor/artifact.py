@@ -46,10 +46,23 @@ def _load_plan(path: Path, device: DeviceSpec, name: str, gpu: dict[str, Any]) -
     if device.is_cuda:
         from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
 
-        return GpuPlanModel.load(path, device.index, name=name, **gpu)
+        # A text encoder's batches need only the pooled vector out of the device (not the token states).
+        outputs = [EMBEDDING_OUTPUT] if _text_artifact(path) else None
+        return GpuPlanModel.load(path, device.index, name=name, outputs=outputs, **gpu)
     from anvil_executor.plan_runtime import PlanModel
 
     return PlanModel.load(path, name=name)
+
+
+def _text_artifact(path: Path) -> bool:
+    """Whether the artifact is served as text, read from its plan's public names (before loading)."""
+    from anvil_executor.plan_runtime.plan import _s, load_plan
+
+    p = load_plan(path / "plan.bin").plan
+    names_in = {_s(io.name) for io in p.inputs}
+    names_out = {_s(io.name) for io in p.outputs}
+    tokenizer = (path / "tokenizer.json").is_file()
+    return tokenizer and set(TEXT_INPUTS) <= names_in and EMBEDDING_OUTPUT in names_out
 
 
 def is_text_encoder(plan: PlanIO, path: Path) -> bool:

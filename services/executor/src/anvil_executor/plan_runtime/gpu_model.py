@@ -19,6 +19,7 @@ gets a copy of its rows. Nothing is allocated on the device and no module is loa
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +86,13 @@ class GpuPlanModel(PlanIO):
         nan_fill: bool = False,
         gemm: str = "cublas",
         tf32: bool = True,
+        outputs: Sequence[str] | None = None,
     ) -> None:
         import cupy as cp
 
         t0 = time.perf_counter()
         p = plan.plan
-        self._init_io(plan, name)
+        self._init_io(plan, name, outputs)  # only these outputs are copied to the host
         self.device_id = device_id
         counter.install()
         self._cp = cp
@@ -159,13 +161,15 @@ class GpuPlanModel(PlanIO):
         *,
         gemm: str = "cublas",
         tf32: bool = True,
+        outputs: Sequence[str] | None = None,
     ) -> GpuPlanModel:
         from safetensors.numpy import load_file
 
         root = Path(artifact_dir)
         plan = load_plan(root / "plan.bin")
         weights = load_file(str(root / "weights.safetensors"))
-        return cls(plan, weights, load_module(root, device_id), device_id, name, gemm=gemm, tf32=tf32)
+        module = load_module(root, device_id)
+        return cls(plan, weights, module, device_id, name, gemm=gemm, tf32=tf32, outputs=outputs)
 
     # ---- load --------------------------------------------------------------------------------
     _epilogue_module: Any = None  # one per process: compiled once, shared by every model

@@ -10,6 +10,7 @@ array of (rows of the chunk, ...) from which ``_split`` takes each request's row
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,10 @@ class PlanIO(Model):
 
     platform = "anvil_plan_cpu"
 
-    def _init_io(self, plan: LoadedPlan, name: str | None) -> None:
+    def _init_io(self, plan: LoadedPlan, name: str | None, outputs: Sequence[str] | None = None) -> None:
+        """``outputs``: the public outputs to serve (default all). A text encoder serves only its
+        pooled vector: MiniLM's ``last_hidden_state`` (B, T, 384) fp32 is ~50 MB per 512-row batch,
+        and copying it out of the device and the pinned bank took most of the executor's time."""
         p = plan.plan
         self.plan = plan
         self.max_batch, self.max_seq = int(p.maxBatch), int(p.maxSeq)
@@ -43,6 +47,12 @@ class PlanIO(Model):
         self.outputs: list[IOEntry] = [
             (_s(io.name), int(io.tensor), _s(io.datatype), [int(d) for d in _l(io.dims)]) for io in p.outputs
         ]
+        if outputs is not None:
+            known = [n for n, _, _, _ in self.outputs]
+            unknown = sorted(set(outputs) - set(known))
+            if unknown:
+                raise ValueError(f"plan {plan.name!r} has no output {unknown}; outputs: {known}")
+            self.outputs = [o for o in self.outputs if o[0] in outputs]
         self.seq_inputs = [n for n, t, _, _ in self.inputs if self._has_seq(t)]
         self.mask_inputs = [n for n, _, _, _ in self.inputs if "mask" in n.lower()]
         self.spec = ModelSpec(
