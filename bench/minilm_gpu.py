@@ -203,6 +203,7 @@ def main() -> None:
             "weights": "fp32",
             "gemm": os.environ.get("ANVIL_GPU_GEMM", "cublas"),
         },
+        "gateway_workers": int(os.environ.get("ANVIL_HTTP_WORKERS", "1")),
     }
     res["deploy_s"] = round(deploy(args.model_dir, args.name, args.max_batch, args.max_seq), 2)
     res["ready_after_deploy_s"] = round(wait_text_model(args.url, args.name), 2)
@@ -254,7 +255,7 @@ def main() -> None:
         "",
         f"Command: `{res['command']}` · commit {res['commit']} · {res['gpu']}",
         f"· {CORPUS}, {len(texts)} sentences",
-        f"· plan {res['plan']}",
+        f"· plan {res['plan']} · gateway processes: {res['gateway_workers']}",
         "",
         f"Accuracy vs sentence-transformers fp32: {res['accuracy_vs_st_fp32']}",
         "",
