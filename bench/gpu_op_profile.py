@@ -73,10 +73,8 @@ def profile_shape(model: Any, b: int, t: int, reps: int) -> dict[str, Any]:
     import cupy as cp
 
     fill_inputs(model, b, t, np.random.default_rng(b * 1000 + t))
+    graph = model._graphs[(b, t)]  # captured at load, as the executor serves it
     with cp.cuda.Device(model.device_id), model.stream:
-        model.stream.begin_capture()
-        model._enqueue(b, t)
-        graph = model.stream.end_capture()
         start, end = cp.cuda.Event(), cp.cuda.Event()
         graph.launch(model.stream)
         model.stream.synchronize()
@@ -192,7 +190,10 @@ def main() -> None:
             d = Path(tmp) / label.replace(" ", "_")
             compile_variant(args.model_dir, d, staged, args.max_batch, args.max_seq, arch)
             plan, weights = load_plan(d / "plan.bin"), load_file(str(d / "weights.safetensors"))
-            model = GpuPlanModel(plan, weights, load_module(d, 0), 0, "minilm", graphs=False)
+            model = GpuPlanModel(plan, weights, load_module(d, 0), 0, "minilm")
+            missing = [(b, t) for b, t in shapes if (b, t) not in model._graphs]
+            if missing:
+                raise SystemExit(f"shapes {missing} are not capture buckets; buckets: {model.buckets}")
             rows = [profile_shape(model, b, t, args.reps) for b, t in shapes]
             res["variants"][label] = rows
             print(f"== {label}")
