@@ -27,7 +27,9 @@ for _ in $(seq 1 180); do curl -sf localhost:8000/v2/health/ready >/dev/null && 
 curl -s localhost:8000/v2/health/ready; echo
 [ "${SKIP_SMOKE:-0}" = 1 ] || timeout 400 python3 bench/gpu_stack.py --out "$OUT/gpu_stack.json" 2>&1 | tail -60
 if [ -d .carry/minilm ]; then  # all-MiniLM-L6-v2 as fp16 safetensors + tokenizer + configs (45 MB)
-  timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" 2>&1 | tail -40
+  timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" ${MINILM_ARGS:-} 2>&1 | tail -40
+  curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_(target_batch|batch_ceiling|batch_size_(sum|count)|batch_rtt_us_(sum|count)|pid_measured)" \
+    | tee "$OUT/scheduler_batching.txt"
   if [ "${PROFILE:-0}" = 1 ]; then  # py-spy (carried in .whl) on each service under c64 load
     PATH=/tmp/site/bin:$PATH timeout 120 python3 bench/profile_stack.py --concurrency "${PROFILE_CONC:-64}" \
       --out-dir "$OUT" 2>&1 | tail -80

@@ -184,6 +184,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="duration of each load phase, s")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--infinity-port", type=int, default=7997)
+    ap.add_argument("--no-peers", action="store_true", help="Anvil only (no ratios): a quick A/B of settings")
     ap.add_argument("--infinity-batch", type=int, default=128, help="infinity-emb's --batch-size")
     args = ap.parse_args()
     import torch
@@ -220,6 +221,17 @@ def main() -> None:
         asyncio.run(load(args.url, args.name, texts, 1, 1, args.seconds)),
     ]
     inf_rows: list[dict[str, Any]] = []
+    if args.no_peers:
+        res["infinity"] = res["sentence_transformers"] = "not run (--no-peers)"
+        print(json.dumps(res, indent=2))
+        print(
+            "\n".join(
+                f"{r['what']} c{r['concurrency']}: {r['sentences_per_s']:,} sent/s, "
+                f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms"
+                for r in rows
+            )
+        )
+        return
     try:
         proc = start_infinity(args.model_dir, args.infinity_port, args.infinity_batch)
         try:
