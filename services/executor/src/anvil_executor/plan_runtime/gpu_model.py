@@ -29,7 +29,7 @@ from anvil_core.logs import get_logger
 from anvil_executor.models.base import RequestInputs
 from anvil_executor.plan_runtime.arena import ALIGN
 from anvil_executor.plan_runtime.buckets import Buckets
-from anvil_executor.plan_runtime.cublas_linear import EPILOGUE_SOURCE, GemmStep, epilogue_args, gemm_ops
+from anvil_executor.plan_runtime.cublas_linear import EPILOGUE_SOURCE, GemmStep, epilogue_launch, gemm_ops
 from anvil_executor.plan_runtime.cublas_raw import Gemm
 from anvil_executor.plan_runtime.cuda_arena import DeviceArena, PinnedBank, counter
 from anvil_executor.plan_runtime.io import PlanIO, _l
@@ -174,12 +174,13 @@ class GpuPlanModel(PlanIO):
     # ---- load --------------------------------------------------------------------------------
     _epilogue_module: Any = None  # one per process: compiled once, shared by every model
 
-    def _epilogue_kernel(self) -> Any:
+    def _epilogue_kernel(self) -> dict[str, Any]:
         cp = self._cp
         if GpuPlanModel._epilogue_module is None:
             GpuPlanModel._epilogue_module = cp.RawModule(code=EPILOGUE_SOURCE, options=NVRTC_OPTIONS)
             counter.module_loaded()
-        return GpuPlanModel._epilogue_module.get_function("anvil_gemm_epilogue")
+        names = ("anvil_gemm_epilogue", "anvil_gemm_epilogue_v4", "anvil_gemm_epilogue_ln_warp")
+        return {n: GpuPlanModel._epilogue_module.get_function(n) for n in names}
 
     @staticmethod
     def _functions(module: Any, p: Any) -> dict[str, Any]:
@@ -252,8 +253,8 @@ class GpuPlanModel(PlanIO):
         tmp = self.arena.ptr("staging")
         assert self._blas is not None  # made at load whenever a GemmStep exists
         self._blas(x, w, tmp, m, step.n, step.k)  # TF32 tensor cores unless tf32=False
-        block, smem, args = epilogue_args(step, p, self._act, self._wts, tmp)
-        self._epilogue((m, 1, 1), block, args, shared_mem=smem)
+        kernel, grid, block, smem, args = epilogue_launch(step, p, self._act, self._wts, tmp, m)
+        self._epilogue[kernel](grid, block, args, shared_mem=smem)
 
     def _launches(self, b: int, t: int) -> list[Launch]:
         return resolve_launches(self.plan.plan, self._act, self._wts, b, t)
