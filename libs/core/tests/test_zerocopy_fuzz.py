@@ -51,7 +51,7 @@ def _valid_infer_block() -> bytes:
 
 
 def _valid_result_block() -> bytes:
-    return zm.result_layout("mlp", "1", [("OUTPUT0", "FP32", (2, 4), 32)]).block
+    return zm.result_layout("mlp", "1", [("OUTPUT0", "FP32", (2, 4), 32)]).block_with(5, 6)
 
 
 SEEDS: dict[str, list[bytes]] = {
@@ -78,12 +78,11 @@ def _result(payload: bytes) -> Any:
     return zm.decode_result(zm.read_block(payload, len(payload)))
 
 
-_reader = zm.ResultReader(entries=64)
 PARSERS: dict[str, list[Callable[[bytes], Any]]] = {
     "request": [zh.decode_request],
     "reply": [zh.decode_reply],
     "infer": [_infer, zm.decode_infer],
-    "result": [_result, zm.decode_result, _reader.read],
+    "result": [_result, zm.decode_result],
     "register": [zs.decode_register],
 }
 
