@@ -15,8 +15,8 @@ import pytest
 import zmq
 
 from anvil_core import codec
-from anvil_core.tensors import HostTensor
 from anvil_core.codec import pb
+from anvil_core.tensors import HostTensor
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +93,13 @@ def test_crafted_messages_never_stop_the_scheduler(
     reg.kind, reg.serviceId, reg.maxBatch, reg.credits = pb.ServiceKind.EXECUTOR, "x", 2**31 - 1, 10**6
     res = pb.BatchResultT()
     res.batchId, res.frameCounts = "1", [5]
-    for msg in ([os.urandom(40)], codec.pack(res, [b"x"]), codec.pack(pb.HeartbeatT()), codec.pack(reg), [b""]):
+    for msg in (
+        [os.urandom(40)],
+        codec.pack(res, [b"x"]),
+        codec.pack(pb.HeartbeatT()),
+        codec.pack(reg),
+        [b""],
+    ):
         ex.send_multipart(msg)
     # the refused requests that carry an id are answered with the constraint they break
     refused = _answers(gw, {"c-p7", "c-neg", "c-huge"})

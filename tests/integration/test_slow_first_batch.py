@@ -21,11 +21,10 @@ import pytest
 import redis
 import zmq
 
-from anvil_core import codec
 from anvil_core import codec, keys
+from anvil_core.codec import pb
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.tensors import HostTensor
-from anvil_core.codec import pb
 
 pytestmark = pytest.mark.integration
 

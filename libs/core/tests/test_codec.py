@@ -15,10 +15,17 @@ def _request(frames: list[object], **kw: object) -> bytes:
     x = HostTensor.from_array("x", "FP16", np.arange(6).reshape(2, 3))
     s = HostTensor.from_array("s", "BYTES", np.array([b"x", b"", b"hello"], dtype=object))
     args: dict[str, object] = dict(
-        request_id="rid", trace_id="tid", model="m", version="3", priority=1, deadline_unix_ns=2**62,
-        tenant="acme", inputs=codec.tensor_frames([x, s], frames),
-        shm_inputs=[("y", "INT32", (4,), codec.ShmSpan("anvil-r1", 128, 16))], outputs=["a", "b"],
-    )  # fmt: skip
+        request_id="rid",
+        trace_id="tid",
+        model="m",
+        version="3",
+        priority=1,
+        deadline_unix_ns=2**62,
+        tenant="acme",
+        inputs=codec.tensor_frames([x, s], frames),
+        shm_inputs=[("y", "INT32", (4,), codec.ShmSpan("anvil-r1", 128, 16))],
+        outputs=["a", "b"],
+    )
     return codec.build_request(**{**args, **kw})  # type: ignore[arg-type]
 
 
@@ -26,7 +33,13 @@ def test_request_round_trip_including_shared_memory_inputs() -> None:
     frames: list[object] = []
     env = _request(frames)
     req = codec.read_request(env)
-    assert (req.requestId, req.traceId, req.model, req.modelVersion, req.tenant) == ("rid", "tid", "m", "3", "acme")
+    assert (req.requestId, req.traceId, req.model, req.modelVersion, req.tenant) == (
+        "rid",
+        "tid",
+        "m",
+        "3",
+        "acme",
+    )
     assert req.priority == 1 and req.deadlineUnixNs == 2**62 and req.outputs == ("a", "b")
     codec.check_payloads(req.inputs, frames, "input")
     x, s = (codec.request_tensor(t, frames) for t in req.inputs[:2])
@@ -42,7 +55,12 @@ def test_flatc_generated_accessors_read_what_the_writer_wrote() -> None:
     req = pb.InferRequest()
     req.Init(flat.Body().Bytes, flat.Body().Pos)
     assert flat.Version() == codec.PROTOCOL_VERSION and flat.BodyType() == pb.Body.InferRequest
-    assert (req.RequestId(), req.Priority(), req.DeadlineUnixNs(), req.InputsLength()) == (b"rid", 1, 2**62, 3)
+    assert (req.RequestId(), req.Priority(), req.DeadlineUnixNs(), req.InputsLength()) == (
+        b"rid",
+        1,
+        2**62,
+        3,
+    )
     assert req.Inputs(2).Shm().Offset() == 128 and req.Inputs(0).ShapeAsNumpy().tolist() == [2, 3]
 
 
@@ -68,7 +86,11 @@ def test_the_reader_reads_what_flatc_builder_wrote() -> None:
     reg.models = [spec]
     got_reg = codec.read(_flatc_pack(reg))
     assert (got_reg.serviceId, got_reg.credits, got_reg.models[0].name, got_reg.models[0].maxBatch) == (
-        "ex-1", 2, "mlp", 8)  # fmt: skip
+        "ex-1",
+        2,
+        "mlp",
+        8,
+    )
 
 
 @pytest.mark.parametrize(
@@ -154,8 +176,10 @@ def test_split_groups_checks_the_counts() -> None:
 
 
 def _groups() -> list[list[bytes]]:
-    return [[codec.build_response(request_id=f"r{i}", trace_id="t", model="m"), *[b"p" * j for j in range(i)]]
-            for i in range(4)]  # fmt: skip
+    return [
+        [codec.build_response(request_id=f"r{i}", trace_id="t", model="m"), *[b"p" * j for j in range(i)]]
+        for i in range(4)
+    ]
 
 
 @pytest.mark.parametrize("responses", [False, True])

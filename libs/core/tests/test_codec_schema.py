@@ -12,8 +12,19 @@ from anvil_core.codec import fbs_schema
 from anvil_core.codec.schema import _TABLES, Kind, TableDesc
 from anvil_core.proto_gen import anvil_generated, zerocopy_generated
 
-_PREPEND = {"?": "Bool", "b": "Int8", "B": "Uint8", "h": "Int16", "H": "Uint16", "i": "Int32",
-            "I": "Uint32", "q": "Int64", "Q": "Uint64", "f": "Float32", "d": "Float64"}  # fmt: skip
+_PREPEND = {
+    "?": "Bool",
+    "b": "Int8",
+    "B": "Uint8",
+    "h": "Int16",
+    "H": "Uint16",
+    "i": "Int32",
+    "I": "Uint32",
+    "q": "Int64",
+    "Q": "Uint64",
+    "f": "Float32",
+    "d": "Float64",
+}
 
 
 class _Recorder:
@@ -70,5 +81,12 @@ def test_a_new_field_is_a_schema_edit(tmp_path: Path) -> None:
     before = fbs_schema.parse(src)["tables"]["anvil.proto.InferResponse"]
     after = fbs_schema.parse(tmp_path / "anvil.fbs")["tables"]["anvil.proto.InferResponse"]
     assert after[:-1] == before
-    assert after[-1] | {"attrs": {}} == {"name": "hop_ns", "slot": len(before), "type": "vector",
-                                         "elem": "long", "ref": None, "default": None, "attrs": {}}  # fmt: skip
+    assert after[-1] | {"attrs": {}} == {
+        "name": "hop_ns",
+        "slot": len(before),
+        "type": "vector",
+        "elem": "long",
+        "ref": None,
+        "default": None,
+        "attrs": {},
+    }

@@ -9,13 +9,19 @@ import struct
 import pytest
 
 from anvil_core import codec
-from anvil_core.codec import pb, reader, writer
+from anvil_core.codec import pb, writer
 from anvil_core.codec.schema import table
 
 
 def _req(**kw: object) -> bytes:
-    base: dict[str, object] = dict(requestId="rid", traceId="tid", model="mlp", priority=2,
-                                   deadlineUnixNs=1, inputs=[pb.TensorT(name="x", dtype=9, shape=[1], frame=0)])  # fmt: skip
+    base: dict[str, object] = dict(
+        requestId="rid",
+        traceId="tid",
+        model="mlp",
+        priority=2,
+        deadlineUnixNs=1,
+        inputs=[pb.TensorT(name="x", dtype=9, shape=[1], frame=0)],
+    )
     return codec.pack(pb.InferRequestT(**{**base, **kw}))[0]  # type: ignore[no-any-return]
 
 
@@ -44,14 +50,16 @@ def test_each_constraint_is_refused_with_its_statement(fields: dict[str, object]
 
 
 def test_register_bounds_and_union_types_are_checked() -> None:
-    with pytest.raises(codec.ProtocolError, match="Register.credits is 65; it must be in ..64"):
+    with pytest.raises(codec.ProtocolError, match=r"Register.credits is 65; it must be in ..64"):
         codec.read(codec.pack(pb.RegisterT(serviceId="e", credits=65))[0])
-    with pytest.raises(codec.ProtocolError, match="ModelSpec.max_batch is 5000"):
-        codec.read(codec.pack(pb.RegisterT(serviceId="e", models=[pb.ModelSpecT(name="m", maxBatch=5000)]))[0])
+    with pytest.raises(codec.ProtocolError, match=r"ModelSpec.max_batch is 5000"):
+        codec.read(
+            codec.pack(pb.RegisterT(serviceId="e", models=[pb.ModelSpecT(name="m", maxBatch=5000)]))[0]
+        )
     env = bytearray(codec.pack(pb.HeartbeatT(serviceId="e"))[0])
     flat = pb.Envelope.GetRootAs(bytes(env), 0)
     env[flat._tab.Pos + flat._tab.Offset(6)] = 99  # body_type
-    with pytest.raises(codec.ProtocolError, match="Envelope.body_type is 99"):
+    with pytest.raises(codec.ProtocolError, match=r"Envelope.body_type is 99"):
         codec.read(bytes(env))
 
 
@@ -71,7 +79,7 @@ def test_lengths_offsets_and_terminators_outside_the_buffer_are_refused() -> Non
     for cut in range(len(env)):  # every truncation: refused, nothing else raised
         with pytest.raises(codec.ProtocolError):
             codec.read_request(env[:cut])
-    with pytest.raises(codec.ProtocolError, match="outside"):
+    with pytest.raises(codec.ProtocolError, match=r"outside"):
         codec.read_request(struct.pack("<I", 1 << 30) + env[4:])
 
 
@@ -100,7 +108,7 @@ def test_shared_objects_cannot_amplify_a_small_buffer() -> None:
     for i in range(1, n):
         el = first + 4 * i
         struct.pack_into("<I", crafted, el, target - el)  # every input is tensor 0
-    with pytest.raises(codec.ProtocolError, match="more objects than the buffer has bytes") as err:
+    with pytest.raises(codec.ProtocolError, match=r"more objects than the buffer has bytes") as err:
         codec.read_request(bytes(crafted))
     assert err.value.reason == "too_large"
 
@@ -113,5 +121,7 @@ def test_an_absent_field_whose_default_breaks_a_constraint_is_refused() -> None:
     env = pb.EnvelopeT(version=codec.PROTOCOL_VERSION, bodyType=pb.Body.InferRequest, body=body)
     b = flatbuffers.Builder(128)
     b.Finish(env.Pack(b))
-    with pytest.raises(codec.ProtocolError, match="Tensor.dtype is absent, and its default 0 is not allowed"):
+    with pytest.raises(
+        codec.ProtocolError, match=r"Tensor.dtype is absent, and its default 0 is not allowed"
+    ):
         codec.read_request(bytes(b.Output()))

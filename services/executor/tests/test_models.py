@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from anvil_core import codec
-from anvil_core.tensors import HostTensor
 from anvil_core.codec import pb
+from anvil_core.tensors import HostTensor
 from anvil_executor.batch_runner import run_batch
 from anvil_executor.models import Model, RequestInputs, RequestOutputs, load_builtin
 from anvil_executor.models.builtin import mlp_reference

@@ -17,9 +17,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from anvil_core import codec
+from anvil_core.codec import pb
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.tensors import HostTensor
-from anvil_core.codec import pb
 from anvil_executor.batch_runner import run_batch
 from anvil_executor.models import Model, RequestInputs, RequestOutputs, load_builtin
 from anvil_executor.warmup import SHORT_SEQ, batch_sizes, sample_request, warm_up

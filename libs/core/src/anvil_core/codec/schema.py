@@ -131,7 +131,9 @@ def _field(
         if f.enum is not None:
             f.allowed = frozenset(v for v in f.enum.values.values() if f.lo is None or v >= f.lo)
         d = f.default
-        if (f.allowed is not None and d not in f.allowed) or (f.allowed is None and not _within(d, f.lo, f.hi)):
+        if (f.allowed is not None and d not in f.allowed) or (
+            f.allowed is None and not _within(d, f.lo, f.hi)
+        ):
             f.absent = f"is absent, and its default {d} is not allowed (min {f.lo}, max {f.hi})"
         f.st = struct.Struct("<" + fmt)
         return f
