@@ -1,6 +1,6 @@
 """Wire codec: encode / verify / decode of typical messages, the verified codec (this tree) against
-the read and write paths of another commit (default `main` before the codec: fbwrite + fbread lazy
-views + the scheduler's peer_checks), measured in the same run, alternating.
+the read and write paths of another commit (default: where this branch left main, before the codec:
+fbwrite + fbread lazy views + the scheduler's peer_checks), measured in the same run, alternating.
 
 Cases (one InferRequest or InferResponse with one FP32 tensor; tensor bytes travel in their own
 frame, so their size changes only the size checks and the wrap, never the envelope):
@@ -12,7 +12,7 @@ Per case and side, median µs per message of:
            (old: open_request + peer_checks.check_request + request_tensor; open_response +
            backend._check_response + request_tensor)
 
-    uv run python bench/codec.py [--old-ref <commit>] [--rounds 5] [--iters 3000]
+    uv run python bench/codec.py [--old-ref <commit>] [--rounds 7] [--iters 3000]
 
 Writes bench/results/codec.{json,md}. The old side runs from `git archive <old-ref>` in a child
 process; each round runs both sides once, in alternating order.
@@ -155,14 +155,17 @@ def _run(side: str, pythonpath: str, iters: int) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--old-ref", default="main")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--old-ref", default="", help="default: where this branch left main (merge-base)")
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--child", choices=["old", "new"])
     args = ap.parse_args()
     if args.child:
         child(args.child, args.iters)
         return
+    if not args.old_ref:
+        base = subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=ROOT, capture_output=True, text=True)
+        args.old_ref = base.stdout.strip() or "main"
     with tempfile.TemporaryDirectory() as tmp:
         old_commit = _old_tree(args.old_ref, Path(tmp))
         paths = {
