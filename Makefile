@@ -11,7 +11,7 @@ help:
 	@echo "make test    unit tests of every member + tests/integration"
 	@echo "make test-gpu  the GPU tests (on a host with a CUDA device)"
 	@echo "make lint    ruff, mypy, compose config, hadolint, proto staleness"
-	@echo "make proto   regenerate $(PROTO_OUT) from proto/anvil.fbs"
+	@echo "make proto   regenerate $(PROTO_OUT) (flatc code + codec field tables) from proto/*.fbs"
 
 # --inexact: keep what .ci/run added for tests (torch CPU, onnxruntime) instead of removing it.
 sync:
@@ -49,9 +49,13 @@ test-unit: sync
 test-integration: sync
 	$(PY) pytest tests/integration -q
 
+# flatc's Python (accessors, object API) and the codec's field tables (anvil_core.codec reads and
+# verifies every wire message through them); plan.fbs is the compiler/executor's, read with flatc's code.
+WIRE_SCHEMAS := proto/anvil.fbs proto/zerocopy.fbs
 proto:
 	for f in proto/*.fbs; do $(PY) flatc --python --gen-onefile --gen-object-api -o $(PROTO_OUT) $$f; done
-	@echo "regenerated $(PROTO_OUT)/*_generated.py from proto/*.fbs"
+	for f in $(WIRE_SCHEMAS); do $(PY) python -m anvil_core.codec.fbs_schema $$f $(PROTO_OUT); done
+	@echo "regenerated $(PROTO_OUT)/*_generated.py and *_schema.py from proto/*.fbs"
 
 lint: sync
 	$(PY) ruff check .

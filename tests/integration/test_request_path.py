@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from anvil_core import infer_codec as codec
+from anvil_core import codec
 from anvil_core.tensors import HostTensor
 from anvil_executor.models.builtin import mlp_reference
 
@@ -153,11 +153,9 @@ def test_scheduler_answers_each_request_of_a_bundle_and_skips_a_bad_one(stack: A
         answers: dict[str, np.ndarray] = {}
         while len(answers) < len(xs):
             assert sock.poll(10_000), f"only {sorted(answers)} answered"
-            for group in codec.unbundle(sock.recv_multipart()):
-                resp = codec.open_response(group[0])
-                assert resp.Error() is None or resp.Error().Code() == 0
-                rid = resp.RequestId().decode()
-                answers[rid] = codec.request_tensor(resp.Outputs(0), group[1:]).data
+            for resp, group in codec.unbundle(sock.recv_multipart()):
+                assert resp.error is None or resp.error.code == 0
+                answers[resp.requestId] = codec.request_tensor(resp.outputs[0], group[1:]).data
         for rid, x in xs.items():
             np.testing.assert_array_equal(answers[rid], x)
     finally:

@@ -21,11 +21,10 @@ import pytest
 import redis
 import zmq
 
-from anvil_core import infer_codec as codec
-from anvil_core import keys, wire
+from anvil_core import codec, keys
+from anvil_core.codec import pb
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.tensors import HostTensor
-from anvil_core.wire import pb
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +56,7 @@ class SlowFirstExecutor(threading.Thread):
         spec = pb.ModelSpecT()
         spec.name, spec.version, spec.maxBatch = MODEL, "1", 8
         reg.models = [spec]
-        self.sock.send_multipart(wire.pack(reg))
+        self.sock.send_multipart(codec.pack(reg))
 
     def run(self) -> None:
         """The I/O loop keeps heartbeating while the first batch 'runs' (like the real executor,
@@ -66,7 +65,7 @@ class SlowFirstExecutor(threading.Thread):
         next_beat = time.monotonic() + 0.3
         while not self.stop.is_set():
             if self.sock.poll(20):
-                body, frames = wire.unpack(self.sock.recv_multipart(copy=False))
+                body, frames = codec.unpack(self.sock.recv_multipart(copy=False))
                 if isinstance(body, pb.ErrorT):
                     self._register()
                 elif isinstance(body, pb.BatchT):
@@ -79,7 +78,7 @@ class SlowFirstExecutor(threading.Thread):
             if time.monotonic() >= next_beat:
                 hb = pb.HeartbeatT()
                 hb.kind, hb.serviceId = pb.ServiceKind.EXECUTOR, "slowfirst-ex"
-                self.sock.send_multipart(wire.pack(hb))
+                self.sock.send_multipart(codec.pack(hb))
                 next_beat = time.monotonic() + 0.3
         self.sock.close()
         self.ctx.term()
@@ -87,20 +86,20 @@ class SlowFirstExecutor(threading.Thread):
     def _answer(self, batch: pb.BatchT, frames: list[Any], t0: float) -> None:
         out: list[Any] = []
         counts: list[int] = []
-        for group in codec.split_groups(frames, wire.ints(batch.frameCounts)):
-            req = codec.open_request(group[0])
-            x = codec.request_tensor(req.Inputs(0), group[1:])
+        for group in codec.split_groups(frames, batch.frameCounts or ()):
+            req = codec.read_request(group[0])
+            x = codec.request_tensor(req.inputs[0], group[1:])
             payloads: list[Any] = []
             outputs = codec.tensor_frames([HostTensor.from_array("OUTPUT0", "FP32", x.data)], payloads)
             env = codec.build_response(
-                request_id=req.RequestId() or b"", trace_id=req.TraceId() or b"", model=MODEL, outputs=outputs
+                request_id=req.requestId, trace_id=req.traceId, model=MODEL, outputs=outputs
             )
             out += [env, *payloads]
             counts.append(1 + len(payloads))
         res = pb.BatchResultT()
         res.batchId, res.executorId, res.frameCounts = batch.batchId, "slowfirst-ex", counts
         res.computeUs = int((time.monotonic() - t0) * 1e6)  # the device's time, compilation included
-        self.sock.send_multipart(wire.pack(res, out))
+        self.sock.send_multipart(codec.pack(res, out))
         self.batches += 1
         self.first_done.set()
 

@@ -210,7 +210,7 @@ def test_latency_of_one_mebibyte_identity(stack: Any, http: httpx.Client) -> Non
 
 def test_executor_resolver_checks_the_registry_and_every_span(redis_url: str) -> None:
     """ShmInputs on its own (no stack): registry gate, bounds, zero-copy views, unmapping."""
-    from anvil_core import infer_codec as codec
+    from anvil_core import codec
     from anvil_core.tensors import TensorError
     from anvil_core.zerocopy import Region, shm_key
     from anvil_executor.shm_inputs import ShmInputs
@@ -221,7 +221,7 @@ def test_executor_resolver_checks_the_registry_and_every_span(redis_url: str) ->
             request_id="r", trace_id="t", model="m", version="1", priority=2, deadline_unix_ns=1,
             tenant="default", shm_inputs=[("INPUT0", dt, shape, span)],
         )  # fmt: skip
-        return codec.open_request(raw).Inputs(0)
+        return codec.read_request(raw).inputs[0]
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     inputs = ShmInputs(redis_url, recheck_s=0.05)

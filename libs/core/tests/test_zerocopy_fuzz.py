@@ -1,11 +1,13 @@
 """Fuzzing the ZeroCopy parsers: any bytes a client can put in a doorbell or a slot give a header, a
 decoded block, or the protocol's own error (ZeroCopyError with a Status) — never another exception,
 never a hang. Hypothesis explores the structure; a seeded mutation loop adds >= 100,000 cases over
-every parser (bit flips, truncation, length-field overwrites, splices of valid frames and blocks).
+every parser (bit flips, truncation, length-field overwrites, splices of valid frames and blocks):
+10,000 in CI, ANVIL_FUZZ_CASES (bench/fuzz_long.py: 100,000) otherwise.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from collections.abc import Callable
@@ -20,7 +22,7 @@ from anvil_core.zerocopy import header as zh
 from anvil_core.zerocopy import meta as zm
 from anvil_core.zerocopy import slots as zs
 
-MUTATION_CASES = 100_000
+MUTATION_CASES = int(os.environ.get("ANVIL_FUZZ_CASES", 10_000))
 # CPU seconds (thread time: immune to a busy machine's scheduling) one parse of <= 4 KiB may use;
 # a loop on a malicious count or length would exceed it by orders of magnitude.
 SLOWEST_CALL_CPU_S = 0.25
@@ -51,7 +53,7 @@ def _valid_infer_block() -> bytes:
 
 
 def _valid_result_block() -> bytes:
-    return zm.result_layout("mlp", "1", [("OUTPUT0", "FP32", (2, 4), 32)]).block
+    return zm.result_layout("mlp", "1", [("OUTPUT0", "FP32", (2, 4), 32)]).block_with(5, 6)
 
 
 SEEDS: dict[str, list[bytes]] = {
@@ -78,12 +80,11 @@ def _result(payload: bytes) -> Any:
     return zm.decode_result(zm.read_block(payload, len(payload)))
 
 
-_reader = zm.ResultReader(entries=64)
 PARSERS: dict[str, list[Callable[[bytes], Any]]] = {
     "request": [zh.decode_request],
     "reply": [zh.decode_reply],
     "infer": [_infer, zm.decode_infer],
-    "result": [_result, zm.decode_result, _reader.read],
+    "result": [_result, zm.decode_result],
     "register": [zs.decode_register],
 }
 
@@ -200,7 +201,7 @@ def _mutate(rng: np.random.Generator, seed: bytes, others: list[bytes]) -> bytes
     return bytes(data)
 
 
-def test_100k_mutations_of_valid_frames_and_blocks() -> None:
+def test_mutations_of_valid_frames_and_blocks(fuzz: Any) -> None:
     rng = np.random.default_rng(20261129)
     kinds = sorted(SEEDS)
     everything = [s for k in kinds for s in SEEDS[k]]
@@ -214,4 +215,12 @@ def test_100k_mutations_of_valid_frames_and_blocks() -> None:
             check(parse, data)
         cases += 1
     assert cases >= MUTATION_CASES
-    assert time.thread_time() - t0 < 240, "the parsers are too slow to fuzz in CI"
+    took = time.thread_time() - t0
+    assert took < 240 * MUTATION_CASES / 100_000, "the parsers are too slow to fuzz in CI"
+    fuzz.record(
+        "ZeroCopy parsers (header, slot metadata, REGISTER)",
+        cases,
+        crashes=0,
+        hangs=0,
+        seconds=round(took, 1),
+    )

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anvil_core import infer_codec as codec
+from anvil_core import codec
 from anvil_core.zerocopy import meta as zm
-from anvil_core.zerocopy.forward import EnvelopeTemplate
+from anvil_core.zerocopy.forward import request_envelope
 from anvil_core.zerocopy.meta import InferMeta, MetaError, ResultMeta, TensorDesc
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -52,7 +52,7 @@ def test_read_block_copies_only_the_block_and_checks_its_prefix() -> None:
         ({"tensors": [("A", "FP32", (4,), 16), ("A", "FP32", (4,), 16)]}, "unique"),
         ({"tensors": []}, "at least one input"),
         ({"tensors": [("A", "BYTES", (4,), 15)]}, "needs 16"),
-        ({"priority": 7}, "priority 7"),
+        ({"priority": 7}, "InferMeta.priority is 7; it must be in ..3"),
     ],
 )
 def test_inconsistent_metadata_is_refused(kw: dict[str, object], says: str) -> None:
@@ -69,46 +69,29 @@ def test_offsets_inside_the_block_or_unaligned_are_refused() -> None:
             zm.decode_infer(zm.encode_infer(InferMeta("m", d)))
 
 
-def test_result_layout_patches_timings_into_a_reused_block() -> None:
+def test_result_layout_writes_each_reply_at_the_planned_size() -> None:
     layout = zm.result_layout("identity", "1", [("OUTPUT0", "FP32", (1, 4), 16), ("S", "BYTES", (1,), 9)])
-    reader = zm.ResultReader()
+    sizes = set()
     for q, c in [(1, 2), (123456, 7), (0xFFFF_FFFF, 0)]:
-        got = reader.read(bytes(layout.block_with(q, c)))
-        assert got == ResultMeta("identity", layout.outputs, "1", q, c)
-    assert zm.decode_result(bytes(layout.block_with(5, 6))).queue_us == 5
+        block = layout.block_with(q, c)
+        sizes.add(len(block))
+        assert zm.decode_result(block) == ResultMeta("identity", layout.outputs, "1", q, c)
+    assert len(sizes) == 1 and layout.outputs[0].offset >= 16 + sizes.pop()  # outputs after the block
 
 
-def test_envelope_template_is_byte_identical_to_a_fresh_build() -> None:
+def test_request_envelope_points_each_input_into_the_slot() -> None:
     inputs = [("INPUT0", "FP32", (1, 1024), 128, 4096), ("MASK", "BOOL", (1, 3), 4224, 3)]
-    for trace in ("", "client-trace"):
-        t = EnvelopeTemplate.build(
-            model="identity",
-            version="1",
-            priority=1,
-            tenant="default",
-            trace_id=trace,
-            region="zc-00ff00ff-3",
-            inputs=inputs,
-            outputs=["OUTPUT0"],
-        )
-        got = t.fill(b"a" * 32, b"b" * 32, 1_700_000_000_123_456_789, 64 + 5 * 8192)
-        want = codec.build_request(
-            request_id="a" * 32,
-            trace_id=trace or "b" * 32,
-            model="identity",
-            version="1",
-            priority=1,
-            deadline_unix_ns=1_700_000_000_123_456_789,
-            tenant="default",
-            shm_inputs=[
-                (n, dt, sh, codec.ShmSpan("zc-00ff00ff-3", 64 + 5 * 8192 + off, ln))
-                for n, dt, sh, off, ln in inputs
-            ],
-            outputs=["OUTPUT0"],
-        )
-        assert bytes(got) == want
-        req = codec.open_request(bytes(got))
-        assert req.Inputs(0).Frame() == -1 and req.Inputs(1).Shm().Offset() == 64 + 5 * 8192 + 4224
+    raw = request_envelope(
+        request_id="a" * 32, trace_id="b" * 32, model="identity", version="1", priority=1,
+        deadline_unix_ns=1_700_000_000_123_456_789, tenant="default", region="zc-00ff00ff-3",
+        slot_base=64 + 5 * 8192, inputs=inputs, outputs=["OUTPUT0"],
+    )  # fmt: skip
+    req = codec.read_request(raw)
+    assert (req.requestId, req.priority, req.deadlineUnixNs) == ("a" * 32, 1, 1_700_000_000_123_456_789)
+    assert [(t.frame, t.shm.region, t.shm.offset, t.shm.length) for t in req.inputs] == [
+        (-1, "zc-00ff00ff-3", 64 + 5 * 8192 + 128, 4096),
+        (-1, "zc-00ff00ff-3", 64 + 5 * 8192 + 4224, 3),
+    ]
 
 
 @settings(max_examples=2_000, deadline=None)

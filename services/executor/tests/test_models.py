@@ -7,10 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from anvil_core import infer_codec as codec
-from anvil_core import wire
+from anvil_core import codec
+from anvil_core.codec import pb
 from anvil_core.tensors import HostTensor
-from anvil_core.wire import pb
 from anvil_executor.batch_runner import run_batch
 from anvil_executor.models import Model, RequestInputs, RequestOutputs, load_builtin
 from anvil_executor.models.builtin import mlp_reference
@@ -42,8 +41,8 @@ def _batch(
     return batch, frames
 
 
-def _answers(frames: list[object], counts: list[int]) -> list[tuple[pb.InferResponse, list[object]]]:
-    return [(codec.open_response(g[0]), g[1:]) for g in codec.split_groups(frames, counts)]
+def _answers(frames: list[object], counts: list[int]) -> list[tuple[pb.InferResponseT, list[object]]]:
+    return [(codec.read_response(g[0]), g[1:]) for g in codec.split_groups(frames, counts)]
 
 
 def test_mlp_batches_rows_of_several_requests_and_matches_numpy() -> None:
@@ -53,9 +52,9 @@ def test_mlp_batches_rows_of_several_requests_and_matches_numpy() -> None:
     result, out = run_batch({"mlp": load_builtin("mlp", 64)}, batch, frames, "ex", "cpu")
     assert result.error is None
     answers = _answers(out, result.frameCounts)
-    assert [a.RequestId() for a, _ in answers] == [b"r0", b"r1", b"r2"]
+    assert [a.requestId for a, _ in answers] == ["r0", "r1", "r2"]
     for x, (resp, payloads) in zip(rows, answers, strict=True):
-        got = codec.request_tensor(resp.Outputs(0), payloads).data
+        got = codec.request_tensor(resp.outputs[0], payloads).data
         np.testing.assert_allclose(got, mlp_reference(x), rtol=1e-6, atol=1e-6)
 
 
@@ -64,7 +63,7 @@ def test_identity_returns_its_input() -> None:
     batch, frames = _batch("identity", [x])
     result, out = run_batch({"identity": load_builtin("identity", 8)}, batch, frames, "ex", "cpu")
     resp, payloads = _answers(out, result.frameCounts)[0]
-    np.testing.assert_array_equal(codec.request_tensor(resp.Outputs(0), payloads).data, x)
+    np.testing.assert_array_equal(codec.request_tensor(resp.outputs[0], payloads).data, x)
 
 
 def test_a_bad_request_fails_alone_and_the_rest_of_the_batch_runs() -> None:
@@ -72,16 +71,16 @@ def test_a_bad_request_fails_alone_and_the_rest_of_the_batch_runs() -> None:
     batch, frames = _batch("mlp", [good, np.zeros((1, 3), np.float32)])
     result, out = run_batch({"mlp": load_builtin("mlp", 8)}, batch, frames, "ex", "cpu")
     (ok, _), (bad, _) = _answers(out, result.frameCounts)
-    assert ok.Error() is None and ok.OutputsLength() == 1
-    assert bad.Error().Code() == pb.ErrorCode.BAD_REQUEST
-    assert b"does not match" in bad.Error().Reason()
+    assert ok.error is None and len(ok.outputs) == 1
+    assert bad.error.code == pb.ErrorCode.BAD_REQUEST
+    assert "does not match" in bad.error.reason
 
 
 def test_an_expired_request_is_not_executed() -> None:
     batch, frames = _batch("mlp", [np.zeros((1, 16), np.float32)], deadline_ns=time.time_ns() - 1)
     result, out = run_batch({"mlp": load_builtin("mlp", 8)}, batch, frames, "ex", "cpu")
     resp, _ = _answers(out, result.frameCounts)[0]
-    assert resp.Error().Code() == pb.ErrorCode.DEADLINE
+    assert resp.error.code == pb.ErrorCode.DEADLINE
 
 
 class _Broken(Model):
@@ -96,7 +95,7 @@ def test_a_model_failure_fails_the_whole_batch_with_the_reason() -> None:
     batch, frames = _batch("identity", [np.zeros((1, 2), np.float32)] * 3)
     result, out = run_batch({"identity": _Broken()}, batch, frames, "ex", "cpu")
     assert result.error.code == pb.ErrorCode.INTERNAL and out == []
-    assert "kaboom" in wire.text(result.error.reason)
+    assert "kaboom" in str(result.error.reason)
 
 
 def test_unknown_model_is_not_found() -> None:
@@ -140,9 +139,9 @@ def test_a_request_past_a_model_limit_is_refused_alone_with_the_limit() -> None:
     batch, frames = _batch("identity", [np.ones((1, 4), np.float32), np.ones((1, 9), np.float32)])
     result, out = run_batch({"identity": model}, batch, frames, "ex", "cpu")
     (ok, _), (bad, _) = _answers(out, result.frameCounts)
-    assert ok.Error() is None and model.calls == [1]  # the model ran only the request within the limit
-    assert bad.Error().Code() == pb.ErrorCode.BAD_REQUEST
-    assert b"limit of 4" in bad.Error().Reason()
+    assert ok.error is None and model.calls == [1]  # the model ran only the request within the limit
+    assert bad.error.code == pb.ErrorCode.BAD_REQUEST
+    assert "limit of 4" in bad.error.reason
 
 
 def test_a_plan_refuses_sequences_past_its_max_seq() -> None:

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from anvil_core import infer_codec as codec
+from anvil_core import codec
+from anvil_core.codec import pb
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.tensors import HostTensor
-from anvil_core.wire import pb
 from anvil_executor.batch_runner import run_batch
 from anvil_executor.models import Model, RequestInputs, RequestOutputs, load_builtin
 from anvil_executor.warmup import SHORT_SEQ, batch_sizes, sample_request, warm_up
@@ -237,5 +237,5 @@ def test_deployed_model_is_ready_only_after_warm_up(executor: tuple[Any, Any], r
     first_s = time.perf_counter() - t0
     assert result.error is None and slow.cold == [1, 2, 3, 4]  # the first request found it warm
     assert first_s < COLD_S / 3, first_s
-    resp = codec.open_response(out[0])
-    np.testing.assert_array_equal(codec.request_tensor(resp.Outputs(0), out[1:]).data, 2 * x)
+    resp = codec.read_response(out[0])
+    np.testing.assert_array_equal(codec.request_tensor(resp.outputs[0], out[1:]).data, 2 * x)

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from anvil_client import AsyncZeroCopyClient, ZeroCopyClient, ZeroCopyError
-from anvil_core import infer_codec as codec
+from anvil_core import codec
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.registry import Registry
 from anvil_core.tensors import HostTensor
@@ -67,17 +67,17 @@ class Harness:
 
     def executor_view(self, t: Any) -> np.ndarray:
         """What the executor does: map the announced region read-only, view the span in place."""
-        ref = t.Shm()
-        key = ref.Region().decode()
+        ref = t.shm
+        key = ref.region
         if key not in self._maps:
             rec = self.redis.hgetall(shm_key(key))
             self._maps[key] = Region.attach(
                 str(rec["name"]), int(rec["slot_bytes"]), int(rec["slot_count"]), writable=False
             )
         region = self._maps[key]
-        region.check_span(ref.Offset(), ref.Length())
-        shape = tuple(t.ShapeAsNumpy().tolist())
-        arr = np.frombuffer(region.get(ref.Offset(), ref.Length()), np.float32).reshape(shape)
+        region.check_span(ref.offset, ref.length)
+        shape = tuple(t.shape)
+        arr = np.frombuffer(region.get(ref.offset, ref.length), np.float32).reshape(shape)
         assert region.contains(arr)
         return arr
 
@@ -91,9 +91,9 @@ class Harness:
         payloads: list[Any] = []
         tensors = [HostTensor.from_array(n, "FP32", a) for n, a in (outputs or {}).items()]
         env = codec.build_response(
-            request_id=req.RequestId(),
-            trace_id=req.TraceId(),
-            model=req.Model(),
+            request_id=req.requestId,
+            trace_id=req.traceId,
+            model=req.model,
             version="1",
             outputs=codec.tensor_frames(tensors, payloads),
             error=error,
@@ -105,11 +105,10 @@ class Harness:
     async def serve(self) -> None:
         while True:
             ident, *parts = await self.sched.recv_multipart()
-            for group in codec.unbundle(parts):  # the gateway bundles the requests of one loop turn
+            for req, group in codec.unbundle(parts):  # the gateway bundles one loop turn's requests
                 self.wire.append(group)
-                req = codec.open_request(group[0])
                 if self.auto:
-                    x = self.executor_view(req.Inputs(0))
+                    x = self.executor_view(req.inputs[0])
                     await self.answer(ident, req, {"OUTPUT0": x.copy()})
                 else:
                     self.held.put_nowait((ident, req))
@@ -250,13 +249,13 @@ def test_one_mebibyte_crosses_the_gateway_as_a_reference(redis_url: str) -> None
         await raw.sock.send(frame)
         ident, req = await h.next_request()
         assert len(h.wire[-1]) == 1 and sum(map(len, h.wire[-1])) < 1024  # one envelope, no payload
-        t = req.Inputs(0)
-        assert t.Frame() == -1 and t.Shm().Length() == MiB
+        t = req.inputs[0]
+        assert t.frame == -1 and t.shm.length == MiB
         slot_base = raw.region.slot_offset(1)
-        assert slot_base < t.Shm().Offset() < slot_base + raw.region.slot_bytes
+        assert slot_base < t.shm.offset < slot_base + raw.region.slot_bytes
         seen = h.executor_view(t)
         assert np.array_equal(seen, x)
-        raw.region.set(t.Shm().Offset(), np.array([-1.0], np.float32))  # the client's memory, not a copy
+        raw.region.set(t.shm.offset, np.array([-1.0], np.float32))  # the client's memory, not a copy
         assert seen[0, 0] == -1.0
         await h.answer(ident, req, {"OUTPUT0": seen * 2})
         head, _ = zh.decode_reply(await raw.sock.recv())

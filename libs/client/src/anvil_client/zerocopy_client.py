@@ -47,7 +47,6 @@ class _Slots:
         self.region_id = 0
         self._ids = itertools.count(1)
         self._layouts: dict[tuple[Any, ...], Layout] = {}
-        self._results = zm.ResultReader()
 
     def next_id(self) -> int:
         rid = next(self._ids) & 0xFFFF_FFFF
@@ -100,7 +99,7 @@ class _Slots:
         self.check(head, inline, slot)
         if head.op != Op.INFER_OK:
             raise ZeroCopyError(Status.PROTOCOL, f"unexpected reply {head.op:#06x} to INFER")
-        return slot_io.read_outputs(self.region, slot, head, self._results, copy)[1]
+        return slot_io.read_outputs(self.region, slot, head, copy)[1]
 
     def unregister_frame(self, rid: int) -> bytes:
         return zh.encode(rid, Op.UNREGISTER, reserved=zh.pack_reserved(self.region_id, 0))

@@ -1,10 +1,10 @@
 """anvil_core: what every Anvil service shares (settings, logging, registry, sockets, wire codecs)."""
 
+from anvil_core.codec import PROTOCOL_VERSION, ProtocolError
 from anvil_core.model_spec import ModelSpec, SpecError, TensorSpec
 from anvil_core.registry import Registry
 from anvil_core.settings import ServiceSettings
 from anvil_core.tensors import HostTensor, TensorError
-from anvil_core.wire import PROTOCOL_VERSION, ProtocolError
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 from prometheus_client import Counter
 
+from anvil_core.codec.errors import REASONS
+
 __all__ = ["DropLog", "dropped_messages"]
 
 dropped_messages = Counter(
@@ -39,7 +41,9 @@ class DropLog:
         self.counts: dict[str, int] = {}
 
     def drop(self, reason: str, detail: str, exc_info: bool = False) -> None:
-        """Count one refused message; log it unless this reason was logged within ``every_s``."""
+        """Count one refused message; log it unless this reason was logged within ``every_s``.
+        ``reason`` is one of codec.REASONS (anything else is counted as "internal": bounded labels)."""
+        reason = reason if reason in REASONS else "internal"
         dropped_messages.labels(service=self.service, reason=reason).inc()
         self.counts[reason] = self.counts.get(reason, 0) + 1
         now = self._clock()

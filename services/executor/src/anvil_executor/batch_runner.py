@@ -1,6 +1,7 @@
 """Turns a wire Batch into model calls and a wire BatchResult. Runs on the compute thread: no sockets.
 
-Input framing: per request, its InferRequest envelope then its payload frames (infer_codec).
+Input framing: per request, its InferRequest envelope then its payload frames (codec.messages).
+Every request envelope is verified by the wire codec before a field is used.
 Output framing: per answered request, its InferResponse envelope then its output payloads.
 """
 
@@ -10,30 +11,29 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from anvil_core import infer_codec as codec
-from anvil_core import wire
+from anvil_core import codec
+from anvil_core.codec import pb
 from anvil_core.model_spec import SpecError
 from anvil_core.tensors import HostTensor, TensorError
-from anvil_core.wire import pb
 from anvil_executor.device import is_device_fault
 from anvil_executor.models import Model, RequestInputs
 
 __all__ = ["ShmResolver", "run_batch"]
 
 # Resolves a Tensor whose bytes live in shared memory (frame = -1) into a HostTensor view.
-ShmResolver = Callable[[pb.Tensor], HostTensor]
+ShmResolver = Callable[[pb.TensorT], HostTensor]
 
 
-def _no_shm(t: pb.Tensor) -> HostTensor:
+def _no_shm(t: pb.TensorT) -> HostTensor:
     raise TensorError("shared-memory inputs are not enabled on this executor")
 
 
-def _inputs(req: pb.InferRequest, payloads: Sequence[Any], shm: ShmResolver) -> list[HostTensor]:
-    out = []
-    for j in range(req.InputsLength()):
-        t = req.Inputs(j)
-        out.append(shm(t) if t.Frame() < 0 else codec.request_tensor(t, payloads))
-    return out
+def _inputs(req: pb.InferRequestT, payloads: Sequence[Any], shm: ShmResolver) -> list[HostTensor]:
+    try:
+        codec.check_payloads(req.inputs, payloads, "input")
+    except codec.ProtocolError as exc:
+        raise TensorError(str(exc)) from None
+    return [shm(t) if t.frame < 0 else codec.request_tensor(t, payloads) for t in req.inputs or ()]
 
 
 def run_batch(
@@ -50,29 +50,38 @@ def run_batch(
     own error; the rest of the batch still runs. A model failure fails the whole batch.
     """
     t0 = time.perf_counter()
-    result = pb.BatchResultT()
-    result.batchId = batch.batchId
-    result.executorId = executor_id
-    result.device = device
-    model_name = wire.text(batch.model)
+    result = pb.BatchResultT(batchId=batch.batchId, executorId=executor_id, device=device)
+    model_name = batch.model or ""
     model = models.get(model_name)
     if model is None:
-        result.error = wire.error(pb.ErrorCode.NOT_FOUND, f"model {model_name!r} is not loaded here")
+        result.error = codec.error(pb.ErrorCode.NOT_FOUND, f"model {model_name!r} is not loaded here")
         return result, []
     try:
-        groups = list(codec.split_groups(frames, wire.ints(batch.frameCounts)))
-        requests = [codec.open_request(g[0]) for g in groups]
-    except wire.ProtocolError as exc:
-        result.error = wire.error(pb.ErrorCode.PROTOCOL, f"malformed batch: {exc}")
+        groups = list(codec.split_groups(frames, batch.frameCounts or ()))
+    except codec.ProtocolError as exc:
+        result.error = codec.error(pb.ErrorCode.PROTOCOL, f"malformed batch: {exc}")
         return result, []
-    queue_us = wire.ints(batch.queueUs)
+    queue_us = list(batch.queueUs or ())
 
-    answers: list[tuple[bytes, list[Any]] | None] = [None] * len(requests)
+    answers: list[tuple[bytes, list[Any]] | None] = [None] * len(groups)
+    requests: list[Any] = []
+    for i, group in enumerate(groups):
+        try:
+            requests.append(codec.read_request(group[0]))
+        except codec.ProtocolError as exc:  # its own error when its id reads; the rest still runs
+            requests.append(None)
+            ids = codec.peek_request_ids(group[0])
+            if ids is not None:
+                reason = f"refused: {exc}"
+                answers[i] = (codec.build_response(request_id=ids[0], trace_id=ids[1], model="",
+                                                   error=(pb.ErrorCode.BAD_REQUEST, reason)), [])  # fmt: skip
     runnable: list[tuple[int, RequestInputs]] = []
     now_ns = time.time_ns()
     for i, (req, group) in enumerate(zip(requests, groups, strict=True)):
+        if req is None:
+            continue
         try:
-            if req.DeadlineUnixNs() and req.DeadlineUnixNs() <= now_ns:
+            if req.deadlineUnixNs and req.deadlineUnixNs <= now_ns:
                 answers[i] = (_error(req, pb.ErrorCode.DEADLINE, "deadline passed before execution"), [])
                 continue
             tensors = _inputs(req, group[1:], shm)
@@ -90,13 +99,13 @@ def run_batch(
         except Exception as exc:  # a model bug must not kill the executor; every request hears it
             if is_device_fault(exc):
                 raise  # the compute loop answers the batch, then the executor restarts clean
-            result.error = wire.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
+            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
             return result, []
         compute_us = int((time.perf_counter() - t0) * 1e6)
         specs = {s.name: s for s in model.spec.outputs}
         for (i, _), produced in zip(runnable, produced_all, strict=True):
             req = requests[i]
-            wanted = [(req.Outputs(k) or b"").decode() for k in range(req.OutputsLength())] or list(produced)
+            wanted = list(req.outputs or ()) or list(produced)
             missing = [n for n in wanted if n not in produced]
             if missing:
                 answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, f"model has no outputs {missing}"), [])
@@ -104,10 +113,10 @@ def run_batch(
             payloads: list[Any] = []
             tensors = [HostTensor.from_array(n, specs[n].datatype, produced[n]) for n in wanted]
             env = codec.build_response(
-                request_id=req.RequestId() or b"",
-                trace_id=req.TraceId() or b"",
-                model=req.Model() or b"",
-                version=req.ModelVersion() or b"",
+                request_id=req.requestId,
+                trace_id=req.traceId,
+                model=req.model,
+                version=req.modelVersion,
                 outputs=codec.tensor_frames(tensors, payloads),
                 queue_us=queue_us[i] if i < len(queue_us) else 0,
                 compute_us=compute_us,
@@ -126,10 +135,7 @@ def run_batch(
     return result, out
 
 
-def _error(req: pb.InferRequest, code: int, reason: str) -> bytes:
+def _error(req: Any, code: int, reason: str) -> bytes:
     return codec.build_response(
-        request_id=req.RequestId() or b"",
-        trace_id=req.TraceId() or b"",
-        model=req.Model() or b"",
-        error=(code, reason),
+        request_id=req.requestId, trace_id=req.traceId, model=req.model, error=(code, reason)
     )

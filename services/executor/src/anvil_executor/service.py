@@ -17,12 +17,13 @@ from typing import Any
 import redis.asyncio as aioredis
 import zmq
 
-from anvil_core import keys, wire
+from anvil_core import codec, keys
 from anvil_core.background import Background
+from anvil_core.codec import pb
+from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
-from anvil_core.wire import pb
 from anvil_executor import metrics as m
 from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
@@ -65,6 +66,7 @@ class Executor:
         self._artifacts: dict[str, str] = {}  # model -> artifact id loaded
         self._plans: dict[str, Any] = {}  # model -> its GpuPlanModel (GPU metrics)
         self._loading: set[str] = set()
+        self.drops = DropLog(log, "executor")
         self.bg = Background("executor-redis")
         self.registry = Registry(
             settings.redis_url,
@@ -214,7 +216,7 @@ class Executor:
             spec.version = model.spec.version
             spec.maxBatch = model.spec.max_batch
             reg.models.append(spec)
-        self._send(wire.pack(reg))
+        self._send(codec.pack(reg))
 
     def _heartbeat(self) -> None:
         if self.endpoint is None:
@@ -225,7 +227,7 @@ class Executor:
         hb.serviceId = self.s.service_id
         hb.seq = self._beat_seq
         hb.inflight = self.inflight
-        self._send(wire.pack(hb))
+        self._send(codec.pack(hb))
 
     def _send(self, parts: list[Any]) -> None:
         try:
@@ -239,17 +241,20 @@ class Executor:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                body, frames = wire.unpack(parts)
-            except wire.ProtocolError as exc:
-                log.warning("undecodable message from the scheduler", extra={"err": str(exc)})
-                continue
-            if isinstance(body, pb.ErrorT):  # the scheduler does not know us (it restarted)
-                self._register()
-            elif isinstance(body, pb.BatchT):
-                self.inflight += 1
-                m.inflight.set(self.inflight)
-                self.work.put((body, frames))
+            try:  # nothing a message holds ends this loop: it is verified, or counted and dropped
+                body, frames = codec.unpack(parts)
+                if isinstance(body, pb.ErrorT):  # the scheduler does not know us (it restarted)
+                    self._register()
+                elif isinstance(body, pb.BatchT):
+                    self.inflight += 1
+                    m.inflight.set(self.inflight)
+                    self.work.put((body, frames))
+                else:
+                    raise codec.ProtocolError(f"the scheduler sent a {type(body).__name__}", "unexpected")
+            except codec.ProtocolError as exc:
+                self.drops.drop(exc.reason, str(exc))
+            except Exception as exc:  # a bug: counted and logged with its traceback
+                self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
     def _drain_results(self) -> None:
         while True:
@@ -269,7 +274,7 @@ class Executor:
             while (item := self.work.get()) is not None:
                 batch, frames = item
                 t0 = time.perf_counter()
-                model = wire.text(batch.model)
+                model = batch.model if batch.model in self.models else "_unknown"  # bounded labels
                 fault: BaseException | None = None
                 try:
                     result, out = run_batch(
@@ -283,14 +288,15 @@ class Executor:
                 except Exception as exc:  # never lose a batch: every request hears the failure
                     log.exception("batch failed")
                     fault = exc if is_device_fault(exc) else None
-                    result, out = pb.BatchResultT(), []
-                    result.batchId = batch.batchId
-                    result.executorId = self.s.service_id
-                    result.error = wire.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
+                    failure = codec.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
+                    result = pb.BatchResultT(
+                        batchId=batch.batchId, executorId=self.s.service_id, error=failure
+                    )
+                    out = []
                 outcome = "error" if result.error is not None else "success"
                 m.batches.labels(model=model, outcome=outcome).inc()
                 m.compute_us.labels(model=model).observe((time.perf_counter() - t0) * 1e6)
-                done_tx.send_multipart(wire.pack(result, out), copy=False)
+                done_tx.send_multipart(codec.pack(result, out), copy=False)
                 if fault is not None:  # the context is unusable: stop computing, the I/O loop exits
                     self.fault = fault
                     return

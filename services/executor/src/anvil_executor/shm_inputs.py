@@ -23,16 +23,14 @@ import redis
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
+from anvil_core.codec import DTYPE_NAMES, pb
 from anvil_core.logs import get_logger
-from anvil_core.proto_gen import anvil_generated as pb
-from anvil_core.tensors import DATATYPES, HostTensor, TensorError
+from anvil_core.tensors import HostTensor, TensorError
 from anvil_core.zerocopy import Region, ZeroCopyError, shm_key
 
 __all__ = ["ShmInputs"]
 
 log = get_logger("anvil.executor.shm")
-
-_NAMES: dict[int, str] = {getattr(pb.DType, name): name for name in DATATYPES}
 
 shm_inputs = Counter("anvil_executor_shm_inputs_total", "Input tensors read from shared memory")
 shm_bytes = Counter("anvil_executor_shm_input_bytes_total", "Input bytes read from shared memory")
@@ -56,18 +54,15 @@ class ShmInputs:
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
 
-    def resolve(self, t: pb.Tensor) -> HostTensor:
-        """A HostTensor viewing the referenced bytes; TensorError states any violated constraint."""
-        name = (t.Name() or b"").decode(errors="replace")
-        ref = t.Shm()
+    def resolve(self, t: pb.TensorT) -> HostTensor:
+        """A HostTensor of the referenced bytes of a verified tensor (codec); TensorError states any
+        violated constraint."""
+        name, ref = t.name or "", t.shm
         if ref is None:
             raise TensorError(f"tensor {name!r}: no frame and no shared-memory reference")
-        datatype = _NAMES.get(t.Dtype())
-        if datatype is None:
-            raise TensorError(f"tensor {name!r}: unknown dtype code {t.Dtype()}")
-        shape = tuple(int(d) for d in t.ShapeAsNumpy().tolist()) if t.ShapeLength() else ()
-        key = (ref.Region() or b"").decode(errors="replace")
-        offset, length = ref.Offset(), ref.Length()
+        datatype = DTYPE_NAMES[t.dtype]
+        shape = tuple(t.shape or ())
+        key, offset, length = ref.region or "", ref.offset, ref.length
         try:
             region = self._region(key)
             region.check_span(offset, length)

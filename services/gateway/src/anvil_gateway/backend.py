@@ -1,9 +1,10 @@
 """The gateway's link to the scheduler: one DEALER socket, one future per request id.
 
-The receive loop survives any message (issue #18): an undecodable message is counted in
-``anvil_dropped_messages_total{service="gateway"}`` and logged (rate-limited); a response whose id
-matches a caller but whose fields do not read is that caller's error, not the loop's. Should the loop
-still end (a bug), ``alive`` turns False, the failure is logged, and readiness reports it.
+The receive loop survives any message (issue #18): every response is verified by the wire codec
+before a field is used; a refused one is counted in ``anvil_dropped_messages_total{service="gateway"}``
+and logged (rate-limited), and when its request id still reads, that caller gets the error at once
+instead of a timeout. Should the loop still end (a bug), ``alive`` turns False, the failure is
+logged, and readiness reports it.
 """
 
 from __future__ import annotations
@@ -14,18 +15,17 @@ from typing import Any, cast
 import zmq
 import zmq.asyncio
 
-from anvil_core import fbread, wire
-from anvil_core import infer_codec as codec
+from anvil_core import codec
+from anvil_core.codec import pb
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
-from anvil_core.wire import pb
 from anvil_core.zmq_sockets import make_socket
 
 __all__ = ["BackendUnavailable", "SchedulerLink"]
 
 log = get_logger("anvil.gateway.backend")
 
-Reply = tuple[pb.InferResponse, list[Any]]  # lazy response view, its output payload frames
+Reply = tuple[pb.InferResponseT, list[Any]]  # verified response, its output payload frames
 
 
 class BackendUnavailable(Exception):
@@ -93,8 +93,9 @@ class SchedulerLink:
         """Send [envelope, *payloads] and wait for the answer; raises TimeoutError after `timeout_s`.
 
         Requests made in one event-loop turn leave together, as bundles of up to `bundle_max` (see
-        infer_codec): a full bundle at once, the rest at the end of the turn. An `urgent` request
-        (priority 1) does not wait for the turn's end: it leaves at once with what is pending.
+        anvil_core.codec.messages): a full bundle at once, the rest at the end of the turn. An
+        `urgent` request (priority 1) does not wait for the turn's end: it leaves at once with what
+        is pending.
         """
         if self.endpoint is None:
             raise BackendUnavailable("no scheduler registered")
@@ -155,47 +156,39 @@ class SchedulerLink:
         """One message from the scheduler: a response, or a bundle of them. Never raises."""
         try:
             groups = codec.unbundle(parts)
-        except Exception as exc:  # ProtocolError, or a struct/index error from a corrupt bundle
-            self.drops.drop("undecodable", f"{type(exc).__name__}: {exc}")
+        except codec.ProtocolError as exc:
+            self.drops.drop(exc.reason, str(exc))
             return
-        for group in groups:
+        except Exception as exc:  # a bug: counted and logged with its traceback, the loop goes on
+            self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
+            return
+        for body, group in groups:
             try:
-                resp = codec.open_response(group[0])
-                raw = resp.RequestId() or b""
-                rid = raw.decode()
+                self._on_response(body, group)
+            except codec.ProtocolError as exc:
+                self.drops.drop(exc.reason, str(exc))
             except Exception as exc:
-                self.drops.drop("undecodable", f"{type(exc).__name__}: {exc}")
-                continue
-            fut = self.pending.get(rid)
-            if fut is None or fut.done():
-                self.late_answers += 1  # its caller timed out (504) or left: expected, not an error
-                continue
-            try:
-                _check_response(resp, len(group) - 1)
-            except Exception as exc:  # its caller hears it; the loop goes on
-                self.drops.drop("malformed_response", f"{type(exc).__name__}: {exc}")
-                fut.set_exception(BackendUnavailable(f"malformed answer from the scheduler: {exc}"))
-                continue
-            fut.set_result((resp, group[1:]))
+                self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
-
-def _check_response(resp: pb.InferResponse, n_frames: int) -> None:
-    """Read every field the request handlers will read, so a corrupt one fails here, once."""
-    err = resp.Error()
-    if err is not None:
-        err.Code()
-        (err.Reason() or b"").decode()
-    for i in range(resp.OutputsLength()):
-        t = resp.Outputs(i)
-        if t is None:
-            raise wire.ProtocolError(f"output {i} is missing")
-        (t.Name() or b"").decode()
-        if t.ShapeLength() > 16:
-            raise wire.ProtocolError(f"output {i}: {t.ShapeLength()} dimensions")
-        fbread.shape(t)
-        t.Dtype()
-        if t.Frame() >= n_frames:
-            raise wire.ProtocolError(f"output {i}: frame {t.Frame()} of {n_frames}")
+    def _on_response(self, body: Any, group: list[Any]) -> None:
+        if isinstance(body, codec.ProtocolError):
+            ids = codec.peek_request_ids(group[0])  # a caller that can be told now, not at its timeout
+            fut = None if ids is None else self.pending.get(ids[0])
+            if fut is not None and not fut.done():
+                fut.set_exception(BackendUnavailable(f"malformed answer from the scheduler: {body}"))
+            raise body
+        if not isinstance(body, pb.InferResponseT):
+            raise codec.ProtocolError(f"the scheduler sent a {type(body).__name__}", "unexpected")
+        fut = self.pending.get(body.requestId or "")
+        if fut is None or fut.done():
+            self.late_answers += 1  # its caller timed out (504) or left: expected, not an error
+            return
+        try:
+            codec.check_payloads(body.outputs, group[1:], "output")
+        except codec.ProtocolError as exc:  # its caller hears it; the loop goes on
+            fut.set_exception(BackendUnavailable(f"malformed answer from the scheduler: {exc}"))
+            raise
+        fut.set_result((body, group[1:]))
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:

@@ -15,11 +15,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from anvil_core import infer_codec as codec
-from anvil_core import wire
+from anvil_core import codec
+from anvil_core.codec import pb
 from anvil_core.model_spec import ModelSpec, SpecError
 from anvil_core.tensors import HostTensor, TensorError
-from anvil_core.wire import pb
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.backend import BackendUnavailable
@@ -180,8 +179,8 @@ async def _run(
         raise Failed(400, str(exc), "bad_request") from None
     total_ns = time.perf_counter_ns() - t0
     rows = parsed.inputs[0].shape[0] if spec.max_batch > 0 and parsed.inputs else 1
-    st.stats.success(name, spec.version, rows, total_ns, resp.QueueUs() * 1000, resp.ComputeUs() * 1000)
-    m.record_success(name, spec.version, rows, total_ns / 1000, resp.QueueUs(), resp.ComputeUs())
+    st.stats.success(name, spec.version, rows, total_ns, resp.queueUs * 1000, resp.computeUs * 1000)
+    m.record_success(name, spec.version, rows, total_ns / 1000, resp.queueUs, resp.computeUs)
     return response
 
 
@@ -204,7 +203,7 @@ async def forward(
     priority: int,
     timeout_s: float,
     trace: str,
-) -> tuple[pb.InferResponse, list[HostTensor]]:
+) -> tuple[pb.InferResponseT, list[HostTensor]]:
     """Admit one validated request, send it to the scheduler and return the answer's outputs, or
     raise Failed with a status (429 from admission, 503/504 from the backend, the executor's error)."""
     admit(st, spec.name, tenant, priority)
@@ -232,13 +231,12 @@ async def forward(
             raise Failed(
                 504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline"
             ) from None
-        err = resp.Error()
-        if err is not None and err.Code() != pb.ErrorCode.OK:
-            kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
-            reason = (err.Reason() or b"").decode(errors="replace")
-            raise Failed(wire.HTTP_STATUS.get(err.Code(), 500), f"{kind}: {reason}", kind)
+        err = resp.error
+        if err is not None and err.code != pb.ErrorCode.OK:
+            kind = codec.ERROR_NAMES.get(err.code, "ERROR").lower()
+            raise Failed(codec.HTTP_STATUS.get(err.code, 500), f"{kind}: {err.reason or ''}", kind)
         try:
-            tensors = [codec.request_tensor(resp.Outputs(j), frames) for j in range(resp.OutputsLength())]
+            tensors = [codec.request_tensor(t, frames) for t in resp.outputs or ()]
         except TensorError as exc:
             raise Failed(502, f"undecodable answer from the executor: {exc}", "protocol") from None
         return resp, tensors

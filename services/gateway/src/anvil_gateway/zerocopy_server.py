@@ -8,8 +8,10 @@ Regions are announced in Redis (`anvil:shm:{region}`, refreshed every heartbeat)
 withdrawn on UNREGISTER once the region's requests are done, or when their owner unlinked them.
 
 Per INFER the Python work is: one header unpack, dict lookups (region, memoized metadata + spec
-check, envelope template), an envelope patch, a send. The lifespan calls `start()` after
-`link.start()` and `stop()` before `registry.stop()` / `link.stop()`.
+check), one envelope written by the wire codec, a send. Every message is answered or counted:
+whatever a doorbell makes raise is answered with an ERROR and counted in
+``anvil_dropped_messages_total{service="gateway_zerocopy"}``; the loop goes on. The lifespan calls
+`start()` after `link.start()` and `stop()` before `registry.stop()` / `link.stop()`.
 """
 
 from __future__ import annotations
@@ -29,16 +31,17 @@ import zmq.asyncio
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
-from anvil_core import wire
+from anvil_core import codec
+from anvil_core.codec import pb
+from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.model_spec import ModelSpec, SpecError
 from anvil_core.tensors import HostTensor
-from anvil_core.wire import pb
 from anvil_core.zerocopy import Flag, HeaderError, Op, Status, ZeroCopyError, shm_key
 from anvil_core.zerocopy import header as zh
 from anvil_core.zerocopy import meta as zm
 from anvil_core.zerocopy import slots as slot_io
-from anvil_core.zerocopy.forward import EnvelopeTemplate, response_outputs
+from anvil_core.zerocopy.forward import request_envelope, response_outputs
 from anvil_core.zerocopy.served import ServedRegion, ServedRegions
 from anvil_core.zmq_sockets import make_socket
 from anvil_gateway import metrics as m
@@ -53,6 +56,10 @@ log = get_logger("anvil.gateway.zerocopy")
 SOCKET_NAME = "anvil-zc.sock"
 _CACHE_ENTRIES = 4096  # metadata blocks / result layouts remembered (cleared when full)
 _EMPTY = np.empty(0, np.uint8)
+# messages refused as malformed are answered and also counted as drops (drops.py), by reason
+_DROP_REASON = {Status.BAD_HEADER: "undecodable", Status.BAD_OP: "undecodable"} | {
+    s: "invalid" for s in (Status.BAD_REGION, Status.BAD_SLOT, Status.BAD_LENGTH, Status.BAD_META)
+}
 
 messages = Counter("anvil_zerocopy_messages_total", "ZeroCopy messages answered", ["op", "status"])
 regions_gauge = Gauge("anvil_zerocopy_regions", "Registered ZeroCopy regions")
@@ -80,7 +87,6 @@ class _Prepared:
 
     meta: zm.InferMeta
     spec: ModelSpec
-    templates: dict[tuple[str, int], EnvelopeTemplate]  # (region key, priority) -> envelope
 
 
 class ZeroCopyServer:
@@ -98,6 +104,7 @@ class ZeroCopyServer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ctx: zmq.asyncio.Context | None = None
         self.sock: zmq.asyncio.Socket | None = None
+        self.drops = DropLog(log, "gateway_zerocopy")
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -170,9 +177,15 @@ class ZeroCopyServer:
                     self._unregister(peer, head)
             except ZeroCopyError as exc:
                 self._error(peer, exc.request_id, exc.status, exc.message)
+                self._count(exc)
             except Exception as exc:  # a bug here must cost one request, never the listener
-                log.exception("zerocopy handler failed")
+                self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
                 self._error(peer, zh.peek_request_id(parts[-1]), Status.INTERNAL, f"gateway error: {exc}")
+
+    def _count(self, exc: ZeroCopyError) -> None:
+        reason = _DROP_REASON.get(exc.status)
+        if reason is not None:
+            self.drops.drop(reason, exc.message)
 
     def _send(self, peer: bytes, data: bytes, op: str, status: Status) -> None:
         """Non-blocking send through the asyncio socket (which then re-checks its edge-triggered
@@ -198,6 +211,7 @@ class ZeroCopyServer:
             region = self._attach(peer, payload)
         except ZeroCopyError as exc:
             self._error(peer, rid, exc.status, exc.message)
+            self._count(exc)
             return
         try:
             await self._announce([region])
@@ -280,6 +294,7 @@ class ZeroCopyServer:
             prepared = self._prepare(zm.read_block(payload, head.payload_length), head.payload_length)
         except ZeroCopyError as exc:
             self._fail(flight, exc.status, exc.message)
+            self._count(exc)
             return
         meta, spec = prepared.meta, prepared.spec
         flight.spec = spec
@@ -288,18 +303,6 @@ class ZeroCopyServer:
         budget_s = self.s.slo_ms(priority) / 1000
         if meta.timeout_us:
             budget_s = min(budget_s, meta.timeout_us / 1e6)
-        template = prepared.templates.get((region.key, priority))
-        if template is None:
-            template = prepared.templates[(region.key, priority)] = EnvelopeTemplate.build(
-                model=spec.name,
-                version=spec.version,
-                priority=priority,
-                tenant=region.tenant,
-                trace_id=meta.trace_id,
-                region=region.key,
-                inputs=[(t.name, t.datatype, t.shape, t.offset, t.length) for t in meta.inputs],
-                outputs=meta.outputs,
-            )
         try:
             self.st.admission.admit(spec.name, region.tenant, priority, time.monotonic())
         except Rejected as exc:
@@ -312,7 +315,19 @@ class ZeroCopyServer:
         self._seq += 1
         request_id = f"{self._tag}{self._seq:024x}"
         deadline_ns = time.time_ns() + int(budget_s * 1e9)
-        envelope = template.fill(request_id.encode(), os.urandom(16).hex().encode(), deadline_ns, base)
+        envelope = request_envelope(
+            request_id=request_id,
+            trace_id=meta.trace_id or os.urandom(16).hex(),
+            model=spec.name,
+            version=spec.version,
+            priority=priority,
+            deadline_unix_ns=deadline_ns,
+            tenant=region.tenant,
+            region=region.key,
+            slot_base=base,
+            inputs=[(t.name, t.datatype, t.shape, t.offset, t.length) for t in meta.inputs],
+            outputs=meta.outputs,
+        )
         region.busy[head.slot] = flight
         self._flights[(peer, rid)] = flight
         m.inflight.inc()
@@ -338,7 +353,7 @@ class ZeroCopyServer:
                 raise ZeroCopyError(Status.BAD_REQUEST, f"model {meta.model!r} has no outputs {unknown}")
             if len(self._prepared) >= _CACHE_ENTRIES:
                 self._prepared.clear()
-            prepared = self._prepared[block] = _Prepared(meta, spec, {})
+            prepared = self._prepared[block] = _Prepared(meta, spec)
         if prepared.meta.end > zh.HEADER_BYTES + payload_length:
             raise ZeroCopyError(
                 Status.BAD_LENGTH, f"inputs end at slot byte {prepared.meta.end}, past the payload"
@@ -346,7 +361,7 @@ class ZeroCopyServer:
         return prepared
 
     async def _run(
-        self, flight: _Flight, request_id: str, envelope: bytearray, budget_s: float, urgent: bool
+        self, flight: _Flight, request_id: str, envelope: bytes, budget_s: float, urgent: bool
     ) -> None:
         try:
             resp, frames = await self.st.link.infer(request_id, [envelope], budget_s + 0.05, urgent)
@@ -370,11 +385,11 @@ class ZeroCopyServer:
         """Write the outputs and the INFER_OK header into the slot, then ring the client."""
         spec = flight.spec
         assert spec is not None
-        err = resp.Error()
-        if err is not None and err.Code() != pb.ErrorCode.OK:
-            kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()
-            status = Status(err.Code()) if err.Code() in Status._value2member_map_ else Status.INTERNAL
-            self._fail(flight, status, f"{kind}: {(err.Reason() or b'').decode(errors='replace')}")
+        err = resp.error
+        if err is not None and err.code != pb.ErrorCode.OK:
+            kind = codec.ERROR_NAMES.get(err.code, "ERROR").lower()
+            status = Status(err.code) if err.code in Status._value2member_map_ else Status.INTERNAL
+            self._fail(flight, status, f"{kind}: {err.reason or ''}")
             return
         tensors, buffers = response_outputs(resp, frames)
         key = (spec.name, spec.version, tuple(tensors))
@@ -386,7 +401,7 @@ class ZeroCopyServer:
         region = flight.region.mapping
         if not region.intact():
             raise ZeroCopyError(Status.BAD_REGION, "region was shrunk by its owner")
-        queue_us, compute_us = resp.QueueUs(), resp.ComputeUs()
+        queue_us, compute_us = resp.queueUs, resp.computeUs
         hdr = slot_io.write_result(
             region, flight.base, flight.request_id, flight.reserved, layout, buffers, queue_us, compute_us
         )

@@ -5,8 +5,9 @@ clock); Redis chores (registry beat, profiles and SLO attainment) run on a backg
 snapshots. Every request that enters is answered exactly once on the socket it came from: the
 executor's response group forwarded unchanged, or an Error (deadline, overload, unavailable).
 
-No message can stop the loop (issue #18): every field is checked before use (``peer_checks``), a
-refused request is answered with BAD_REQUEST when it carries an id to answer, and whatever still
+No message can stop the loop (issue #18): every message is verified by the wire codec before a field
+is used (``anvil_core.codec``: offsets, strings, enums, priority, deadline, ids, then the payload
+frames), a refused request is answered with BAD_REQUEST when its id still reads, and whatever still
 raises while handling one message is caught, counted in ``anvil_dropped_messages_total`` and logged
 (rate-limited); the loop goes on with the next message.
 """
@@ -21,14 +22,13 @@ from typing import Any
 
 import zmq
 
-from anvil_core import infer_codec as codec
-from anvil_core import keys, wire
+from anvil_core import codec, keys
 from anvil_core.background import Background
+from anvil_core.codec import pb
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
-from anvil_core.wire import pb
 from anvil_core.zmq_sockets import tcp_endpoint
 from anvil_scheduler import metrics as m
 from anvil_scheduler.core import (
@@ -47,7 +47,6 @@ from anvil_scheduler.core import (
     Shed,
     ShedReason,
 )
-from anvil_scheduler.peer_checks import Refused, check_register, check_request, text_field
 from anvil_scheduler.settings import SchedulerSettings
 
 __all__ = ["Scheduler"]
@@ -177,12 +176,10 @@ class Scheduler:
         """One received message ([identity, *frames]); nothing it contains can end the loop."""
         try:
             if len(parts) < 2:
-                raise wire.ProtocolError(f"{len(parts)} frames: need an identity and an envelope")
+                raise codec.ProtocolError(f"{len(parts)} frames: need an identity and an envelope")
             handler(parts[0].bytes, parts[1:])
-        except Refused as exc:
+        except codec.ProtocolError as exc:
             self.drops.drop(exc.reason, str(exc))
-        except wire.ProtocolError as exc:
-            self.drops.drop("undecodable", str(exc))
         except Exception as exc:  # a bug or a crafted message we did not foresee: log it, keep serving
             self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
@@ -197,27 +194,24 @@ class Scheduler:
     # ---- gateways -----------------------------------------------------------------------------
     def _on_gateway(self, gateway: bytes, parts: list[Any]) -> None:
         """One request, or a bundle of the requests the gateway gathered in one loop turn."""
-        for group in codec.unbundle(parts):
+        for body, group in codec.unbundle(parts):
             try:
-                self._on_request(gateway, group)
-            except Refused as exc:  # one bad request spoils none of its neighbours
+                self._on_request(gateway, body, group)
+            except codec.ProtocolError as exc:  # one bad request spoils none of its neighbours
+                self._refuse(gateway, group[0], exc)
                 self.drops.drop(exc.reason, str(exc))
-            except wire.ProtocolError as exc:
-                self.drops.drop("undecodable", str(exc))
-            except Exception as exc:  # lazy fields of a corrupt table raise struct/index errors
-                self.drops.drop("undecodable", f"{type(exc).__name__}: {exc}")
 
-    def _on_request(self, gateway: bytes, parts: list[Any]) -> None:
-        req = codec.open_request(parts[0])
-        try:
-            checked = check_request(req, parts[1:], self._priorities)
-        except Refused as exc:
-            self._refuse(gateway, req, exc)
-            raise
-        rid, model = checked.request_id, checked.model
-        ticket = Ticket(gateway, parts[0], parts[1:], checked.trace_id)
+    def _on_request(self, gateway: bytes, body: Any, parts: list[Any]) -> None:
+        if isinstance(body, codec.ProtocolError):
+            raise body
+        if not isinstance(body, pb.InferRequestT):
+            raise codec.ProtocolError(f"a gateway sent a {type(body).__name__}", "unexpected")
+        req: Any = body  # verified: ids and model are non-empty str, priority 1..3, deadline >= 0
+        codec.check_payloads(req.inputs, parts[1:], "input")
+        rid, model = req.requestId, req.model
+        ticket = Ticket(gateway, parts[0], parts[1:], req.traceId or "")
         now = time.monotonic()
-        remaining_s = (checked.deadline_unix_ns - time.time_ns()) / 1e9
+        remaining_s = (req.deadlineUnixNs - time.time_ns()) / 1e9
         if remaining_s <= 0:
             self._reply_error(
                 ticket, rid, model, pb.ErrorCode.DEADLINE, "deadline passed before it reached the scheduler"
@@ -228,25 +222,20 @@ class Scheduler:
                 ticket, rid, model, pb.ErrorCode.UNAVAILABLE, f"no executor has served model {model!r}"
             )
             return
-        request = self.core.new_request(
-            rid, model, checked.priority, now, timeout_s=remaining_s, payload=ticket
-        )
+        request = self.core.new_request(rid, model, req.priority, now, timeout_s=remaining_s, payload=ticket)
         admission = self.core.admit(request, now)
         if admission.outcome is AdmitOutcome.DUPLICATE:
             m.duplicates.labels(what="request").inc()
         for shed in admission.shed:
             self._answer_shed(shed)
 
-    def _refuse(self, gateway: bytes, req: pb.InferRequest, exc: Refused) -> None:
-        """Answer a refused request with BAD_REQUEST if it has an id the gateway can match."""
-        try:
-            rid = text_field(req.RequestId(), "request_id")
-            trace = text_field(req.TraceId(), "trace_id", required=False)
-        except Refused:
+    def _refuse(self, gateway: bytes, envelope: Any, exc: codec.ProtocolError) -> None:
+        """Answer a refused request with BAD_REQUEST if its id (and trace id) still verify."""
+        ids = codec.peek_request_ids(envelope)
+        if ids is None:
             return  # no id to answer to: counted and logged by the caller
-        model = (req.Model() or b"").decode(errors="replace")[:256]
         env = codec.build_response(
-            request_id=rid, trace_id=trace, model=model, error=(pb.ErrorCode.BAD_REQUEST, f"refused: {exc}")
+            request_id=ids[0], trace_id=ids[1], model="", error=(pb.ErrorCode.BAD_REQUEST, f"refused: {exc}")
         )
         self._send_to(gateway, [env])
 
@@ -258,7 +247,7 @@ class Scheduler:
 
     def _reply_error(self, ticket: Ticket, rid: str, model: str, code: int, reason: str) -> None:
         label = model if model in self.core.models() else "_unknown"  # no series per crafted name
-        m.requests.labels(model=label, outcome=wire.ERROR_NAMES.get(code, "error").lower()).inc()
+        m.requests.labels(model=label, outcome=codec.ERROR_NAMES.get(code, "error").lower()).inc()
         env = codec.build_response(
             request_id=rid, trace_id=ticket.trace_id, model=model, error=(code, reason)
         )
@@ -273,7 +262,7 @@ class Scheduler:
 
     # ---- executors ----------------------------------------------------------------------------
     def _on_executor(self, ident: bytes, parts: list[Any]) -> None:
-        body, frames = wire.unpack(parts)
+        body, frames = codec.unpack(parts)
         now = time.monotonic()
         eid = ident.decode(errors="replace")
         if isinstance(body, pb.RegisterT):
@@ -281,27 +270,28 @@ class Scheduler:
         elif isinstance(body, pb.HeartbeatT | pb.BatchResultT) and self.executors.get(eid) != ident:
             # not registered (the scheduler restarted, or not an executor at all): ask it to register;
             # a result from it belongs to no batch this scheduler sent
-            self._send_executor(ident, wire.pack(wire.error(pb.ErrorCode.UNAVAILABLE, "unregistered")))
+            self._send_executor(ident, codec.pack(codec.error(pb.ErrorCode.UNAVAILABLE, "unregistered")))
             if isinstance(body, pb.BatchResultT):
-                raise Refused("unregistered", f"batch result from unregistered executor {eid!r}")
+                raise codec.ProtocolError(f"batch result from unregistered executor {eid!r}", "unregistered")
         elif isinstance(body, pb.HeartbeatT):
             self.last_seen[eid] = now
         elif isinstance(body, pb.BatchResultT):
             self.last_seen[eid] = now
             self._complete(eid, body, frames, now)
         else:
-            raise Refused(
-                "body", f"executor {eid!r} sent a {type(body).__name__}, which executors do not send"
+            raise codec.ProtocolError(
+                f"executor {eid!r} sent a {type(body).__name__}, which executors do not send", "unexpected"
             )
 
     def _register(self, ident: bytes, reg: pb.RegisterT, now: float) -> None:
         eid = ident.decode(errors="replace")
-        models = check_register(reg)
+        specs: Any = reg.models or ()  # verified: non-empty names, max_batch <= 4096
+        models: dict[str, int] = {spec.name: max(1, spec.maxBatch) for spec in specs}
         for name, max_batch in models.items():
             if name not in self.core.models():
                 self.core.register_model(name, max_batch)
         spec = ExecutorSpec(
-            eid, wire.text(reg.device) or "cpu", max(1, reg.maxBatch), frozenset(models), max(1, reg.credits)
+            eid, reg.device or "cpu", max(1, reg.maxBatch), frozenset(models), max(1, reg.credits)
         )
         self.core.register_executor(spec, now)
         if eid not in self.executors:
@@ -321,36 +311,32 @@ class Scheduler:
             return False
 
     def _send_batch(self, batch: Any, now: float) -> None:
-        """Frames: [Batch envelope, then per request its envelope and payloads] (see infer_codec)."""
-        msg = pb.BatchT()
-        msg.batchId = str(batch.batch_id)
-        msg.model = batch.model
-        msg.frameCounts = []
-        msg.queueUs = []
+        """Frames: [Batch envelope, then per request its envelope and payloads] (codec.messages)."""
+        counts: list[int] = []
+        queue_us: list[int] = []
         frames: list[Any] = []
         for r in batch.requests:
             ticket = _ticket(r)
-            msg.frameCounts.append(1 + len(ticket.frames))
-            msg.queueUs.append(int((now - r.arrival_s) * 1e6))
+            counts.append(1 + len(ticket.frames))
+            queue_us.append(int((now - r.arrival_s) * 1e6))
             frames.append(ticket.envelope)
             frames.extend(ticket.frames)
+        msg = pb.BatchT(batchId=str(batch.batch_id), model=batch.model, frameCounts=counts, queueUs=queue_us)
         m.batches.labels(model=batch.model).inc()
         m.batch_size.labels(model=batch.model).observe(batch.size)
         self.sent_at[batch.batch_id] = now
         ident = self.executors.get(batch.executor_id)
-        if ident is None or not self._send_executor(ident, wire.pack(msg, frames)):
+        if ident is None or not self._send_executor(ident, codec.pack(msg, frames)):
             self._lose(batch.executor_id, "send failed", now)
 
     def _complete(self, eid: str, result: pb.BatchResultT, frames: list[Any], now: float) -> None:
-        try:
-            batch_id = int(wire.text(result.batchId))
-        except ValueError:
-            raise Refused(
-                "batch_id", f"batch id {result.batchId!r} is not one this scheduler issues"
-            ) from None
+        raw_id = result.batchId or ""
+        if not raw_id.isdigit():
+            raise codec.ProtocolError(f"batch id {raw_id!r} is not one this scheduler issues", "invalid")
+        batch_id = int(raw_id)
         sent = self.sent_at.pop(batch_id, now)
         if result.error is not None and result.error.code != pb.ErrorCode.OK:
-            code, reason = result.error.code, wire.text(result.error.reason)
+            code, reason = result.error.code, result.error.reason or ""
             retryable = code in (pb.ErrorCode.UNAVAILABLE,)
             self._release(self.core.on_batch_failed(batch_id, eid, now, retryable=retryable), code, reason)
             return
@@ -364,14 +350,15 @@ class Scheduler:
             m.batch_rtt_us.labels(model=done.answered[0].model).observe((now - sent) * 1e6)
         replies: dict[bytes, list[list[Any]]] = {}  # gateway -> response groups, forwarded unchanged
         try:
-            for group in codec.split_groups(frames, wire.ints(result.frameCounts)):
-                rid = text_field(codec.open_response(group[0]).RequestId(), "request_id")
-                r = answered.pop(rid, None)
+            for group in codec.split_groups(frames, result.frameCounts or ()):
+                resp = codec.read_response(group[0])  # verified before it is forwarded
+                codec.check_payloads(resp.outputs, group[1:], "output")
+                r = answered.pop(resp.requestId or "", None)
                 if r is not None:
                     m.requests.labels(model=r.model, outcome="answered").inc()
                     replies.setdefault(_ticket(r).gateway, []).append(group)
-        except (wire.ProtocolError, Refused) as exc:  # the batch's requests still get an answer below
-            self.drops.drop("batch_result", f"malformed batch result from {eid!r}: {exc}")
+        except codec.ProtocolError as exc:  # the batch's requests still get an answer below
+            self.drops.drop(exc.reason, f"malformed batch result from {eid!r}: {exc}")
         for gateway, groups in replies.items():  # one message per gateway for the whole batch
             self._send_to(gateway, codec.bundle(groups, responses=True))
         for r in answered.values():

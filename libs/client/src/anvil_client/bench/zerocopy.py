@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from anvil_client.bench.workload import Workload
-from anvil_core.wire import HTTP_STATUS
+from anvil_core.codec import HTTP_STATUS
 
 __all__ = ["ZeroCopySender", "discover_endpoint"]
 

@@ -1,4 +1,4 @@
-"""Codec of the metadata block at the start of a slot's payload (proto/zerocopy.fbs).
+"""The metadata block at the start of a slot's payload (proto/zerocopy.fbs), through the wire codec.
 
 A block is size-prefixed: ``u32 LE n`` then an n-byte flatbuffer (InferMeta from the client,
 ResultMeta from the gateway). Tensor bytes follow at 64-byte aligned offsets counted from the first
@@ -11,22 +11,21 @@ byte of the slot::
     slot+a         tensor bytes (a = SlotTensor.offset), ... up to slot+16+payload_length
 
 `read_block` copies the (small) block out of shared memory before it is parsed, so a client that
-rewrites its slot mid-parse cannot make the checked and the used metadata differ. Decoding untrusted
-bytes raises only `MetaError`; every count is bounded before it is iterated.
+rewrites its slot mid-parse cannot make the checked and the used metadata differ. The codec's
+verifier checks the flatbuffer itself (offsets, strings, enums, the schema's constraints); the
+checks here are the slot's (offsets, lengths, counts, names). Decoding untrusted bytes raises only
+`MetaError`.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
-import flatbuffers
-import numpy as np
-
-from anvil_core.proto_gen import anvil_generated as pb
-from anvil_core.proto_gen import zerocopy_generated as zpb
-from anvil_core.tensors import DATATYPES
+from anvil_core import codec
+from anvil_core.codec import DTYPE_CODES, DTYPE_NAMES, ITEMSIZE, ProtocolError, zpb
 from anvil_core.zerocopy.header import HEADER_BYTES, Status, ZeroCopyError
 
 __all__ = [
@@ -36,7 +35,6 @@ __all__ = [
     "MetaError",
     "ResultLayout",
     "ResultMeta",
-    "ResultReader",
     "TensorDesc",
     "align",
     "decode_infer",
@@ -52,12 +50,8 @@ META_VERSION = 1
 DATA_ALIGN = 64
 MAX_TENSORS = 64
 MAX_RANK = 16
-MAX_NAME = 256  # bytes of any name or id
 MAX_META_BYTES = 64 * 1024
 _PREFIX = struct.Struct("<I")
-_CODES: dict[str, int] = {name: getattr(pb.DType, name) for name in DATATYPES}
-_NAMES: dict[int, str] = {code: name for name, code in _CODES.items()}
-_ITEMSIZE: dict[str, int] = {n: (dt.itemsize if dt is not None else 0) for n, dt in DATATYPES.items()}
 
 
 class MetaError(ZeroCopyError):
@@ -103,21 +97,17 @@ class ResultMeta:
 
 @dataclass(frozen=True, slots=True)
 class ResultLayout:
-    """A reply's slot layout for one output shape set, built once and reused: per response only the
-    two timing scalars are patched into a copy of `block` (a flatbuffer build costs ~100 µs in
-    Python; a patch ~1 µs)."""
+    """A reply's slot layout for one output shape set, planned once and reused: per response the
+    block is written again with that response's timings (same size: the writer's sizes never
+    depend on numbers)."""
 
-    block: bytes  # size-prefixed ResultMeta with queue_us = compute_us = 0
+    model: str
+    model_version: str
     outputs: tuple[TensorDesc, ...]
     payload_length: int
-    queue_pos: int  # byte positions of the u32 scalars inside `block`
-    compute_pos: int
 
-    def block_with(self, queue_us: int, compute_us: int) -> bytearray:
-        out = bytearray(self.block)
-        _PREFIX.pack_into(out, self.queue_pos, min(max(queue_us, 0), 0xFFFF_FFFF))
-        _PREFIX.pack_into(out, self.compute_pos, min(max(compute_us, 0), 0xFFFF_FFFF))
-        return out
+    def block_with(self, queue_us: int, compute_us: int) -> bytes:
+        return encode_result(ResultMeta(self.model, self.outputs, self.model_version, queue_us, compute_us))
 
 
 def align(n: int) -> int:
@@ -134,7 +124,7 @@ def expected_length(datatype: str, shape: Sequence[int]) -> int:
     count = 1
     for d in shape:
         count *= d
-    return count * (_ITEMSIZE[datatype] or 4)
+    return count * (ITEMSIZE[datatype] or 4)
 
 
 def plan(
@@ -162,72 +152,45 @@ def plan(
 def result_layout(
     model: str, model_version: str, tensors: Sequence[tuple[str, str, tuple[int, ...], int]]
 ) -> ResultLayout:
-    """Plan a reply (see `plan`) and locate its timing scalars for `ResultLayout.block_with`."""
-    block, descs, payload_length = plan(
-        lambda d: encode_result(ResultMeta(model, d, model_version, 0, 0)), tensors
-    )
-    table = zpb.ResultMeta.GetRootAs(block, _PREFIX.size)._tab
-    # vtable slots of queue_us and compute_us (fields 3 and 4); ForceDefaults keeps both present
-    queue_pos, compute_pos = table.Pos + table.Offset(10), table.Pos + table.Offset(12)
-    return ResultLayout(block, descs, payload_length, queue_pos, compute_pos)
+    """Plan a reply (see `plan`): where each output goes, and the payload length."""
+    _, descs, payload_length = plan(lambda d: encode_result(ResultMeta(model, d, model_version)), tensors)
+    return ResultLayout(model, model_version, descs, payload_length)
 
 
 # ---- encode -----------------------------------------------------------------------------------
-def _tensor(b: flatbuffers.Builder, t: TensorDesc) -> int:
-    name = b.CreateString(t.name)
-    shape = b.CreateNumpyVector(np.asarray(t.shape, dtype=np.int64))
-    zpb.SlotTensorStart(b)
-    zpb.SlotTensorAddName(b, name)
-    zpb.SlotTensorAddDtype(b, _CODES[t.datatype])
-    zpb.SlotTensorAddShape(b, shape)
-    zpb.SlotTensorAddOffset(b, t.offset)
-    zpb.SlotTensorAddLength(b, t.length)
-    return int(zpb.SlotTensorEnd(b))
-
-
-def _vector(b: flatbuffers.Builder, offsets: Sequence[int]) -> int:
-    b.StartVector(4, len(offsets), 4)
-    for off in reversed(offsets):
-        b.PrependUOffsetTRelative(off)
-    return int(b.EndVector())
+def _slot_tensor(t: TensorDesc) -> Any:
+    return zpb.SlotTensorT(
+        name=t.name, dtype=DTYPE_CODES[t.datatype], shape=t.shape, offset=t.offset, length=t.length
+    )
 
 
 def encode_infer(meta: InferMeta) -> bytes:
-    """Size-prefixed InferMeta. ForceDefaults keeps the size independent of the offset values, so a
-    client can size the block with placeholder offsets and then fill in the real ones."""
-    b = flatbuffers.Builder(256 + 96 * len(meta.inputs))
-    b.ForceDefaults(True)
-    inputs = _vector(b, [_tensor(b, t) for t in meta.inputs])
-    outputs = _vector(b, [b.CreateString(o) for o in meta.outputs])
-    model, version, trace = (b.CreateString(s) for s in (meta.model, meta.model_version, meta.trace_id))
-    zpb.InferMetaStart(b)
-    zpb.InferMetaAddVersion(b, META_VERSION)
-    zpb.InferMetaAddModel(b, model)
-    zpb.InferMetaAddModelVersion(b, version)
-    zpb.InferMetaAddPriority(b, meta.priority)
-    zpb.InferMetaAddTimeoutUs(b, meta.timeout_us)
-    zpb.InferMetaAddTraceId(b, trace)
-    zpb.InferMetaAddInputs(b, inputs)
-    zpb.InferMetaAddOutputs(b, outputs)
-    b.FinishSizePrefixed(zpb.InferMetaEnd(b))
-    return bytes(b.Output())
+    """Size-prefixed InferMeta. Its size does not depend on the offset values (the codec writes
+    every scalar), so a client can size the block with placeholder offsets, then fill in the real ones."""
+    obj = zpb.InferMetaT(
+        version=META_VERSION,
+        model=meta.model,
+        modelVersion=meta.model_version,
+        priority=meta.priority,
+        timeoutUs=meta.timeout_us,
+        traceId=meta.trace_id,
+        inputs=[_slot_tensor(t) for t in meta.inputs],
+        outputs=list(meta.outputs),
+    )
+    return codec.encode_table(obj, size_prefixed=True)
 
 
 def encode_result(meta: ResultMeta) -> bytes:
-    """Size-prefixed ResultMeta (same ForceDefaults rule as `encode_infer`)."""
-    b = flatbuffers.Builder(256 + 96 * len(meta.outputs))
-    b.ForceDefaults(True)
-    outputs = _vector(b, [_tensor(b, t) for t in meta.outputs])
-    model, version = b.CreateString(meta.model), b.CreateString(meta.model_version)
-    zpb.ResultMetaStart(b)
-    zpb.ResultMetaAddVersion(b, META_VERSION)
-    zpb.ResultMetaAddModel(b, model)
-    zpb.ResultMetaAddModelVersion(b, version)
-    zpb.ResultMetaAddQueueUs(b, min(max(meta.queue_us, 0), 0xFFFF_FFFF))
-    zpb.ResultMetaAddComputeUs(b, min(max(meta.compute_us, 0), 0xFFFF_FFFF))
-    zpb.ResultMetaAddOutputs(b, outputs)
-    b.FinishSizePrefixed(zpb.ResultMetaEnd(b))
-    return bytes(b.Output())
+    """Size-prefixed ResultMeta (same size rule as `encode_infer`)."""
+    obj = zpb.ResultMetaT(
+        version=META_VERSION,
+        model=meta.model,
+        modelVersion=meta.model_version,
+        queueUs=min(max(meta.queue_us, 0), 0xFFFF_FFFF),
+        computeUs=min(max(meta.compute_us, 0), 0xFFFF_FFFF),
+        outputs=[_slot_tensor(t) for t in meta.outputs],
+    )
+    return codec.encode_table(obj, size_prefixed=True)
 
 
 # ---- decode -----------------------------------------------------------------------------------
@@ -242,35 +205,24 @@ def read_block(payload: memoryview | bytes, payload_length: int) -> bytes:
     return bytes(payload[: _PREFIX.size + n])
 
 
-def _text(raw: bytes | None, what: str) -> str:
-    if raw is None:
-        return ""
-    if len(raw) > MAX_NAME:
-        raise MetaError(f"{what} is longer than {MAX_NAME} bytes")
-    return raw.decode()
-
-
-def _descs(count: int, get: object, block_end: int, what: str) -> tuple[TensorDesc, ...]:
-    if count > MAX_TENSORS:
-        raise MetaError(f"{count} {what} declared; at most {MAX_TENSORS}")
+def _descs(tensors: Sequence[Any] | None, block_end: int, what: str) -> tuple[TensorDesc, ...]:
+    tensors = tensors or ()
+    if len(tensors) > MAX_TENSORS:
+        raise MetaError(f"{len(tensors)} {what} declared; at most {MAX_TENSORS}")
     out: list[TensorDesc] = []
     seen: set[str] = set()
-    for j in range(count):
-        t = get(j)  # type: ignore[operator]
-        name = _text(t.Name(), f"{what}[{j}].name")
-        if not name or name in seen:
-            raise MetaError(f"{what}[{j}] needs a unique, non-empty name")
+    for j, t in enumerate(tensors):
+        name = t.name
+        if name in seen:
+            raise MetaError(f"{what}[{j}] needs a unique name; {name!r} repeats")
         seen.add(name)
-        datatype = _NAMES.get(t.Dtype())
-        if datatype is None:
-            raise MetaError(f"{what}[{j}] ({name}): unknown dtype code {t.Dtype()}")
-        rank = t.ShapeLength()
-        if rank > MAX_RANK:
-            raise MetaError(f"{what}[{j}] ({name}): rank {rank} above {MAX_RANK}")
-        shape = tuple(int(d) for d in t.ShapeAsNumpy().tolist()) if rank else ()
+        datatype = DTYPE_NAMES[t.dtype]  # verified by the codec
+        shape = tuple(t.shape or ())
+        if len(shape) > MAX_RANK:
+            raise MetaError(f"{what}[{j}] ({name}): rank {len(shape)} above {MAX_RANK}")
         if any(d < 0 or d > 0xFFFF_FFFF for d in shape):
             raise MetaError(f"{what}[{j}] ({name}): dims must be in 0..2^32-1, got {list(shape)}")
-        offset, length = t.Offset(), t.Length()
+        offset, length = t.offset, t.length
         if offset % DATA_ALIGN or offset < block_end:
             raise MetaError(
                 f"{what}[{j}] ({name}): offset {offset} must be a multiple of {DATA_ALIGN} "
@@ -285,84 +237,47 @@ def _descs(count: int, get: object, block_end: int, what: str) -> tuple[TensorDe
     return tuple(out)
 
 
+def _decode(block: bytes, name: str, who: str) -> Any:
+    if len(block) < _PREFIX.size:
+        raise MetaError(f"{name} block of {len(block)} bytes has no size prefix")
+    try:
+        m = codec.decode_table(
+            block, name, _PREFIX.size, min(len(block), _PREFIX.size + _PREFIX.unpack_from(block)[0])
+        )
+    except ProtocolError as exc:
+        raise MetaError(f"metadata block refused: {exc}") from None
+    if m.version != META_VERSION:
+        raise MetaError(f"metadata version {m.version}; this {who} reads {META_VERSION}")
+    return m
+
+
 def decode_infer(block: bytes) -> InferMeta:
     """Parse and check a size-prefixed InferMeta (from `read_block`). Raises MetaError."""
-    block_end = HEADER_BYTES + len(block)
-    try:
-        m = zpb.InferMeta.GetRootAs(block, _PREFIX.size)
-        if m.Version() != META_VERSION:
-            raise MetaError(f"metadata version {m.Version()}; this gateway reads {META_VERSION}")
-        model = _text(m.Model(), "model")
-        if not model:
-            raise MetaError("model name is empty")
-        priority = m.Priority()
-        if priority > 3:
-            raise MetaError(f"priority {priority} outside 0 (default), 1..3")
-        inputs = _descs(m.InputsLength(), m.Inputs, block_end, "inputs")
-        if not inputs:
-            raise MetaError("an INFER needs at least one input")
-        n_out = m.OutputsLength()
-        if n_out > MAX_TENSORS:
-            raise MetaError(f"{n_out} outputs requested; at most {MAX_TENSORS}")
-        outputs = tuple(_text(m.Outputs(j), f"outputs[{j}]") for j in range(n_out))
-        return InferMeta(
-            model=model,
-            inputs=inputs,
-            outputs=outputs,
-            model_version=_text(m.ModelVersion(), "model_version"),
-            priority=priority,
-            timeout_us=m.TimeoutUs(),
-            trace_id=_text(m.TraceId(), "trace_id"),
-        )
-    except MetaError:
-        raise
-    except Exception as exc:  # flatbuffers reads garbage as struct/index/unicode/value errors
-        raise MetaError(f"undecodable metadata block ({type(exc).__name__})") from None
+    m = _decode(block, "InferMeta", "gateway")
+    inputs = _descs(m.inputs, HEADER_BYTES + len(block), "inputs")
+    if not inputs:
+        raise MetaError("an INFER needs at least one input")
+    outputs = tuple(m.outputs or ())
+    if len(outputs) > MAX_TENSORS:
+        raise MetaError(f"{len(outputs)} outputs requested; at most {MAX_TENSORS}")
+    return InferMeta(
+        model=m.model,
+        inputs=inputs,
+        outputs=outputs,
+        model_version=m.modelVersion or "",
+        priority=m.priority,
+        timeout_us=m.timeoutUs,
+        trace_id=m.traceId or "",
+    )
 
 
 def decode_result(block: bytes) -> ResultMeta:
     """Parse and check a size-prefixed ResultMeta (client side). Raises MetaError."""
-    block_end = HEADER_BYTES + len(block)
-    try:
-        m = zpb.ResultMeta.GetRootAs(block, _PREFIX.size)
-        if m.Version() != META_VERSION:
-            raise MetaError(f"result metadata version {m.Version()}; this client reads {META_VERSION}")
-        return ResultMeta(
-            model=_text(m.Model(), "model"),
-            outputs=_descs(m.OutputsLength(), m.Outputs, block_end, "outputs"),
-            model_version=_text(m.ModelVersion(), "model_version"),
-            queue_us=m.QueueUs(),
-            compute_us=m.ComputeUs(),
-        )
-    except MetaError:
-        raise
-    except Exception as exc:
-        raise MetaError(f"undecodable result block ({type(exc).__name__})") from None
-
-
-class ResultReader:
-    """Decodes ResultMeta blocks, memoized on everything but the two timing scalars (replies to
-    requests of one shape differ only there), so a client pays the ~80 µs decode once per shape."""
-
-    def __init__(self, entries: int = 1024) -> None:
-        self._cache: dict[bytes, ResultMeta] = {}
-        self._entries = entries
-
-    def read(self, block: bytes) -> ResultMeta:
-        try:
-            table = zpb.ResultMeta.GetRootAs(block, _PREFIX.size)._tab
-            q, c = table.Offset(10), table.Offset(12)
-        except Exception as exc:
-            raise MetaError(f"undecodable result block ({type(exc).__name__})") from None
-        qp, cp = table.Pos + q, table.Pos + c
-        if not (q and c and qp + 4 <= len(block) and cp + 4 <= len(block)):
-            return decode_result(block)
-        (queue_us,), (compute_us,) = _PREFIX.unpack_from(block, qp), _PREFIX.unpack_from(block, cp)
-        key = bytearray(block)
-        key[qp : qp + 4] = key[cp : cp + 4] = bytes(4)
-        base = self._cache.get(bytes(key))
-        if base is None:
-            if len(self._cache) >= self._entries:
-                self._cache.clear()
-            base = self._cache[bytes(key)] = decode_result(bytes(key))
-        return replace(base, queue_us=queue_us, compute_us=compute_us)
+    m = _decode(block, "ResultMeta", "client")
+    return ResultMeta(
+        model=m.model or "",
+        outputs=_descs(m.outputs, HEADER_BYTES + len(block), "outputs"),
+        model_version=m.modelVersion or "",
+        queue_us=m.queueUs,
+        compute_us=m.computeUs,
+    )

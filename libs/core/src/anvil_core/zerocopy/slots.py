@@ -121,13 +121,13 @@ def error_text(region: Region, slot: int | None, head: Header, inline: bytes) ->
 
 
 def read_outputs(
-    region: Region, slot: int, head: Header, reader: zm.ResultReader, copy: bool = True
+    region: Region, slot: int, head: Header, copy: bool = True
 ) -> tuple[zm.ResultMeta, dict[str, np.ndarray]]:
     """The ResultMeta and outputs of an INFER_OK in `slot` (copies unless `copy=False`: then the
     arrays view the slot and are valid until it is reused)."""
     base = region.check_payload(slot, head.payload_length)
     payload = region.get(base + zh.HEADER_BYTES, head.payload_length)
-    result = reader.read(zm.read_block(payload, head.payload_length))
+    result = zm.decode_result(zm.read_block(payload, head.payload_length))
     out: dict[str, np.ndarray] = {}
     for t in result.outputs:
         if t.offset + t.length > zh.HEADER_BYTES + head.payload_length:

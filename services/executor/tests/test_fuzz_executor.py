@@ -1,0 +1,116 @@
+"""Fuzzing the executor through its real socket (issue #18): a real `Executor` (identity model, a
+real Redis for its registry) connects to a stand-in scheduler (ROUTER on tcp), which sends random,
+mutated-valid and truncated Batch messages; after every chunk a real batch is still answered with
+the right tensor (so nothing stopped or hung its I/O loop or compute thread), and nothing grows: no
+batches left in flight, drop labels from the fixed set only."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from anvil_core import codec
+from anvil_core.codec import pb
+from anvil_core.tensors import HostTensor
+from anvil_executor.service import Executor
+from anvil_executor.settings import ExecutorSettings
+
+CHUNK = 100
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _batch(batch_id: str, rids: list[str], model: str = "identity") -> list[bytes]:
+    frames: list[Any] = []
+    counts = []
+    for i, rid in enumerate(rids):
+        x = HostTensor.from_array("INPUT0", "FP32", np.full((1, 4), i, np.float32))
+        payloads: list[Any] = []
+        env = codec.build_request(
+            request_id=rid,
+            trace_id="t",
+            model=model,
+            version="1",
+            priority=2,
+            deadline_unix_ns=2**62,
+            tenant="",
+            inputs=codec.tensor_frames([x], payloads),
+        )
+        frames += [env, *(bytes(p) for p in payloads)]
+        counts.append(1 + len(payloads))
+    return [
+        bytes(f) for f in codec.pack(pb.BatchT(batchId=batch_id, model=model, frameCounts=counts), frames)
+    ]
+
+
+def _result_of(router: zmq.Socket[bytes], batch_id: str, timeout_s: float = 30) -> tuple[Any, list[Any]]:
+    """The BatchResult with `batch_id`, skipping heartbeats and the results of fuzzed batches."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not router.poll(100):
+            continue
+        _, *parts = router.recv_multipart()
+        body, frames = codec.unpack(parts)  # what the executor sends must always verify
+        if isinstance(body, pb.BatchResultT) and body.batchId == batch_id:
+            return body, frames
+    raise AssertionError(f"no result for batch {batch_id} within {timeout_s} s")
+
+
+def test_fuzzed_batches_never_stop_the_executor(fuzz: Any, redis_url: str, tmp_path: Path) -> None:
+    n = fuzz.cases(600)
+    settings = ExecutorSettings(
+        models="identity",
+        redis_url=redis_url,
+        metrics_port=_free_port(),
+        service_id="ex-fuzz",
+        artifact_dir=str(tmp_path),
+        shm_inputs=False,
+        max_batch=8,
+    )
+    ex = Executor(settings)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    ex._follow(f"tcp://127.0.0.1:{port}")  # before its loop starts: the socket then belongs to it
+    stop = threading.Event()
+    loop = threading.Thread(target=ex.run, args=(stop,), daemon=True)
+    loop.start()
+    t0 = time.monotonic()
+    try:
+        assert router.poll(30_000), "the executor did not register"
+        ident, *parts = router.recv_multipart()
+        assert isinstance(codec.unpack(parts)[0], pb.RegisterT)
+        seeds = [_batch("1", ["a"]), _batch("2", ["b", "c"]), _batch("3", ["d"], model="nope")]
+        sent = 0
+        while sent < n:
+            for _ in range(min(CHUNK, n - sent)):
+                router.send_multipart([ident, *fuzz.message(seeds)])
+                sent += 1
+            probe = f"{1000 + sent}"
+            router.send_multipart([ident, *_batch(probe, ["p0", "p1"])])
+            result, frames = _result_of(router, probe)
+            assert result.error is None and list(result.frameCounts) == [2, 2]
+            groups = list(codec.split_groups(frames, result.frameCounts))
+            for i, group in enumerate(groups):
+                resp = codec.read_response(group[0])
+                out = codec.request_tensor(resp.outputs[0], group[1:]).data
+                assert resp.requestId == f"p{i}" and np.array_equal(out, np.full((1, 4), i, np.float32))
+            assert loop.is_alive() and ex.fault is None
+        assert ex.inflight == 0 and sum(ex.drops.counts.values()) > n // 10  # the fuzz reached the checks
+        assert set(ex.drops.counts) <= codec.REASONS and len(ex.drops._next_s) <= len(codec.REASONS)
+    finally:
+        stop.set()
+        loop.join(10)
+        router.close()
+        ctx.term()
+    fuzz.record("executor (real socket)", n, crashes=0, hangs=0, seconds=round(time.monotonic() - t0, 1))
