@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from anvil_kernels.cuda.w4a16 import SCALE_BF16
 from anvil_kernels.cuda.w4a16_tc import STAGE_XROW_BYTES, TC_CONFIGS
-from anvil_kernels.format import bf16_bits_to_f32
+from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits
 
 _LANES = np.arange(32)
 _G8, _T4 = _LANES >> 2, _LANES & 3
@@ -41,6 +41,14 @@ def _b_index(r: int, e: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
 
 def _c_index(q: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     return _G8 + 8 * (q >> 1), 2 * _T4 + (q & 1)
+
+
+def round_a(v: NDArray[np.float64], dtype: str) -> NDArray[np.float64]:
+    """float64 -> the nearest bf16 / fp16 value (round to nearest even), as float64: what
+    cvt.rn and mul.rn.{bf16,f16}x2 produce from an exact value."""
+    if dtype == "bf16":
+        return bf16_bits_to_f32(f32_to_bf16_bits(np.asarray(v, np.float32))).astype(np.float64)
+    return np.asarray(v, np.float64).astype(np.float16).astype(np.float64)
 
 
 def _scale_f(bits: NDArray[np.uint32], kind: int) -> NDArray[np.float64]:
@@ -92,10 +100,12 @@ def simulate(
     x: NDArray[np.float64],
     cfg_name: str,
     split: int,
+    dtype: str = "bf16",
 ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """Run the kernel's data movement and math for x (M, K) on ``prepack`` output; returns
     (out (M, N) float64, NaN where never written; writes (M, N): how many times the epilogue
-    wrote each element)."""
+    wrote each element). ``dtype``: the activations' type, which sets the rounding of the
+    scaled A fragments of an ``sa`` config (``round_a``); exact configs ignore it."""
     c = TC_CONFIGS[cfg_name]
     k, n, g, kind = (int(v) for v in packed["meta"])
     m_rows = x.shape[0]
@@ -166,7 +176,11 @@ def simulate(
                                 ):
                                     for e in range(2):
                                         q = (word >> np.uint32(shift + 16 * e)) & np.uint32(15)
-                                        A[_a_index(r, e)] = q.astype(np.float64) - zz[warp, j]
+                                        a = q.astype(np.float64) - zz[warp, j]
+                                        if c.sa:  # (q - z) * s, the scale and product rounded
+                                            sr = (slo if r % 2 == 0 else shi)[warp, j]
+                                            a = round_a(a * round_a(sr, dtype), dtype)
+                                        A[_a_index(r, e)] = a
                                 for mt in range(MT):
                                     row = (wm * MT + mt) * 8 + _G8
                                     base = (row * XROW + _T4 * 32) // 2  # 16 elements: xa, xb
@@ -178,8 +192,8 @@ def simulate(
                                     assert not np.isnan(A).any() and not np.isnan(B).any()
                                     C = A @ B
                                     for qq in range(4):
-                                        cg[warp, j, mt, qq] += C[_c_index(qq)]
-                        if cc == CPG - 1:
+                                        (acc if c.sa else cg)[warp, j, mt, qq] += C[_c_index(qq)]
+                        if not c.sa and cc == CPG - 1:
                             for j in range(NS):
                                 sc = np.stack([slo[warp, j], slo[warp, j], shi[warp, j], shi[warp, j]])
                                 acc[warp, j] += sc[None] * cg[warp, j]

@@ -24,7 +24,7 @@ GEMV = "gemv"
 KERNELS: tuple[str, ...] = (GEMV, *TC_CONFIGS)
 
 # (largest M, kernel) in increasing M; the last row covers every larger M.
-RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "tc32"), (64, "tc64"), (1 << 30, "tc128"))
+RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "tc32"), (64, "tc64"), (1 << 30, "tc128s"))
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ __device__ __forceinline__ void tc_load_stage(unsigned char* st, const uint4* __
 }
 
 // blockDim.x = NT; dynamic shared memory ST * STAGE bytes.
-template <int DT, int MT, int NS, int WM, int WN, int ST, int CPG>
+template <int DT, int MT, int NS, int WM, int WN, int ST, int CPG, bool SA>
 __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                               const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
                                               const uint16_t* __restrict__ bias,
@@ -115,7 +115,7 @@ __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const
     const int nck = (ge - gb) * CPG;
 
     float acc[NS][MT][4];
-    float cg[NS][MT][4];
+    float cg[SA ? 1 : NS][SA ? 1 : MT][4];  // per-group sums (exact path only)
 #pragma unroll
     for (int j = 0; j < NS; ++j)
 #pragma unroll
@@ -133,7 +133,7 @@ __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const
 
     const uint32_t one = Dt<DT>::pack2(1.0f);
     float slo[NS], shi[NS];
-    uint32_t zlo[NS], zhi[NS];
+    uint32_t zlo[NS], zhi[NS], s2lo[NS], s2hi[NS];
     for (int i = 0; i < nck; ++i) {
         cp_async_wait<ST - 2>();  // chunk i has landed (this thread's copies) ...
         __syncthreads();          // ... and everyone's; everyone is done with chunk i - 1's stage
@@ -162,10 +162,14 @@ __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const
                 }
                 zlo[j] = Dt<DT>::pack2(-(Dt<DT>::MAGIC_F + static_cast<float>(v.x >> 16)));
                 zhi[j] = Dt<DT>::pack2(-(Dt<DT>::MAGIC_F + static_cast<float>(v.y >> 16)));
+                s2lo[j] = Dt<DT>::pack2(slo[j]);
+                s2hi[j] = Dt<DT>::pack2(shi[j]);
+                if (!SA) {
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
+                    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) cg[j][mt][q] = 0.0f;
+                        for (int q = 0; q < 4; ++q) cg[SA ? 0 : j][SA ? 0 : mt][q] = 0.0f;
+                }
             }
         }
         uint4 w[NS];
@@ -185,27 +189,34 @@ __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const
             for (int j = 0; j < NS; ++j) {
                 const uint32_t wa = (s < 2) ? w[j].x : w[j].z;
                 const uint32_t wb = (s < 2) ? w[j].y : w[j].w;
-                const uint32_t a0 = deq<DT>(wa, sh, zlo[j], one);
-                const uint32_t a1 = deq<DT>(wa, sh + 8, zhi[j], one);
-                const uint32_t a2 = deq<DT>(wb, sh, zlo[j], one);
-                const uint32_t a3 = deq<DT>(wb, sh + 8, zhi[j], one);
+                uint32_t a0 = deq<DT>(wa, sh, zlo[j], one);
+                uint32_t a1 = deq<DT>(wa, sh + 8, zhi[j], one);
+                uint32_t a2 = deq<DT>(wb, sh, zlo[j], one);
+                uint32_t a3 = deq<DT>(wb, sh + 8, zhi[j], one);
+                if (SA) {  // (q - z) * s rounded once to bf16/fp16; rows g8 use slo, rows g8 + 8 shi
+                    a0 = Dt<DT>::mul2(a0, s2lo[j]);
+                    a1 = Dt<DT>::mul2(a1, s2hi[j]);
+                    a2 = Dt<DT>::mul2(a2, s2lo[j]);
+                    a3 = Dt<DT>::mul2(a3, s2hi[j]);
+                }
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     const uint32_t b0 = s == 0 ? xa[mt].x : s == 1 ? xa[mt].z : s == 2 ? xb[mt].x : xb[mt].z;
                     const uint32_t b1 = s == 0 ? xa[mt].y : s == 1 ? xa[mt].w : s == 2 ? xb[mt].y : xb[mt].w;
-                    Dt<DT>::mma(cg[j][mt], a0, a1, a2, a3, b0, b1);
+                    Dt<DT>::mma(SA ? acc[j][mt] : cg[SA ? 0 : j][SA ? 0 : mt], a0, a1, a2, a3, b0, b1);
                 }
             }
         }
-        if (cc == CPG - 1) {
+        if (!SA && cc == CPG - 1) {
 #pragma unroll
             for (int j = 0; j < NS; ++j)
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    acc[j][mt][0] = fmaf(slo[j], cg[j][mt][0], acc[j][mt][0]);
-                    acc[j][mt][1] = fmaf(slo[j], cg[j][mt][1], acc[j][mt][1]);
-                    acc[j][mt][2] = fmaf(shi[j], cg[j][mt][2], acc[j][mt][2]);
-                    acc[j][mt][3] = fmaf(shi[j], cg[j][mt][3], acc[j][mt][3]);
+                    const int jj = SA ? 0 : j, mm = SA ? 0 : mt;
+                    acc[j][mt][0] = fmaf(slo[j], cg[jj][mm][0], acc[j][mt][0]);
+                    acc[j][mt][1] = fmaf(slo[j], cg[jj][mm][1], acc[j][mt][1]);
+                    acc[j][mt][2] = fmaf(shi[j], cg[jj][mm][2], acc[j][mt][2]);
+                    acc[j][mt][3] = fmaf(shi[j], cg[jj][mm][3], acc[j][mt][3]);
                 }
         }
     }
@@ -266,12 +277,12 @@ __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const
 
 }  // namespace anvil_w4a16
 
-#define ANVIL_W4A16_TC_KERNEL(NAME, DT, MT, NS, WM, WN, ST, CPG)                                        \
+#define ANVIL_W4A16_TC_KERNEL(NAME, DT, MT, NS, WM, WN, ST, CPG, SA)                                        \
     extern "C" __global__ void __launch_bounds__(32 * WM * WN, 1)                                      \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_tc_body<DT, MT, NS, WM, WN, ST, CPG>(W, SZ, X, Y, bias, res, ws, counters, \
-                                                                M, N, K, act, flags);                  \
+        anvil_w4a16::w4a16_tc_body<DT, MT, NS, WM, WN, ST, CPG, SA>(W, SZ, X, Y, bias, res, ws,       \
+                                                                    counters, M, N, K, act, flags);    \
     }

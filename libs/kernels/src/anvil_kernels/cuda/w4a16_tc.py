@@ -20,7 +20,14 @@ REGS_PER_SM = 65536
 class TcConfig:
     """One block tile: BM = 8*mt*wm rows of x by BN = 16*ns*wn columns, 32*wm*wn threads, st
     pipeline stages of one 64-k chunk. ``regs``: ptxas's count on sm_90 (nvcc 13.0, bf16, g128;
-    test_tc_ptxas_report keeps it honest), used to estimate blocks per SM."""
+    test_tc_ptxas_report keeps it honest), used to estimate blocks per SM.
+
+    ``sa`` False (exact): the tensor cores multiply the integers (q - z) and each group's sum is
+    scaled in fp32 (two accumulator sets: per group and total), as the GEMV-like kernel does.
+    ``sa`` True (scaled A): the A fragment is (q - z) * s rounded once to bf16/fp16 (one more
+    mul.rn.{bf16,f16}x2 per register; the scale itself is first rounded to that type), so one
+    accumulator set suffices and a warp can hold twice the tile. The error is then that of a
+    bf16/fp16 GEMM on the dequantized weights (what cuBLAS bf16 computes)."""
 
     mt: int
     ns: int
@@ -28,6 +35,7 @@ class TcConfig:
     wn: int
     st: int
     regs: int
+    sa: bool = False
 
     @property
     def bm(self) -> int:
@@ -56,13 +64,15 @@ class TcConfig:
         return max(1, min(by_regs, SMEM_PER_SM // self.smem, 2048 // self.threads))
 
 
-# name -> config. Registers as reported by ptxas for sm_90 (no spills in any).
+# name -> config (all 256 threads). Registers as reported by ptxas for sm_90, no spills in any.
 TC_CONFIGS: dict[str, TcConfig] = {
-    "tc16": TcConfig(mt=2, ns=1, wm=1, wn=8, st=4, regs=64),  # 16 x 128
-    "tc32": TcConfig(mt=4, ns=1, wm=1, wn=8, st=4, regs=96),  # 32 x 128
-    "tc64": TcConfig(mt=4, ns=2, wm=2, wn=4, st=4, regs=128),  # 64 x 128
-    "tc128": TcConfig(mt=4, ns=2, wm=4, wn=2, st=4, regs=128),  # 128 x 64
-    "tc128w": TcConfig(mt=8, ns=2, wm=2, wn=4, st=3, regs=208),  # 128 x 128
+    "tc16": TcConfig(mt=2, ns=1, wm=1, wn=8, st=4, regs=64),  # 16 x 128, exact
+    "tc32": TcConfig(mt=4, ns=1, wm=1, wn=8, st=4, regs=96),  # 32 x 128, exact
+    "tc64": TcConfig(mt=4, ns=2, wm=2, wn=4, st=4, regs=128),  # 64 x 128, exact
+    "tc128": TcConfig(mt=8, ns=2, wm=2, wn=4, st=3, regs=208),  # 128 x 128, exact
+    "tc64s": TcConfig(mt=4, ns=4, wm=2, wn=4, st=4, regs=145, sa=True),  # 64 x 256
+    "tc128s": TcConfig(mt=8, ns=2, wm=2, wn=4, st=3, regs=142, sa=True),  # 128 x 128
+    "tc128ws": TcConfig(mt=8, ns=4, wm=2, wn=4, st=3, regs=248, sa=True),  # 128 x 256
 }
 
 
@@ -73,7 +83,8 @@ def tc_kernel_name(dtype: str, cfg_name: str, cpg: int) -> str:
 def tc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = TC_CONFIGS[cfg_name]
     name = tc_kernel_name(dtype, cfg_name, cpg)
-    return f"ANVIL_W4A16_TC_KERNEL({name}, {dt_code}, {c.mt}, {c.ns}, {c.wm}, {c.wn}, {c.st}, {cpg})"
+    sa = "true" if c.sa else "false"
+    return f"ANVIL_W4A16_TC_KERNEL({name}, {dt_code}, {c.mt}, {c.ns}, {c.wm}, {c.wn}, {c.st}, {cpg}, {sa})"
 
 
 @dataclass(frozen=True)
