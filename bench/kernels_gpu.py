@@ -294,7 +294,9 @@ def _write(out_dir: Path, meta: dict, rows: list[dict], arch: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fatbin", default=None, help="prebuilt fatbin (default: build bf16 g128 with nvcc)")
+    ap.add_argument(
+        "--fatbin", default=None, help="prebuilt fatbin(s), os.pathsep-separated (default: build bf16 g128)"
+    )
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--shapes", default=None, help="e.g. 8192x8192,4096x14336")
     ap.add_argument("--ms", default=None, help="e.g. 1,16,64")
@@ -304,7 +306,7 @@ def main() -> None:
     import cupy as cp
     import torch
 
-    from anvil_kernels.cuda import W4A16Params, build_fatbin
+    from anvil_kernels.cuda import W4A16Params, build_fatbins, load_module
 
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = SHAPES
@@ -315,8 +317,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     params = W4A16Params(dtypes=("bf16",), groups=(GROUP,))
-    fatbin = args.fatbin or str(build_fatbin(params, ("compute_90,code=sm_90",)))
-    module = cp.RawModule(path=fatbin)
+    module = load_module(args.fatbin or build_fatbins(params, ("compute_90,code=sm_90",)))
     helpers = _helpers_module()
     dev = torch.cuda.get_device_properties(0)
     rng = np.random.default_rng(1234)

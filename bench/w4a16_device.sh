@@ -20,20 +20,23 @@ T0=$SECONDS
 nvidia-smi -L || true
 command -v nvcc >/dev/null || { echo "nvcc not on PATH"; exit 1; }
 
-build() {  # build DIR PARAMS_EXPR: one fatbin for sm_90 (no wgmma, so no sm_90a pass)
-  python3 -c "from anvil_kernels.cuda import W4A16Params, build_fatbin
-print(build_fatbin($2, ('compute_90,code=sm_90',), '$1'))"
+build() {  # build DIR PARAMS_EXPR JOBS: fatbins for sm_90 (no wgmma: no sm_90a pass), JOBS nvcc
+  # processes in parallel; prints the fatbins joined by ':' (what load_module and the tests take)
+  python3 -c "import os; from anvil_kernels.cuda import W4A16Params, build_fatbins
+print(os.pathsep.join(map(str, build_fatbins($2, ('compute_90,code=sm_90',), '$1', jobs=$3))))"
 }
+NCPU=$(nproc)
 
 echo "== build (bench kernels: bf16, g128) =="
-build "$BUILD/bench" 'W4A16Params(dtypes=("bf16",), groups=(128,))'
+BENCH_FATBIN=$(build "$BUILD/bench" 'W4A16Params(dtypes=("bf16",), groups=(128,))' "$NCPU")
 echo "   $((SECONDS - T0)) s"
-build "$BUILD/all" 'W4A16Params()' > "$OUT/build_all.txt" 2>&1 &
+# every variant, for the tests, while the bench runs (the bench uses the GPU and one core)
+build "$BUILD/all" 'W4A16Params()' "$((NCPU > 2 ? NCPU - 1 : 1))" > "$OUT/build_all.txt" 2>&1 &
 BUILD_PID=$!
 
 echo "== bench/kernels_gpu.py =="
 BENCH_RC=0
-timeout 170 python3 bench/kernels_gpu.py --fatbin "$BUILD/bench/w4a16.fatbin" --out "$OUT" \
+timeout 170 python3 bench/kernels_gpu.py --fatbin "$BENCH_FATBIN" --out "$OUT" \
   --commit "$COMMIT" > "$OUT/bench.txt" 2>&1 || BENCH_RC=$?
 grep -E "^K=|Error|error|Traceback" "$OUT/bench.txt" | cut -c1-220 || true
 echo "   bench rc=$BENCH_RC, $((SECONDS - T0)) s"
@@ -43,7 +46,7 @@ BUILD_RC=0
 wait "$BUILD_PID" || BUILD_RC=$?
 TEST_RC=0
 if [ "$BUILD_RC" = 0 ]; then
-  ANVIL_W4A16_FATBIN="$BUILD/all/w4a16.fatbin" timeout 150 python3 -m pytest -q -p no:cacheprovider \
+  ANVIL_W4A16_FATBIN=$(tail -1 "$OUT/build_all.txt") timeout 150 python3 -m pytest -q -p no:cacheprovider \
     -m gpu -x -rs libs/kernels/tests/test_cuda_w4a16.py libs/kernels/tests/test_cuda_w4a16_tc.py \
     > "$OUT/gpu_tests.txt" 2>&1 || TEST_RC=$?
   tail -25 "$OUT/gpu_tests.txt"

@@ -17,10 +17,10 @@ def rng() -> np.random.Generator:
 
 @pytest.fixture(scope="session")
 def module() -> object:
-    """The W4A16 kernels as a cupy.RawModule: ``ANVIL_W4A16_FATBIN`` (prebuilt, e.g. by
-    bench/w4a16_device.sh), else every variant built once per session with nvcc."""
-    cp = pytest.importorskip("cupy")
-    from anvil_kernels.cuda.w4a16 import W4A16Params, build_fatbin
+    """The W4A16 kernels: ``ANVIL_W4A16_FATBIN`` (prebuilt fatbins, os.pathsep-separated, e.g. by
+    bench/w4a16_device.sh), else every variant built once per session with nvcc (in parallel)."""
+    pytest.importorskip("cupy")
+    from anvil_kernels.cuda import W4A16Params, build_fatbins, load_module
 
-    path = os.environ.get("ANVIL_W4A16_FATBIN") or str(build_fatbin(W4A16Params()))
-    return cp.RawModule(path=path)
+    env = os.environ.get("ANVIL_W4A16_FATBIN")
+    return load_module(env if env else build_fatbins(W4A16Params(), ("compute_90,code=sm_90",)))

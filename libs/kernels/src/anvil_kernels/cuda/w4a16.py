@@ -19,6 +19,7 @@ The CuPy launcher (``W4A16Linear``) and the compiler seam (``OPS``) are in ``w4a
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -92,15 +93,19 @@ class W4A16Params:
 
 def w4a16_source(params: W4A16Params | None = None) -> str:
     """The CUDA source: w4a16.cu and w4a16_tc.cu plus one extern "C" kernel per variant."""
+    return "\n".join([_SRC_PATH.read_text(), _TC_SRC_PATH.read_text(), *_instantiations(params)]) + "\n"
+
+
+def _instantiations(params: W4A16Params | None) -> list[str]:
     params = params or W4A16Params()
-    lines = [_SRC_PATH.read_text(), _TC_SRC_PATH.read_text()]
+    lines = []
     for v in params.all_variants():
         lines.append(f"ANVIL_W4A16_KERNEL({v.name}, {_DT_CODE[v.dtype]}, {v.mt}, {v.ns}, {v.cpg}, {v.gd})")
     for dt in params.dtypes:
         for g in params.groups:
             for cfg in params.tc_configs:
                 lines.append(tc_instantiation(_DT_CODE[dt], dt, cfg, g // 64))
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 DEFAULT_ARCHS: tuple[str, ...] = ("compute_90a,code=sm_90a", "compute_90,code=sm_90")
@@ -118,22 +123,45 @@ def build_fatbin(
 
     ``archs`` are ``-gencode arch=...`` values. Raises RuntimeError with nvcc's output on failure.
     """
+    return build_fatbins(params, archs, out_dir, jobs=1, nvcc=nvcc, extra_flags=extra_flags)[0]
+
+
+def build_fatbins(
+    params: W4A16Params | None = None,
+    archs: Sequence[str] = DEFAULT_ARCHS,
+    out_dir: str | Path | None = None,
+    *,
+    jobs: int = 0,
+    nvcc: str | None = None,
+    extra_flags: Sequence[str] = (),
+) -> list[Path]:
+    """Like ``build_fatbin`` but split over ``jobs`` translation units compiled in parallel (0: one
+    per CPU; nvcc compiles one unit on one core, and the tensor-core tiles take seconds each):
+    ``out_dir/w4a16.{i}.fatbin`` (``w4a16.fatbin`` when jobs == 1). ``load_module`` takes the list."""
     exe = nvcc or shutil.which("nvcc")
     if exe is None:
         raise RuntimeError("nvcc not found on PATH")
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="anvil_w4a16_"))
     out.mkdir(parents=True, exist_ok=True)
-    src = out / "w4a16_gen.cu"
-    src.write_text(w4a16_source(params))
-    fatbin = out / "w4a16.fatbin"
-    cmd = [exe, "--fatbin", "-O3", "-std=c++17", "-lineinfo", *extra_flags]
-    for a in archs:
-        cmd += ["-gencode", f"arch={a}"]
-    cmd += ["-o", str(fatbin), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"nvcc failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
-    return fatbin
+    inst = _instantiations(params)
+    jobs = max(1, min(jobs or (os.cpu_count() or 1), len(inst)))
+    head = [_SRC_PATH.read_text(), _TC_SRC_PATH.read_text()]
+    procs = []
+    for i in range(jobs):
+        stem = "w4a16" if jobs == 1 else f"w4a16.{i}"
+        src = out / f"{stem}_gen.cu"
+        # largest kernels first in round robin, so the units take about the same time
+        src.write_text("\n".join([*head, *inst[::-1][i::jobs]]) + "\n")
+        cmd = [exe, "--fatbin", "-O3", "-std=c++17", "-lineinfo", *extra_flags]
+        for a in archs:
+            cmd += ["-gencode", f"arch={a}"]
+        cmd += ["-o", str(out / f"{stem}.fatbin"), str(src)]
+        procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    for cmd, proc in procs:
+        so, se = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({proc.returncode}): {' '.join(cmd)}\n{so}\n{se}")
+    return [Path(c[c.index("-o") + 1]) for c, _ in procs]
 
 
 # ---------------------------------------------------------------------------------------------

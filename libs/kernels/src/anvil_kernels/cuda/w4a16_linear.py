@@ -10,7 +10,8 @@ out is written in full and must not alias an input. Nothing is allocated per cal
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,31 @@ from anvil_kernels.cuda.w4a16_dispatch import GEMV, DispatchTable, KernelChoice,
 from anvil_kernels.cuda.w4a16_tc import TcPlan, plan_tc, tc_kernel_name
 
 
-def load_module(path: str | Path) -> Any:
-    """cupy.RawModule from a fatbin/cubin built by ``build_fatbin``."""
+class ModuleSet:
+    """Several cupy.RawModules (``build_fatbins``' units) behind one ``get_function``."""
+
+    def __init__(self, modules: Sequence[Any]) -> None:
+        self._modules = list(modules)
+
+    def get_function(self, name: str) -> Any:
+        for mod in self._modules:
+            try:
+                return mod.get_function(name)
+            except Exception:  # cupy raises its driver error for a name the unit lacks
+                continue
+        raise KeyError(f"no kernel {name!r} in any of {len(self._modules)} modules")
+
+
+def load_module(path: str | Path | Sequence[str | Path]) -> Any:
+    """A cupy.RawModule from a fatbin/cubin built by ``build_fatbin``, or a ``ModuleSet`` over the
+    list ``build_fatbins`` returns (also: one string of paths joined by os.pathsep)."""
     import cupy
 
-    return cupy.RawModule(path=str(path))
+    if isinstance(path, str) and os.pathsep in path:
+        path = path.split(os.pathsep)
+    if isinstance(path, (str, Path)):
+        return cupy.RawModule(path=str(path))
+    return ModuleSet([cupy.RawModule(path=str(p)) for p in path])
 
 
 def _ptr(a: Any) -> np.uint64:

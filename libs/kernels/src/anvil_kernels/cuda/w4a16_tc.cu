@@ -84,6 +84,42 @@ __device__ __forceinline__ void tc_load_stage(unsigned char* st, const uint4* __
     }
 }
 
+// C fragment (16 n x 8 m) q -> n = 16*strip + g8 + 8*(q >> 1), m = 2*t4 + (q & 1); ACT -1: the
+// runtime code ``act``.
+template <int DT, int MT, int NS, int WM, int WN, int ACT>
+__device__ __forceinline__ void tc_epilogue(const float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
+                                            const uint16_t* __restrict__ bias,
+                                            const uint16_t* __restrict__ res, int M, int N, int m0,
+                                            int strip0, int act) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wm = warp / WN;
+    const int wn = warp % WN;
+    const int g8 = lane >> 2;
+    const int t4 = lane & 3;
+    const int strips = N >> 4;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+        const int strip = strip0 + wn * NS + j;
+        if (strip >= strips) continue;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int n = strip * 16 + g8 + 8 * (q >> 1);
+            const float bn = bias != nullptr ? Dt<DT>::to_f(bias[n]) : 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int m = m0 + (wm * MT + mt) * 8 + 2 * t4 + (q & 1);
+                if (m >= M) continue;
+                float v = acc[j][mt][q] + bn;
+                v = ACT == ACT_NONE ? v : ACT == ACT_RELU ? (v > 0.0f ? v : 0.0f) : activate(v, act);
+                const size_t o = static_cast<size_t>(m) * N + n;
+                if (res != nullptr) v += Dt<DT>::to_f(res[o]);
+                Y[o] = Dt<DT>::from_f(v);
+            }
+        }
+    }
+}
+
 // blockDim.x = NT; dynamic shared memory ST * STAGE bytes.
 template <int DT, int MT, int NS, int WM, int WN, int ST, int CPG, bool SA>
 __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
@@ -253,25 +289,17 @@ __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const
         if (tid == 0) counters[tile] = 0;  // ready for the next launch
     }
 
-    // Epilogue: C fragment (16 n x 8 m) q -> n = 16*strip + g8 + 8*(q >> 1), m = 2*t4 + (q & 1).
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-        const int strip = strip0 + wn * NS + j;
-        if (strip >= strips) continue;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int n = strip * 16 + g8 + 8 * (q >> 1);
-            const float bn = bias != nullptr ? Dt<DT>::to_f(bias[n]) : 0.0f;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                const int m = m0 + (wm * MT + mt) * 8 + 2 * t4 + (q & 1);
-                if (m >= M) continue;
-                float v = activate(acc[j][mt][q] + bn, act);
-                const size_t o = static_cast<size_t>(m) * N + n;
-                if (res != nullptr) v += Dt<DT>::to_f(res[o]);
-                Y[o] = Dt<DT>::from_f(v);
-            }
-        }
+    // Epilogue, one straight-line copy per common activation (the runtime switch stays for the
+    // rest: inlined at each of up to 128 accumulators, it is most of the kernel's code).
+    switch (act) {
+        case ACT_NONE:
+            tc_epilogue<DT, MT, NS, WM, WN, ACT_NONE>(acc, Y, bias, res, M, N, m0, strip0, act);
+            break;
+        case ACT_RELU:
+            tc_epilogue<DT, MT, NS, WM, WN, ACT_RELU>(acc, Y, bias, res, M, N, m0, strip0, act);
+            break;
+        default:
+            tc_epilogue<DT, MT, NS, WM, WN, -1>(acc, Y, bias, res, M, N, m0, strip0, act);
     }
 }
 
