@@ -205,10 +205,10 @@ def bench_shape(
 
         res: dict[str, Any] = {"K": k, "N": n, "M": m, "stream_us": round(stream, 2)}
         res["gemv_us"], res["gemv_err"] = anvil("gemv", None)
-        tc = {}
+        tc: dict[str, dict[str, Any]] = {}
         for cfg in TC_CONFIGS:
             t, e = anvil(cfg, None)
-            tc[cfg] = {"us": round(t, 2), "err": e, "split": layers[0].plan(m).split}
+            tc[cfg] = {"us": round(t, 2), "err": e, "split": getattr(layers[0].plan(m), "split", None)}
         best_cfg = min(tc, key=lambda c_: tc[c_]["us"] if tc[c_]["err"] <= 1e-2 else float("inf"))
         sweep = {}
         for sp in SPLITS:

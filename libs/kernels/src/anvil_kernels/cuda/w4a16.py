@@ -97,15 +97,25 @@ def w4a16_source(params: W4A16Params | None = None) -> str:
 
 
 def _instantiations(params: W4A16Params | None) -> list[str]:
+    return [line for line, _ in _costed_instantiations(params)]
+
+
+def _costed_instantiations(params: W4A16Params | None) -> list[tuple[str, float]]:
+    """(instantiation, compile seconds with nvcc 13.0 on the shared CI machine, one core)."""
     params = params or W4A16Params()
-    lines = []
+    out = []
     for v in params.all_variants():
-        lines.append(f"ANVIL_W4A16_KERNEL({v.name}, {_DT_CODE[v.dtype]}, {v.mt}, {v.ns}, {v.cpg}, {v.gd})")
+        line = f"ANVIL_W4A16_KERNEL({v.name}, {_DT_CODE[v.dtype]}, {v.mt}, {v.ns}, {v.cpg}, {v.gd})"
+        out.append((line, 0.6))
     for dt in params.dtypes:
         for g in params.groups:
             for cfg in params.tc_configs:
-                lines.append(tc_instantiation(_DT_CODE[dt], dt, cfg, g // 64))
-    return lines
+                out.append((tc_instantiation(_DT_CODE[dt], dt, cfg, g // 64), _TC_COMPILE_S.get(cfg, 10.0)))
+    return out
+
+
+_TC_COMPILE_S = {"tc16": 2.3, "tc32": 4.1, "tc64": 2.4, "tc128": 10.1, "tc64s": 17.1, "tc128s": 12.4}
+_TC_COMPILE_S["tc128ws"] = 15.4
 
 
 DEFAULT_ARCHS: tuple[str, ...] = ("compute_90a,code=sm_90a", "compute_90,code=sm_90")
@@ -143,15 +153,21 @@ def build_fatbins(
         raise RuntimeError("nvcc not found on PATH")
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="anvil_w4a16_"))
     out.mkdir(parents=True, exist_ok=True)
-    inst = _instantiations(params)
+    inst = _costed_instantiations(params)
     jobs = max(1, min(jobs or (os.cpu_count() or 1), len(inst)))
+    # longest first onto the least loaded unit, so the units take about the same time
+    units: list[list[str]] = [[] for _ in range(jobs)]
+    load = [0.0] * jobs
+    for line, cost in sorted(inst, key=lambda t: -t[1]):
+        u = load.index(min(load))
+        units[u].append(line)
+        load[u] += cost
     head = [_SRC_PATH.read_text(), _TC_SRC_PATH.read_text()]
     procs = []
     for i in range(jobs):
         stem = "w4a16" if jobs == 1 else f"w4a16.{i}"
         src = out / f"{stem}_gen.cu"
-        # largest kernels first in round robin, so the units take about the same time
-        src.write_text("\n".join([*head, *inst[::-1][i::jobs]]) + "\n")
+        src.write_text("\n".join([*head, *units[i]]) + "\n")
         cmd = [exe, "--fatbin", "-O3", "-std=c++17", "-lineinfo", *extra_flags]
         for a in archs:
             cmd += ["-gencode", f"arch={a}"]
