@@ -7,33 +7,42 @@ plan kernel and the executor's GPU epilogue include, kept in one file.
 from pathlib import Path
 
 from anvil_kernels.cuda.w4a16 import (
-    OPS,
     LaunchPlan,
     Variant,
-    W4A16Linear,
     W4A16Params,
     build_fatbin,
-    int4_linear_cuda,
-    load_module,
+    build_fatbins,
     plan_launch,
     prepack,
     unprepack,
     w4a16_source,
 )
+from anvil_kernels.cuda.w4a16_dispatch import DispatchTable, KernelChoice, choose
+from anvil_kernels.cuda.w4a16_linear import OPS, ModuleSet, W4A16Linear, int4_linear_cuda, load_module
+from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS, TcConfig, TcPlan, plan_tc
 
 PLAN_COMMON = Path(__file__).with_name("plan_common.cuh")
 
 __all__ = [
     "OPS",
     "PLAN_COMMON",
+    "TC_CONFIGS",
+    "DispatchTable",
+    "KernelChoice",
     "LaunchPlan",
+    "ModuleSet",
+    "TcConfig",
+    "TcPlan",
     "Variant",
     "W4A16Linear",
     "W4A16Params",
     "build_fatbin",
+    "build_fatbins",
+    "choose",
     "int4_linear_cuda",
     "load_module",
     "plan_launch",
+    "plan_tc",
     "prepack",
     "unprepack",
     "w4a16_source",

@@ -52,6 +52,11 @@ struct Dt<0> {  // bfloat16
         asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
         return d;
     }
+    static __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+        uint32_t d;
+        asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+        return d;
+    }
     static __device__ __forceinline__ void mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
                                                uint32_t a3, uint32_t b0, uint32_t b1) {
         asm volatile(
@@ -80,6 +85,11 @@ struct Dt<1> {  // float16
     static __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {
         uint32_t d;
         asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+    static __device__ __forceinline__ uint32_t mul2(uint32_t a, uint32_t b) {
+        uint32_t d;
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
         return d;
     }
     static __device__ __forceinline__ void mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2,

@@ -1,43 +1,37 @@
 """W4A16 GEMM/GEMV on NVIDIA GPUs (sm_90): bf16/fp16 activations, Anvil INT4 weights.
 
 ``out = act(x @ W + bias) + residual`` with x (M, K) bf16 or fp16, W an ``Int4Weight`` (K, N)
-with group-wise scales and integer zero points, out (M, N) in x's dtype. The kernel source is
-``w4a16.cu`` beside this file (design and layout notes at its top, measured numbers in
-docs/kernels_gpu.md).
+with group-wise scales and integer zero points, out (M, N) in x's dtype. Two kernels read the same
+prepacked weights: the GEMV-like one (``w4a16.cu``, every warp streams its own weights, best at
+small M) and the tiled tensor-core one (``w4a16_tc.cu`` / ``w4a16_tc.py``, x and weights staged
+through a cp.async pipeline, split-K); ``w4a16_dispatch.choose`` picks per (M, K, N). Design and
+layout notes at the top of each .cu file, measured numbers in docs/kernels_gpu.md.
 
 Host side (no GPU needed):
-    prepack(w) -> {"qweight", "sz", "meta"}   weights permuted into the order the kernel loads them
+    prepack(w) -> {"qweight", "sz", "meta"}   weights permuted into the order the kernels load them
     unprepack(packed) -> Int4Weight           the inverse (prepack is a bijection)
     w4a16_source(params) -> str               CUDA source with the requested instantiations
     build_fatbin(params, archs, out_dir)      nvcc -> a fatbin (sm_90a + sm_90 by default)
-    plan_launch(m, n, k, g, ...)              launch geometry for one call
+    plan_launch(m, n, k, g, ...)              launch geometry of the GEMV-like kernel
 
-Device side (CuPy, imported lazily):
-    load_module(path) -> cupy.RawModule
-    W4A16Linear(module, packed, m_max, dtype=..., activation=...)(x, out, bias=None, residual=None)
-
-Compiler seam: ``OPS`` maps an op id to the function that runs it on the GPU. Today one op:
-    OPS["int4_linear"] = int4_linear_cuda(x, layer, out, bias=None, residual=None)
-where ``layer`` is a ``W4A16Linear`` built once per weight at load time (its activation is fixed
-at construction, as the CPU op's ``activation`` argument is per call site). x, out, bias and
-residual are CuPy arrays (uint16 holding bf16 bits, or float16), C-contiguous; out is written in
-full and must not alias an input. Nothing is allocated per call.
+The CuPy launcher (``W4A16Linear``) and the compiler seam (``OPS``) are in ``w4a16_linear.py``.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
-from anvil_kernels.activations import ACTIVATIONS
+from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS, tc_instantiation
 from anvil_kernels.format import Int4Weight, f32_to_bf16_bits, pack_nibbles, unpack_nibbles
 
 ActDType = Literal["bf16", "fp16"]
@@ -47,6 +41,7 @@ FLAG_SCALE_BF16 = 1
 FLAG_EVICT_FIRST = 2
 SCALE_FP16, SCALE_BF16 = 0, 1
 _SRC_PATH = Path(__file__).with_name("w4a16.cu")
+_TC_SRC_PATH = Path(__file__).with_name("w4a16_tc.cu")
 
 
 @dataclass(frozen=True)
@@ -82,6 +77,7 @@ class W4A16Params:
     tiles: tuple[tuple[int, int], ...] = TILES
     groups: tuple[int, ...] = SUPPORTED_GROUPS
     variants: tuple[Variant, ...] = field(default=())
+    tc_configs: tuple[str, ...] = tuple(TC_CONFIGS)  # tensor-core tiles, for every dtype x group
 
     def all_variants(self) -> list[Variant]:
         if self.variants:
@@ -96,12 +92,30 @@ class W4A16Params:
 
 
 def w4a16_source(params: W4A16Params | None = None) -> str:
-    """The CUDA source: w4a16.cu plus one extern "C" kernel per variant."""
+    """The CUDA source: w4a16.cu and w4a16_tc.cu plus one extern "C" kernel per variant."""
+    return "\n".join([_SRC_PATH.read_text(), _TC_SRC_PATH.read_text(), *_instantiations(params)]) + "\n"
+
+
+def _instantiations(params: W4A16Params | None) -> list[str]:
+    return [line for line, _ in _costed_instantiations(params)]
+
+
+def _costed_instantiations(params: W4A16Params | None) -> list[tuple[str, float]]:
+    """(instantiation, compile seconds with nvcc 13.0 on the shared CI machine, one core)."""
     params = params or W4A16Params()
-    lines = [_SRC_PATH.read_text()]
+    out = []
     for v in params.all_variants():
-        lines.append(f"ANVIL_W4A16_KERNEL({v.name}, {_DT_CODE[v.dtype]}, {v.mt}, {v.ns}, {v.cpg}, {v.gd})")
-    return "\n".join(lines) + "\n"
+        line = f"ANVIL_W4A16_KERNEL({v.name}, {_DT_CODE[v.dtype]}, {v.mt}, {v.ns}, {v.cpg}, {v.gd})"
+        out.append((line, 0.6))
+    for dt in params.dtypes:
+        for g in params.groups:
+            for cfg in params.tc_configs:
+                out.append((tc_instantiation(_DT_CODE[dt], dt, cfg, g // 64), _TC_COMPILE_S.get(cfg, 10.0)))
+    return out
+
+
+_TC_COMPILE_S = {"tc16": 2.3, "tc32": 4.1, "tc64": 2.4, "tc128": 10.1, "tc64s": 17.1, "tc128s": 12.4}
+_TC_COMPILE_S["tc128ws"] = 15.4
 
 
 DEFAULT_ARCHS: tuple[str, ...] = ("compute_90a,code=sm_90a", "compute_90,code=sm_90")
@@ -119,22 +133,51 @@ def build_fatbin(
 
     ``archs`` are ``-gencode arch=...`` values. Raises RuntimeError with nvcc's output on failure.
     """
+    return build_fatbins(params, archs, out_dir, jobs=1, nvcc=nvcc, extra_flags=extra_flags)[0]
+
+
+def build_fatbins(
+    params: W4A16Params | None = None,
+    archs: Sequence[str] = DEFAULT_ARCHS,
+    out_dir: str | Path | None = None,
+    *,
+    jobs: int = 0,
+    nvcc: str | None = None,
+    extra_flags: Sequence[str] = (),
+) -> list[Path]:
+    """Like ``build_fatbin`` but split over ``jobs`` translation units compiled in parallel (0: one
+    per CPU; nvcc compiles one unit on one core, and the tensor-core tiles take seconds each):
+    ``out_dir/w4a16.{i}.fatbin`` (``w4a16.fatbin`` when jobs == 1). ``load_module`` takes the list."""
     exe = nvcc or shutil.which("nvcc")
     if exe is None:
         raise RuntimeError("nvcc not found on PATH")
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="anvil_w4a16_"))
     out.mkdir(parents=True, exist_ok=True)
-    src = out / "w4a16_gen.cu"
-    src.write_text(w4a16_source(params))
-    fatbin = out / "w4a16.fatbin"
-    cmd = [exe, "--fatbin", "-O3", "-std=c++17", "-lineinfo", *extra_flags]
-    for a in archs:
-        cmd += ["-gencode", f"arch={a}"]
-    cmd += ["-o", str(fatbin), str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"nvcc failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
-    return fatbin
+    inst = _costed_instantiations(params)
+    jobs = max(1, min(jobs or (os.cpu_count() or 1), len(inst)))
+    # longest first onto the least loaded unit, so the units take about the same time
+    units: list[list[str]] = [[] for _ in range(jobs)]
+    load = [0.0] * jobs
+    for line, cost in sorted(inst, key=lambda t: -t[1]):
+        u = load.index(min(load))
+        units[u].append(line)
+        load[u] += cost
+    head = [_SRC_PATH.read_text(), _TC_SRC_PATH.read_text()]
+    procs = []
+    for i in range(jobs):
+        stem = "w4a16" if jobs == 1 else f"w4a16.{i}"
+        src = out / f"{stem}_gen.cu"
+        src.write_text("\n".join([*head, *units[i]]) + "\n")
+        cmd = [exe, "--fatbin", "-O3", "-std=c++17", "-lineinfo", *extra_flags]
+        for a in archs:
+            cmd += ["-gencode", f"arch={a}"]
+        cmd += ["-o", str(out / f"{stem}.fatbin"), str(src)]
+        procs.append((cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    for cmd, proc in procs:
+        so, se = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({proc.returncode}): {' '.join(cmd)}\n{so}\n{se}")
+    return [Path(c[c.index("-o") + 1]) for c, _ in procs]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,146 +315,6 @@ def plan_launch(
     grid = (mblocks, -(-warp_cols // sn))
     smem = sk * sn * ns * mt * 512
     return LaunchPlan(mt, ns, sn, sk, grid, 32 * sn * sk, smem, evict_first=mblocks == 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# CuPy launcher
-
-
-def load_module(path: str | Path) -> Any:
-    """cupy.RawModule from a fatbin/cubin built by ``build_fatbin``."""
-    import cupy
-
-    return cupy.RawModule(path=str(path))
-
-
-def _ptr(a: Any) -> np.uint64:
-    return np.uint64(0 if a is None else a.data.ptr)
-
-
-class W4A16Linear:
-    """One INT4 linear layer on the GPU: weights uploaded once, kernels looked up once.
-
-    ``module``: a cupy.RawModule holding the variants this layer needs (``build_fatbin`` with
-    the default params holds all). ``packed``: ``prepack(w)``. ``m_max``: the largest M a call may
-    pass. A call's plan and kernel are made on the first call with that M and then kept (a dict
-    lookup), so steady-state calls allocate nothing and only launch. The kernel keeps no state
-    between launches (split-K is reduced inside the block), so a layer may be called from several
-    streams; results are deterministic.
-    """
-
-    def __init__(
-        self,
-        module: Any,
-        packed: Mapping[str, np.ndarray],
-        m_max: int,
-        *,
-        dtype: ActDType = "bf16",
-        activation: str = "none",
-        sm_count: int | None = None,
-        overrides: Mapping[str, int] | None = None,
-    ) -> None:
-        import cupy
-
-        if dtype not in _DT_CODE:
-            raise ValueError(f"dtype must be one of {tuple(_DT_CODE)}, got {dtype!r}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
-        if m_max < 1:
-            raise ValueError(f"m_max must be >= 1, got {m_max}")
-        self.k, self.n, self.group_size, kind = (int(v) for v in packed["meta"])
-        self.dtype: ActDType = dtype
-        self.activation = activation
-        self.m_max = m_max
-        self._act = ACTIVATIONS[activation]
-        self._scale_flag = FLAG_SCALE_BF16 if kind == SCALE_BF16 else 0
-        self.qweight = cupy.asarray(packed["qweight"])
-        self.sz = cupy.asarray(packed["sz"])
-        self._module = module
-        if sm_count is None:
-            sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-        self._sm_count = sm_count
-        self._overrides = dict(overrides or {})
-        self._plans: dict[int, tuple[LaunchPlan, Any]] = {}
-        self._make(1)  # fail early if the module lacks this layer's variant
-
-    def set_overrides(self, overrides: Mapping[str, int] | None) -> None:
-        """Replace the launch-geometry overrides (mt, ns, sn, sk) used for every M (tuning)."""
-        self._overrides = dict(overrides or {})
-        self._plans.clear()
-
-    @property
-    def xdtype(self) -> np.dtype:
-        return np.dtype(np.uint16) if self.dtype == "bf16" else np.dtype(np.float16)
-
-    def _make(self, m: int) -> tuple[LaunchPlan, Any]:
-        """Plan and kernel for M = m, made on the first call with that M and kept."""
-        hit = self._plans.get(m)
-        if hit is not None:
-            return hit
-        plan = plan_launch(m, self.n, self.k, self.group_size, sm_count=self._sm_count, **self._overrides)
-        cpg = self.group_size // 64
-        v = Variant(self.dtype, plan.mt, plan.ns, cpg, default_gd(plan.mt, plan.ns, cpg))
-        fn = self._module.get_function(v.name)
-        if plan.smem > 48 * 1024:
-            fn.max_dynamic_shared_size_bytes = plan.smem
-        self._plans[m] = (plan, fn)
-        return plan, fn
-
-    def plan(self, m: int) -> LaunchPlan:
-        return self._make(m)[0]
-
-    def __call__(self, x: Any, out: Any, bias: Any = None, residual: Any = None) -> Any:
-        """out = act(x @ W + bias) + residual; x (M, K), out/residual (M, N), bias (N,). Returns out."""
-        m = int(x.shape[0])
-        if x.ndim != 2 or x.shape[1] != self.k:
-            raise ValueError(f"x must have shape (M, K={self.k}), got {tuple(x.shape)}")
-        if not 1 <= m <= self.m_max:
-            raise ValueError(f"M={m} must be in [1, m_max={self.m_max}]")
-        if tuple(out.shape) != (m, self.n):
-            raise ValueError(f"out must have shape ({m}, {self.n}), got {tuple(out.shape)}")
-        for name, a in (("x", x), ("out", out), ("bias", bias), ("residual", residual)):
-            if a is None:
-                continue
-            if a.dtype != self.xdtype:
-                raise ValueError(f"{name} must have dtype {self.xdtype} ({self.dtype}), got {a.dtype}")
-            if not a.flags.c_contiguous:
-                raise ValueError(f"{name} must be C-contiguous")
-        if bias is not None and tuple(bias.shape) != (self.n,):
-            raise ValueError(f"bias must have shape ({self.n},), got {tuple(bias.shape)}")
-        if residual is not None and tuple(residual.shape) != (m, self.n):
-            raise ValueError(f"residual must have shape ({m}, {self.n}), got {tuple(residual.shape)}")
-        plan, fn = self._make(m)
-        flags = self._scale_flag | (FLAG_EVICT_FIRST if plan.evict_first else 0)
-        fn(
-            plan.grid,
-            (plan.block,),
-            (
-                self.qweight,
-                self.sz,
-                x,
-                out,
-                _ptr(bias),
-                _ptr(residual),
-                np.int32(m),
-                np.int32(self.n),
-                np.int32(self.k),
-                np.int32(plan.sn),
-                np.int32(plan.sk),
-                np.int32(self._act),
-                np.int32(flags),
-            ),
-            shared_mem=plan.smem,
-        )
-        return out
-
-
-def int4_linear_cuda(x: Any, layer: W4A16Linear, out: Any, bias: Any = None, residual: Any = None) -> Any:
-    """The compiler's seam for op id ``int4_linear`` on a GPU (see the module docstring)."""
-    return layer(x, out, bias=bias, residual=residual)
-
-
-OPS: dict[str, Callable[..., Any]] = {"int4_linear": int4_linear_cuda}
 
 
 def bf16_bits(a: NDArray[np.floating]) -> NDArray[np.uint16]:

@@ -1,0 +1,102 @@
+"""Which W4A16 kernel runs a call of shape (M, K, N): the GEMV-like kernel (``w4a16.cu``) or a tile
+of the tensor-core kernel (``w4a16_tc.cu``); both read the same prepacked weights.
+
+``choose(m, n, k, g, table=None)`` returns a ``KernelChoice``; ``KernelChoice.as_dict()`` is what a
+plan stores (plain JSON types) and ``KernelChoice.from_dict`` reads it back. With a ``DispatchTable``
+(written by ``bench/kernels_gpu.py --table-out``, measured on one GPU arch) the fastest measured
+kernel for the nearest measured M at or above m wins, for that exact (K, N); otherwise ``RULE``
+decides. The rule is a prior, not a measurement: until the H200 run (docs/kernels_gpu.md) it only
+encodes "GEMV-like up to M = 16, where it was measured good; tensor-core tiles above, the tile
+height growing with M".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS
+
+GEMV = "gemv"
+KERNELS: tuple[str, ...] = (GEMV, *TC_CONFIGS)
+
+# (largest M, kernel) in increasing M; the last row covers every larger M.
+RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "tc32"), (64, "tc64"), (1 << 30, "tc128s"))
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """kernel: "gemv" or a TC_CONFIGS name; split: split-K factor for tc (None: planned at load
+    from the GPU's SM count); source: "table" or "rule"; bf16_faster: the table measured cuBLAS
+    bf16 faster than every INT4 kernel at this shape (the plan may prefer dense weights)."""
+
+    kernel: str
+    split: int | None = None
+    source: str = "rule"
+    bf16_faster: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        if self.split is not None and (self.kernel == GEMV or self.split < 1):
+            raise ValueError(f"split={self.split} needs a tc kernel and must be >= 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KernelChoice:
+        return cls(
+            kernel=str(d["kernel"]),
+            split=None if d.get("split") is None else int(d["split"]),
+            source=str(d.get("source", "rule")),
+            bf16_faster=bool(d.get("bf16_faster", False)),
+        )
+
+
+@dataclass(frozen=True)
+class DispatchTable:
+    """Measured choices for one GPU arch: entries[(K, N)] = sorted ((M, KernelChoice), ...)."""
+
+    arch: str
+    entries: Mapping[tuple[int, int], tuple[tuple[int, KernelChoice], ...]]
+
+    @classmethod
+    def from_json(cls, text: str) -> DispatchTable:
+        """{"arch": "sm_90", "entries": [{"K", "N", "M", "kernel", "split", "bf16_faster"}, ...]}"""
+        doc = json.loads(text)
+        rows: dict[tuple[int, int], list[tuple[int, KernelChoice]]] = {}
+        for e in doc["entries"]:
+            ch = KernelChoice.from_dict({**e, "source": "table"})
+            rows.setdefault((int(e["K"]), int(e["N"])), []).append((int(e["M"]), ch))
+        return cls(str(doc["arch"]), {kn: tuple(sorted(v, key=lambda t: t[0])) for kn, v in rows.items()})
+
+    @classmethod
+    def load(cls, path: str | Path) -> DispatchTable:
+        return cls.from_json(Path(path).read_text())
+
+    def lookup(self, m: int, n: int, k: int) -> KernelChoice | None:
+        rows = self.entries.get((k, n))
+        if not rows:
+            return None
+        for mm, ch in rows:
+            if m <= mm:
+                return ch
+        return None  # above the largest measured M: the rule decides
+
+
+def choose(m: int, n: int, k: int, g: int, table: DispatchTable | None = None) -> KernelChoice:
+    """The kernel for one call shape (x (M, K) @ W (K, N), groups of g along K)."""
+    if m < 1 or n < 1 or k < 1:
+        raise ValueError(f"M, N, K must be positive, got {(m, n, k)}")
+    if table is not None:
+        hit = table.lookup(m, n, k)
+        if hit is not None:
+            return hit
+    for m_max, kernel in RULE:
+        if m <= m_max:
+            return KernelChoice(kernel)
+    raise AssertionError("RULE's last row covers every M")

@@ -1,0 +1,242 @@
+"""CuPy launcher of the W4A16 kernels and the compiler seam.
+
+Compiler seam: ``OPS`` maps an op id to the function that runs it on the GPU. Today one op:
+    OPS["int4_linear"] = int4_linear_cuda(x, layer, out, bias=None, residual=None)
+where ``layer`` is a ``W4A16Linear`` built once per weight at load time (its activation is fixed
+at construction, as the CPU op's ``activation`` argument is per call site). x, out, bias and
+residual are CuPy arrays (uint16 holding bf16 bits, or float16), C-contiguous, x 16-byte aligned;
+out is written in full and must not alias an input. Nothing is allocated per call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anvil_kernels.activations import ACTIVATIONS
+from anvil_kernels.cuda.w4a16 import (
+    _DT_CODE,
+    FLAG_EVICT_FIRST,
+    FLAG_SCALE_BF16,
+    SCALE_BF16,
+    ActDType,
+    LaunchPlan,
+    Variant,
+    default_gd,
+    plan_launch,
+)
+from anvil_kernels.cuda.w4a16_dispatch import GEMV, DispatchTable, KernelChoice, choose
+from anvil_kernels.cuda.w4a16_tc import TcPlan, plan_tc, tc_kernel_name
+
+
+class ModuleSet:
+    """Several cupy.RawModules (``build_fatbins``' units) behind one ``get_function``."""
+
+    def __init__(self, modules: Sequence[Any]) -> None:
+        self._modules = list(modules)
+
+    def get_function(self, name: str) -> Any:
+        for mod in self._modules:
+            try:
+                return mod.get_function(name)
+            except Exception:  # cupy raises its driver error for a name the unit lacks
+                continue
+        raise KeyError(f"no kernel {name!r} in any of {len(self._modules)} modules")
+
+
+def load_module(path: str | Path | Sequence[str | Path]) -> Any:
+    """A cupy.RawModule from a fatbin/cubin built by ``build_fatbin``, or a ``ModuleSet`` over the
+    list ``build_fatbins`` returns (also: one string of paths joined by os.pathsep)."""
+    import cupy
+
+    if isinstance(path, str) and os.pathsep in path:
+        path = path.split(os.pathsep)
+    if isinstance(path, (str, Path)):
+        return cupy.RawModule(path=str(path))
+    return ModuleSet([cupy.RawModule(path=str(p)) for p in path])
+
+
+def _ptr(a: Any) -> np.uint64:
+    return np.uint64(0 if a is None else a.data.ptr)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    choice: KernelChoice
+    plan: LaunchPlan | TcPlan
+    fn: Any
+
+
+class W4A16Linear:
+    """One INT4 linear layer on the GPU: weights uploaded once, kernels looked up once.
+
+    ``module``: a cupy.RawModule holding the kernels this layer needs (``build_fatbin`` with the
+    default params holds all). ``packed``: ``prepack(w)``. ``m_max``: the largest M a call may
+    pass. Per M the kernel comes from ``w4a16_dispatch.choose`` (``table``: measured choices) or,
+    for tuning and tests, from ``kernel``/``split``/``overrides`` (``set_kernel``). The split-K
+    workspace (fp32) and tile counters are sized at construction for every M up to m_max, so
+    steady-state calls allocate nothing and only launch. With split-K the tensor-core kernel
+    uses those counters: one layer must not run on two streams at once. Results are
+    deterministic (split partials are added in a fixed order).
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        packed: Mapping[str, np.ndarray],
+        m_max: int,
+        *,
+        dtype: ActDType = "bf16",
+        activation: str = "none",
+        sm_count: int | None = None,
+        overrides: Mapping[str, int] | None = None,
+        table: DispatchTable | None = None,
+        kernel: str | None = None,
+        split: int | None = None,
+    ) -> None:
+        import cupy
+
+        if dtype not in _DT_CODE:
+            raise ValueError(f"dtype must be one of {tuple(_DT_CODE)}, got {dtype!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+        if m_max < 1:
+            raise ValueError(f"m_max must be >= 1, got {m_max}")
+        self.k, self.n, self.group_size, kind = (int(v) for v in packed["meta"])
+        self.dtype: ActDType = dtype
+        self.activation = activation
+        self.m_max = m_max
+        self._act = ACTIVATIONS[activation]
+        self._scale_flag = FLAG_SCALE_BF16 if kind == SCALE_BF16 else 0
+        self.qweight = cupy.asarray(packed["qweight"])
+        self.sz = cupy.asarray(packed["sz"])
+        self._module = module
+        if sm_count is None:
+            sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        self._sm_count = sm_count
+        self._table = table
+        self._ws = cupy.zeros(1, np.float32)
+        self._counters = cupy.zeros(1, np.int32)
+        self._launches: dict[int, _Launch] = {}
+        self.set_kernel(kernel, split, overrides)
+
+    def set_kernel(
+        self, kernel: str | None = None, split: int | None = None, overrides: Mapping[str, int] | None = None
+    ) -> None:
+        """Force one kernel ("gemv" or a TC_CONFIGS name) and split, or the GEMV kernel with a
+        launch geometry (overrides: mt, ns, sn, sk), for every M; all None: back to the
+        dispatcher (tuning and tests).
+        Regrows the workspace where needed; a CUDA graph captured before must be captured again."""
+        import cupy
+
+        if split is not None and kernel is None:
+            raise ValueError("split needs a tc kernel")
+        self._overrides = dict(overrides or {})
+        if self._overrides and kernel not in (None, GEMV):
+            raise ValueError("overrides (mt, ns, sn, sk) are the GEMV kernel's geometry")
+        if self._overrides:
+            kernel = GEMV
+        self._force = None if kernel is None else KernelChoice(kernel, split, source="forced")
+        self._launches.clear()
+        ws, tiles = 1, 1
+        for m in range(1, self.m_max + 1):
+            plan = self._plan(m, self.choice(m))
+            if isinstance(plan, TcPlan):
+                ws, tiles = max(ws, plan.ws_floats), max(tiles, plan.tiles)
+        if ws > self._ws.size:
+            self._ws = cupy.zeros(ws, np.float32)
+        if tiles > self._counters.size:
+            self._counters = cupy.zeros(tiles, np.int32)
+        self._make(1)  # fail early if the module lacks this layer's kernels
+        self._make(self.m_max)
+
+    def choice(self, m: int) -> KernelChoice:
+        """The kernel that runs M = m (what a plan records: ``choice(m).as_dict()``)."""
+        if self._force is not None:
+            return self._force
+        return choose(m, self.n, self.k, self.group_size, self._table)
+
+    def _plan(self, m: int, ch: KernelChoice) -> LaunchPlan | TcPlan:
+        if ch.kernel == GEMV:
+            ov = self._overrides
+            return plan_launch(m, self.n, self.k, self.group_size, sm_count=self._sm_count, **ov)
+        return plan_tc(m, self.n, self.k, self.group_size, ch.kernel, sm_count=self._sm_count, split=ch.split)
+
+    @property
+    def xdtype(self) -> np.dtype:
+        return np.dtype(np.uint16) if self.dtype == "bf16" else np.dtype(np.float16)
+
+    def _make(self, m: int) -> _Launch:
+        """Plan and kernel for M = m, made on the first call with that M and kept."""
+        hit = self._launches.get(m)
+        if hit is not None:
+            return hit
+        ch = self.choice(m)
+        plan = self._plan(m, ch)
+        cpg = self.group_size // 64
+        if isinstance(plan, LaunchPlan):
+            name = Variant(self.dtype, plan.mt, plan.ns, cpg, default_gd(plan.mt, plan.ns, cpg)).name
+        else:
+            name = tc_kernel_name(self.dtype, plan.cfg, cpg)
+        fn = self._module.get_function(name)
+        if plan.smem > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = plan.smem
+        launch = _Launch(ch, plan, fn)
+        self._launches[m] = launch
+        return launch
+
+    def plan(self, m: int) -> LaunchPlan | TcPlan:
+        return self._make(m).plan
+
+    def __call__(self, x: Any, out: Any, bias: Any = None, residual: Any = None) -> Any:
+        """out = act(x @ W + bias) + residual; x (M, K), out/residual (M, N), bias (N,). Returns out."""
+        m = int(x.shape[0])
+        if x.ndim != 2 or x.shape[1] != self.k:
+            raise ValueError(f"x must have shape (M, K={self.k}), got {tuple(x.shape)}")
+        if not 1 <= m <= self.m_max:
+            raise ValueError(f"M={m} must be in [1, m_max={self.m_max}]")
+        if tuple(out.shape) != (m, self.n):
+            raise ValueError(f"out must have shape ({m}, {self.n}), got {tuple(out.shape)}")
+        for name, a in (("x", x), ("out", out), ("bias", bias), ("residual", residual)):
+            if a is None:
+                continue
+            if a.dtype != self.xdtype:
+                raise ValueError(f"{name} must have dtype {self.xdtype} ({self.dtype}), got {a.dtype}")
+            if not a.flags.c_contiguous:
+                raise ValueError(f"{name} must be C-contiguous")
+        if int(x.data.ptr) % 16 != 0:
+            raise ValueError("x must be 16-byte aligned (the kernels read it in 16-byte pieces)")
+        if bias is not None and tuple(bias.shape) != (self.n,):
+            raise ValueError(f"bias must have shape ({self.n},), got {tuple(bias.shape)}")
+        if residual is not None and tuple(residual.shape) != (m, self.n):
+            raise ValueError(f"residual must have shape ({m}, {self.n}), got {tuple(residual.shape)}")
+        launch = self._make(m)
+        plan = launch.plan
+        dims = (np.int32(m), np.int32(self.n), np.int32(self.k))
+        if isinstance(plan, LaunchPlan):
+            flags = self._scale_flag | (FLAG_EVICT_FIRST if plan.evict_first else 0)
+            args: tuple[Any, ...] = (
+                self.qweight, self.sz, x, out, _ptr(bias), _ptr(residual), *dims,
+                np.int32(plan.sn), np.int32(plan.sk), np.int32(self._act), np.int32(flags),
+            )  # fmt: skip
+            launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
+        else:
+            args = (
+                self.qweight, self.sz, x, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
+                *dims, np.int32(self._act), np.int32(self._scale_flag),
+            )  # fmt: skip
+            launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
+        return out
+
+
+def int4_linear_cuda(x: Any, layer: W4A16Linear, out: Any, bias: Any = None, residual: Any = None) -> Any:
+    """The compiler's seam for op id ``int4_linear`` on a GPU (see the module docstring)."""
+    return layer(x, out, bias=bias, residual=residual)
+
+
+OPS: dict[str, Callable[..., Any]] = {"int4_linear": int4_linear_cuda}
