@@ -292,7 +292,7 @@ class ZeroCopyServer:
         if template is None:
             template = prepared.templates[(region.key, priority)] = EnvelopeTemplate.build(
                 model=spec.name,
-                version=spec.version,
+                version=meta.model_version,  # "" unless named: a redeploy's new version answers it
                 priority=priority,
                 tenant=region.tenant,
                 trace_id=meta.trace_id,

@@ -21,8 +21,8 @@ from typing import Any
 
 import zmq
 
+from anvil_core import deployments, keys, wire
 from anvil_core import infer_codec as codec
-from anvil_core import keys, wire
 from anvil_core.background import Background
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
@@ -114,6 +114,9 @@ class Scheduler:
         self._priorities = frozenset(p.priority for p in priorities)
         self.drops = DropLog(log, "scheduler")
         self._depth_labels: set[tuple[str, int]] = set()  # queue-depth series ever set, reset to 0
+        # Models the registry marks UNLOADED (undeployed/unloaded): removed from the core, and
+        # ignored in executors' registrations until deployed again (read every model_sync_interval).
+        self.unloaded: frozenset[str] = frozenset()
 
     def _router(self, port: int) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -141,6 +144,7 @@ class Scheduler:
         serve_metrics(self.s.metrics_port, "scheduler", self.s.service_id)
         self.bg.submit(self.registry.start()).result(10)
         self.bg.every(self.s.publish_interval_ms / 1000, self._publish)
+        self.bg.every(self.s.model_sync_interval_ms / 1000, self._read_unloaded)
         poller = zmq.Poller()
         poller.register(self.gw, zmq.POLLIN)
         poller.register(self.ex, zmq.POLLIN)
@@ -223,6 +227,9 @@ class Scheduler:
                 ticket, rid, model, pb.ErrorCode.DEADLINE, "deadline passed before it reached the scheduler"
             )
             return
+        if model in self.unloaded:
+            self._reply_error(ticket, rid, model, pb.ErrorCode.NOT_FOUND, f"model {model!r} is not deployed")
+            return
         if model not in self.core.models():
             self._reply_error(
                 ticket, rid, model, pb.ErrorCode.UNAVAILABLE, f"no executor has served model {model!r}"
@@ -296,7 +303,7 @@ class Scheduler:
 
     def _register(self, ident: bytes, reg: pb.RegisterT, now: float) -> None:
         eid = ident.decode(errors="replace")
-        models = check_register(reg)
+        models = {n: b for n, b in check_register(reg).items() if n not in self.unloaded}
         for name, max_batch in models.items():
             if name not in self.core.models():
                 self.core.register_model(name, max_batch)
@@ -466,6 +473,30 @@ class Scheduler:
                 if table:
                     pipe.hset(key, mapping={str(k): str(v) for k, v in table.items()})
             await pipe.execute()
+
+    async def _read_unloaded(self) -> None:
+        """Background loop: the models whose registry record says UNLOADED (anvil_core.deployments)."""
+        redis = self.registry.redis
+        names = []
+        async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
+            if await redis.hget(key, "status") == deployments.UNLOADED:
+                names.append(str(key).removeprefix(keys.model_key("")))
+        found = frozenset(names)
+        self.bg.post(lambda: self._apply_unloaded(found))
+
+    def _apply_unloaded(self, names: frozenset[str]) -> None:
+        """Scheduler thread: drop the models just undeployed; every request still queued for one is
+        answered NOT_FOUND now (in-flight batches are answered when their executor reports)."""
+        self.unloaded = names
+        now = time.monotonic()
+        for model in names & set(self.core.models()):
+            failed = self.core.remove_model(model, now)
+            why = f"model {model!r} was undeployed while the request waited"
+            for r in failed:
+                self._reply_error(_ticket(r), r.request_id, r.model, pb.ErrorCode.NOT_FOUND, why)
+            self._depth_labels = {k for k in self._depth_labels if k[0] != model}
+            m.forget_model(model, self._priorities)
+            log.info("model removed", extra={"model": model, "queued_answered": len(failed)})
 
     async def _load_profile(self, model: str, device: str) -> None:
         table = await self.registry.redis.hgetall(keys.profile_key(model, device))
