@@ -111,16 +111,14 @@ class ModelLoader:
     def _follow(self, name: str, status: str, artifact: str, version: str, placement: dict[str, Any]) -> None:
         here = self._served.get(name)
         if status == dep.UNLOADED:
-            if here is not None:
-                self.unload(name, "unloaded in the registry")
+            self.unload(name, "unloaded in the registry")  # also forgets a failing load of it
             return
         if not artifact:  # a built-in's record (or one a Redis restart emptied): nothing to load
             if name in self._builtin_names and here is None:
                 self._start(name, "", "")
             return
         if not dep.placement_allows(placement, self.device, self.executor_id):
-            if here is not None:
-                self.unload(name, "its placement excludes this executor")
+            self.unload(name, "its placement excludes this executor")
             return
         if here is not None and here.artifact == artifact:
             if here.version != version:  # the same artifact deployed again under a new version

@@ -117,6 +117,9 @@ class Scheduler:
         # Models the registry marks UNLOADED (undeployed/unloaded): removed from the core, and
         # ignored in executors' registrations until deployed again (read every model_sync_interval).
         self.unloaded: frozenset[str] = frozenset()
+        self._applied_unloaded: frozenset[str] = frozenset()
+        # each executor's last Register, to apply again when a model it lists is deployed again
+        self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
 
     def _router(self, port: int) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -304,6 +307,7 @@ class Scheduler:
     def _register(self, ident: bytes, reg: pb.RegisterT, now: float) -> None:
         eid = ident.decode(errors="replace")
         models = {n: b for n, b in check_register(reg).items() if n not in self.unloaded}
+        self._registrations[eid] = (ident, reg)
         for name, max_batch in models.items():
             if name not in self.core.models():
                 self.core.register_model(name, max_batch)
@@ -399,6 +403,7 @@ class Scheduler:
 
     def _lose(self, eid: str, why: str, now: float) -> None:
         self.executors.pop(eid, None)
+        self._registrations.pop(eid, None)
         self.last_seen.pop(eid, None)
         for batch in self.core.pool.in_flight(eid):
             self.sent_at.pop(batch.batch_id, None)  # its result, if it still comes, is a late one
@@ -410,6 +415,7 @@ class Scheduler:
     # ---- periodic -----------------------------------------------------------------------------
     def _chores(self, now: float) -> None:
         self.bg.drain()
+        self._remove_unloaded(now)  # the loop's clock: the core's must never go back
         timeout_s = self.s.executor_timeout_ms / 1000
         for eid, seen in list(self.last_seen.items()):
             if now - seen > timeout_s:
@@ -482,14 +488,17 @@ class Scheduler:
             if await redis.hget(key, "status") == deployments.UNLOADED:
                 names.append(str(key).removeprefix(keys.model_key("")))
         found = frozenset(names)
-        self.bg.post(lambda: self._apply_unloaded(found))
+        self.bg.post(lambda: setattr(self, "unloaded", found))  # applied by the next _chores
 
-    def _apply_unloaded(self, names: frozenset[str]) -> None:
+    def _remove_unloaded(self, now: float) -> None:
         """Scheduler thread: drop the models just undeployed; every request still queued for one is
-        answered NOT_FOUND now (in-flight batches are answered when their executor reports)."""
-        self.unloaded = names
-        now = time.monotonic()
-        for model in names & set(self.core.models()):
+        answered NOT_FOUND now (in-flight batches are answered when their executor reports). A model
+        deployed again is taken back from the registrations of the executors that list it."""
+        revived, self._applied_unloaded = self._applied_unloaded - self.unloaded, self.unloaded
+        for ident, reg in list(self._registrations.values()):
+            if revived & set(check_register(reg)):
+                self._register(ident, reg, now)
+        for model in self.unloaded & set(self.core.models()):
             failed = self.core.remove_model(model, now)
             why = f"model {model!r} was undeployed while the request waited"
             for r in failed:
