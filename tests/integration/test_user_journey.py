@@ -17,9 +17,9 @@
 The stack's SLOs are scaled to what this CPU can do (8 s / 16 s / 32 s): on one core of the 2-vCPU
 CI machine MiniLM's fp32 plan takes ~45 ms for one sentence and ~200-250 ms for 16, so the
 300-request wave takes ~5 s when the machine is otherwise idle (and several times that when other
-jobs share it); with a 50 ms class the machine, not the stack, would decide. Tight SLOs are the subject of test_scheduling and
-test_slow_first_batch. The sequential requests of the three priorities run side by side (one client
-each) to keep the test's time near a minute.
+jobs share it); with a 50 ms class the machine, not the stack, would decide. Tight SLOs are the
+subject of test_scheduling and test_slow_first_batch. The sequential requests of the three
+priorities run side by side (one client each) to keep the test's time near a minute.
 """
 
 from __future__ import annotations
