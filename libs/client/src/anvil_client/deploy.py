@@ -33,7 +33,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -272,8 +272,9 @@ def wait_served(redis_url: str, name: str, version: str | None, timeout_s: float
         deadline = time.monotonic() + timeout_s
         try:
             while True:
-                execs: list[dict[str, str]] = [
-                    await redis.hgetall(k) async for k in redis.scan_iter(match=keys.svc_pattern("executor"))
+                execs = [
+                    cast(dict[str, str], await redis.hgetall(k))  # a decode_responses client
+                    async for k in redis.scan_iter(match=keys.svc_pattern("executor"))
                 ]
                 serving = [e for e in execs if name in json.loads(e.get("models", "[]") or "[]")]
                 dep = await deployments.read(redis, name)
