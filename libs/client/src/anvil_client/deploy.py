@@ -63,7 +63,9 @@ def hf_bundle(path: Path) -> bytes:
 def add_deploy_commands(subparsers: Any) -> None:
     compiler = os.environ.get("ANVIL_COMPILER_URL", "http://127.0.0.1:8010")
     redis_url = os.environ.get("ANVIL_REDIS_URL", "redis://127.0.0.1:6379/0")
-    d = subparsers.add_parser("deploy", help="compile a model (ONNX file or HF dir) and register it")
+    d = subparsers.add_parser(
+        "deploy", help="compile a model (ONNX file or HF dir) and serve it as a new version"
+    )
     d.add_argument("model", type=Path)
     d.add_argument("--name", required=True)
     d.add_argument("--group", type=int, default=128, help="INT4 group size (32, 64, 128, 256)")
@@ -127,7 +129,7 @@ def add_deploy_commands(subparsers: Any) -> None:
         help="remove a model (or one version) from the registry: executors unload it, requests "
         "queued for it are answered with an error, the gateway answers 404",
     )
-    u.add_argument("name")
+    u.add_argument("name", help="the model's name (as deployed)")
     u.add_argument(
         "--version",
         default=None,
@@ -290,6 +292,16 @@ def wait_served(redis_url: str, name: str, version: str | None, timeout_s: float
                 failing = [f"{e.get('id', '?')}: {err}" for e, err in zip(execs, errors, strict=True) if err]
                 if failing and version is not None:
                     return "executors cannot load it: " + "; ".join(failing)
+                if (
+                    version is not None
+                    and dep is not None
+                    and execs
+                    and not any(
+                        deployments.placement_allows(dep.placement, e.get("device", ""), e.get("id", ""))
+                        for e in execs
+                    )
+                ):
+                    return f"no registered executor matches its placement {dep.placement}"
                 if time.monotonic() > deadline:
                     return f"not done after {timeout_s:.0f} s"
                 await asyncio.sleep(0.2)
