@@ -211,7 +211,7 @@ def test_deployed_model_is_ready_only_after_warm_up(executor: tuple[Any, Any], r
         return list(json.loads(r.hget(record, "models") or "[]"))
 
     _wait(lambda: advertised() == ["identity"], "the executor's first beat")
-    r.hset("anvil:model:slow", mapping={"artifact": "a1", "status": "COMPILED", "spec": "{}"})
+    r.hset("anvil:model:slow", mapping={"artifact": "a1a1a1a1", "status": "COMPILED", "spec": "{}"})
     assert slow.entered.wait(20), "the deployed model was never run"
     # warm-up is under way (its first run blocked): beats go on without the model
     beat = r.hget(record, "beat_at")

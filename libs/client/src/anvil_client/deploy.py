@@ -1,17 +1,23 @@
-"""`anvil deploy` and `anvil models`: compile a model through the compiler service and register it.
+"""`anvil deploy`, `anvil undeploy` and `anvil models`: compile a model through the compiler
+service, serve it, switch versions, remove it.
 
     anvil deploy model.onnx --name m [--group 128] [--arch sm_90] [--max-batch 8] [--max-seq 128]
     anvil deploy path/to/hf_dir --name minilm            # config.json + model.safetensors
     anvil deploy path/to/hf_dir --name minilm --gptq [--act-order] --group 32 [--keep-fp32 PAT]
     anvil deploy model.onnx --name m --max-rel-error 0.2      # error budget; `none`: report only
     anvil deploy model.onnx --name m --calibration-data inputs.npz   # the report's inputs
+    anvil deploy model.onnx --name m --device 'cuda:*' --wait # placement; return once it serves
+    anvil undeploy m [--version 2] [--wait]
     anvil models
 
-Deploy uploads the model to ``POST /v1/compile``, follows the job with a progress bar, then writes
-``anvil:model:{name}`` (``spec``: the ModelSpec JSON the gateway validates with, ``status``:
-COMPILED, ``artifact``: the artifact id, ``artifact_dir``) and publishes
-``{"event": "model_deployed", "model": name, "artifact": id}`` on ``anvil:events``; executors load
-the artifact, warm it up, and then set the status to READY.
+Deploy uploads the model to ``POST /v1/compile``, follows the job with a progress bar, then adds
+the artifact to the model's repository as a new version and makes it the served one
+(``anvil_core.deployments``: ``anvil:model:{name}`` status COMPILED, ``anvil:versions:{name}``) and
+publishes ``model_deployed`` on ``anvil:events``. The executors that the placement names load the
+artifact, warm it up, switch to it, and set the status to READY; the version served before
+answers until then. Undeploy marks the model UNLOADED (or, for ``--version``, removes that version
+and serves the highest one left): executors unload it, the scheduler answers its queued requests
+with an error, the gateway answers 404.
 
 Deploy prints the compiler's accuracy report (the quantized plan against the unquantized one: max
 and mean relative error, cosine, the linears kept fp32 to meet ``--max-rel-error``). A compile
@@ -22,17 +28,28 @@ deployed under the name keeps serving.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
 from anvil_core import keys
+from anvil_core.registry import connect_redis
 
-__all__ = ["add_deploy_commands", "cmd_deploy", "cmd_models", "format_accuracy", "hf_bundle"]
+__all__ = [
+    "add_deploy_commands",
+    "cmd_deploy",
+    "cmd_models",
+    "cmd_undeploy",
+    "format_accuracy",
+    "hf_bundle",
+    "register",
+    "wait_served",
+]
 
 
 def hf_bundle(path: Path) -> bytes:
@@ -46,7 +63,9 @@ def hf_bundle(path: Path) -> bytes:
 def add_deploy_commands(subparsers: Any) -> None:
     compiler = os.environ.get("ANVIL_COMPILER_URL", "http://127.0.0.1:8010")
     redis_url = os.environ.get("ANVIL_REDIS_URL", "redis://127.0.0.1:6379/0")
-    d = subparsers.add_parser("deploy", help="compile a model (ONNX file or HF dir) and register it")
+    d = subparsers.add_parser(
+        "deploy", help="compile a model (ONNX file or HF dir) and serve it as a new version"
+    )
     d.add_argument("model", type=Path)
     d.add_argument("--name", required=True)
     d.add_argument("--group", type=int, default=128, help="INT4 group size (32, 64, 128, 256)")
@@ -79,11 +98,48 @@ def add_deploy_commands(subparsers: Any) -> None:
         help="inputs the accuracy report and error budget run on: numpy .npz, one array per model "
         "input (rows along axis 0); default: the model's calibration set or generated inputs",
     )
+    d.add_argument(
+        "--version",
+        default=None,
+        help="version to deploy as (default: one above the highest); the previous version serves "
+        "until this one is loaded and warm, then every executor switches over",
+    )
+    d.add_argument(
+        "--device",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="placement: only executors whose device matches load it (cpu, cuda:0, 'cuda:*'); "
+        "repeatable; default: every executor",
+    )
+    d.add_argument(
+        "--executor",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="placement: only executors whose service id matches load it; repeatable",
+    )
+    d.add_argument("--wait", action="store_true", help="return once an executor serves the new version")
     d.add_argument("--compiler", default=compiler, help="compiler URL (env ANVIL_COMPILER_URL)")
     d.add_argument("--redis-url", default=redis_url, help="env ANVIL_REDIS_URL")
-    d.add_argument("--timeout-s", type=float, default=900.0)
+    d.add_argument("--timeout-s", type=float, default=900.0, help="for the compile, and for --wait")
     d.set_defaults(fn=cmd_deploy)
-    m = subparsers.add_parser("models", help="list deployed models and their status")
+    u = subparsers.add_parser(
+        "undeploy",
+        help="remove a model (or one version) from the registry: executors unload it, requests "
+        "queued for it are answered with an error, the gateway answers 404",
+    )
+    u.add_argument("name", help="the model's name (as deployed)")
+    u.add_argument(
+        "--version",
+        default=None,
+        help="remove only this version; if it is the served one, the highest version left serves",
+    )
+    u.add_argument("--wait", action="store_true", help="return once no executor serves it")
+    u.add_argument("--redis-url", default=redis_url, help="env ANVIL_REDIS_URL")
+    u.add_argument("--timeout-s", type=float, default=60.0, help="for --wait")
+    u.set_defaults(fn=cmd_undeploy)
+    m = subparsers.add_parser("models", help="list deployed models, their versions and status")
     m.add_argument("--redis-url", default=redis_url)
     m.set_defaults(fn=cmd_models)
 
@@ -172,29 +228,87 @@ def compile_remote(args: argparse.Namespace, on_progress: Any = None) -> dict[st
     return job
 
 
-def register(redis_url: str, name: str, manifest: dict[str, Any], artifact_root: str = "") -> None:
-    import redis
+def register(
+    redis_url: str,
+    name: str,
+    manifest: dict[str, Any],
+    artifact_root: str = "",
+    version: str | None = None,
+    placement: dict[str, list[str]] | None = None,
+) -> str:
+    """Add the compiled artifact to the model's repository and serve it (``anvil_core.deployments``);
+    returns the version."""
+    from anvil_core import deployments
 
-    spec = dict(manifest["spec"], name=name)
-    r = redis.Redis.from_url(redis_url)
-    try:
-        r.hset(
-            keys.model_key(name),
-            mapping={
-                "spec": json.dumps(spec),
-                "status": "COMPILED",
-                "artifact": manifest["id"],
-                "artifact_dir": str(Path(artifact_root) / manifest["id"]) if artifact_root else "",
-            },
-        )
-        r.publish(
-            keys.EVENTS,
-            json.dumps(
-                {"event": "model_deployed", "model": name, "artifact": manifest["id"], "ts": time.time()}
-            ),
-        )
-    finally:
-        r.close()
+    artifact_dir = str(Path(artifact_root) / manifest["id"]) if artifact_root else ""
+
+    async def run() -> str:
+        redis = connect_redis(redis_url)
+        try:
+            return await deployments.deploy(
+                redis, name, manifest["id"], manifest["spec"], artifact_dir, version, placement
+            )
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
+def _placement(args: argparse.Namespace) -> dict[str, list[str]]:
+    out = {}
+    if getattr(args, "device", None):
+        out["devices"] = list(args.device)
+    if getattr(args, "executor", None):
+        out["executors"] = list(args.executor)
+    return out
+
+
+def wait_served(redis_url: str, name: str, version: str | None, timeout_s: float) -> str:
+    """Poll the registry until ``name`` (at ``version``; None: gone) is served by an executor (or
+    served by none). Returns "" when it is, else why not (a load error an executor reports, or
+    the time it waited)."""
+    from anvil_core import deployments
+
+    async def run() -> str:
+        redis = connect_redis(redis_url)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                execs = [
+                    cast(dict[str, str], await redis.hgetall(k))  # a decode_responses client
+                    async for k in redis.scan_iter(match=keys.svc_pattern("executor"))
+                ]
+                serving = [e for e in execs if name in json.loads(e.get("models", "[]") or "[]")]
+                dep = await deployments.read(redis, name)
+                if version is None and not serving:
+                    return ""
+                if (
+                    version is not None
+                    and dep is not None
+                    and (dep.status, dep.version) == ("READY", version)
+                ):
+                    return ""
+                errors = [json.loads(e.get("load_errors", "{}") or "{}").get(name) for e in execs]
+                failing = [f"{e.get('id', '?')}: {err}" for e, err in zip(execs, errors, strict=True) if err]
+                if failing and version is not None:
+                    return "executors cannot load it: " + "; ".join(failing)
+                if (
+                    version is not None
+                    and dep is not None
+                    and execs
+                    and not any(
+                        deployments.placement_allows(dep.placement, e.get("device", ""), e.get("id", ""))
+                        for e in execs
+                    )
+                ):
+                    return f"no registered executor matches its placement {dep.placement}"
+                if time.monotonic() > deadline:
+                    return f"not done after {timeout_s:.0f} s"
+                await asyncio.sleep(0.2)
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -219,15 +333,57 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             print(job["detail"])
         return 1
     manifest = job["manifest"]
-    register(args.redis_url, args.name, manifest, os.environ.get("ANVIL_ARTIFACT_DIR", ""))
+    try:
+        version = register(
+            args.redis_url,
+            args.name,
+            manifest,
+            os.environ.get("ANVIL_ARTIFACT_DIR", ""),
+            args.version,
+            _placement(args),
+        )
+    except ValueError as exc:
+        print(f"anvil: {exc}")
+        return 2
     stats = manifest["stats"]
     print(
-        f"deployed {args.name}: artifact {manifest['id']}{' (cached)' if job['cached'] else ''}, "
+        f"deployed {args.name} version {version}: artifact {manifest['id']}"
+        f"{' (cached)' if job['cached'] else ''}, "
         f"{stats['kernels']} kernels, activations {stats['activation_bytes'] / 2**20:.1f} MiB, "
         f"weights {stats['weight_bytes'] / 2**20:.1f} MiB"
     )
     for line in format_accuracy(manifest.get("accuracy")):
         print(line)
+    if args.wait:
+        why = wait_served(args.redis_url, args.name, version, args.timeout_s)
+        if why:
+            print(f"{args.name} version {version} does not serve: {why}")
+            return 1
+        print(f"{args.name} version {version} serves (READY)")
+    return 0
+
+
+def cmd_undeploy(args: argparse.Namespace) -> int:
+    from anvil_core import deployments
+
+    async def run() -> str:
+        redis = connect_redis(args.redis_url)
+        try:
+            return await deployments.undeploy(redis, args.name, args.version)
+        finally:
+            await redis.aclose()
+
+    try:
+        print(asyncio.run(run()))
+    except deployments.RepositoryError as exc:
+        print(f"anvil: {exc}")
+        return 1
+    if args.wait and args.version is None:
+        why = wait_served(args.redis_url, args.name, None, args.timeout_s)
+        if why:
+            print(f"executors still serve {args.name}: {why}")
+            return 1
+        print(f"no executor serves {args.name} any more")
     return 0
 
 
@@ -237,14 +393,25 @@ def cmd_models(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     r: Any = redis.Redis.from_url(args.redis_url, decode_responses=True)
-    table = Table("model", "status", "artifact", "inputs")
+    table = Table("model", "version", "status", "artifact", "placement", "versions", "inputs")
     try:
         for key in sorted(r.scan_iter(keys.model_key("*"))):
             doc = r.hgetall(key)
+            name = key.removeprefix(keys.model_key(""))
             spec = json.loads(doc.get("spec", "{}") or "{}")
             ins = ", ".join(f"{t['name']}{t['dims']}" for t in spec.get("inputs", []))
+            status = doc.get("status", "?")
+            if status == "UNLOADED" and doc.get("reason"):
+                status += f" ({doc['reason']})"
+            versions = sorted(r.hkeys(keys.model_versions_key(name)), key=lambda v: (len(v), v))
             table.add_row(
-                key.removeprefix(keys.model_key("")), doc.get("status", "?"), doc.get("artifact", "-"), ins
+                name,
+                doc.get("version") or str(spec.get("version", "-")),
+                status,
+                doc.get("artifact") or "-",
+                doc.get("placement") if doc.get("placement") not in (None, "", "{}") else "all",
+                ", ".join(versions) or "-",
+                ins,
             )
     finally:
         r.close()

@@ -10,6 +10,7 @@ __all__ = [
     "TENANT_NAME",
     "check_tenant",
     "model_key",
+    "model_versions_key",
     "profile_key",
     "qos_base_key",
     "qos_limits_key",
@@ -33,8 +34,15 @@ def svc_pattern(kind: str) -> str:
 
 
 def model_key(name: str) -> str:
-    """Hash of one model: spec (JSON), status."""
+    """Hash of one model's served version: spec (JSON), status (COMPILED, READY, UNLOADED), version,
+    artifact, placement (fields in ``anvil_core.deployments``)."""
     return f"anvil:model:{name}"
+
+
+def model_versions_key(name: str) -> str:
+    """Hash of one model's repository: version -> JSON {artifact, artifact_dir, spec, placement,
+    deployed_at} (``anvil_core.deployments``). Outside ``model_key("*")``'s pattern on purpose."""
+    return f"anvil:versions:{name}"
 
 
 def profile_key(model: str, device: str) -> str:

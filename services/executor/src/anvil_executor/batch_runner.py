@@ -84,6 +84,12 @@ def run_batch(
             if req.deadlineUnixNs and req.deadlineUnixNs <= now_ns:
                 answers[i] = (_error(req, pb.ErrorCode.DEADLINE, "deadline passed before execution"), [])
                 continue
+            wanted = req.modelVersion or ""
+            if wanted and wanted != model.spec.version:  # named a version that a redeploy replaced
+                served = model.spec.version
+                why = f"model {model_name!r} version {wanted!r} is not served; version {served!r} is"
+                answers[i] = (_error(req, pb.ErrorCode.NOT_FOUND, why), [])
+                continue
             tensors = _inputs(req, group[1:], shm)
             model.spec.validate(tensors)
             inputs = {t.name: t.data for t in tensors}
@@ -116,7 +122,7 @@ def run_batch(
                 request_id=req.requestId,
                 trace_id=req.traceId,
                 model=req.model,
-                version=req.modelVersion,
+                version=model.spec.version,  # the version that answered (requests may name none)
                 outputs=codec.tensor_frames(tensors, payloads),
                 queue_us=queue_us[i] if i < len(queue_us) else 0,
                 compute_us=compute_us,

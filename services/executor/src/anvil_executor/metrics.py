@@ -33,3 +33,11 @@ device_bytes = Gauge("anvil_executor_device_arena_bytes", "Device arena bytes pe
 warmup_seconds = Gauge(
     "anvil_executor_warmup_seconds", "Wall time of the last warm-up of a model before READY, s", ["model"]
 )
+
+# Model loading (loader.py): a failing load retries with back-off; these say which and how often.
+load_failures = Counter(
+    "anvil_executor_model_load_failures_total", "Failed attempts to load a model", ["model"]
+)
+load_failing = Gauge(
+    "anvil_executor_model_load_failing", "1 while the last load of a model failed", ["model"]
+)

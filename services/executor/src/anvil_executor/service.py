@@ -9,6 +9,7 @@ a background loop and post endpoint changes to the I/O loop.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from anvil_core.registry import Registry
 from anvil_executor import metrics as m
 from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
+from anvil_executor.loader import ModelLoader
 from anvil_executor.models import Model, load_builtin
 from anvil_executor.models.builtin import BusyModel
 from anvil_executor.settings import ExecutorSettings
@@ -36,6 +38,7 @@ from anvil_kernels import set_blas_threads
 __all__ = ["Executor"]
 
 log = get_logger("anvil.executor")
+_ARTIFACT_ID = re.compile(r"[0-9a-f]{8,128}")
 
 
 class Executor:
@@ -48,8 +51,19 @@ class Executor:
         if settings.blas_threads > 0 and not set_blas_threads(settings.blas_threads):
             log.info("numpy does not use OpenBLAS here: blas_threads not applied")
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
+        self.bg = Background("executor-redis")
         # warmed up before the registry starts: nothing is advertised cold (warmup.py)
-        self.models: dict[str, Model] = {n: self._warm(self._load(n)) for n in names}
+        self.loader = ModelLoader(
+            settings.service_id,
+            str(self.device),
+            {n: self._warm(self._load(n)) for n in names},
+            lambda n: self._warm(self._load(n)),
+            self._load_artifact,
+            on_change=lambda: self.bg.post(self._register),  # the scheduler learns the served set
+            retry_base_s=settings.load_retry_base_ms / 1000,
+            retry_max_s=settings.load_retry_max_ms / 1000,
+        )
+        self.models: dict[str, Model] = self.loader.models  # the loader swaps entries; one dict
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -63,11 +77,8 @@ class Executor:
         self.inflight = 0
         self._beat_seq = 0
         self.shm: Any = None
-        self._artifacts: dict[str, str] = {}  # model -> artifact id loaded
         self._plans: dict[str, Any] = {}  # model -> its GpuPlanModel (GPU metrics)
-        self._loading: set[str] = set()
         self.drops = DropLog(log, "executor")
-        self.bg = Background("executor-redis")
         self.registry = Registry(
             settings.redis_url,
             "executor",
@@ -90,51 +101,38 @@ class Executor:
     def _fields(self) -> dict[str, Any]:
         return {
             "device": str(self.device),
-            "models": sorted(self.models),
+            "models": sorted(list(self.models)),
+            "load_errors": self.loader.load_errors(),
             "max_batch": self.s.max_batch,
             "inflight": self.inflight,
             "scheduler": self.endpoint or "",
         }
 
     async def _on_beat(self, redis: aioredis.Redis) -> None:
-        """Load newly deployed artifacts, publish model specs and follow the scheduler's endpoint."""
-        async for key in redis.scan_iter(match=keys.model_key("*")):
-            raw = await redis.hget(key, "artifact")
-            art = raw.decode() if isinstance(raw, bytes) else (raw or "")
-            name = (key.decode() if isinstance(key, bytes) else key).removeprefix(keys.model_key(""))
-            if art and self._artifacts.get(name) != art and name not in self._loading:
-                self._loading.add(name)
-                threading.Thread(target=self._load_plan, args=(name, art), daemon=True).start()
-        async with redis.pipeline(transaction=False) as pipe:
-            for name, model in self.models.items():
-                pipe.hset(keys.model_key(name), mapping={"spec": model.spec.to_json(), "status": "READY"})
-            await pipe.execute()
+        """Follow the registry's models (load, switch, unload: loader.py), advertise the served ones,
+        and follow the scheduler's endpoint."""
+        await self.loader.sync(redis)
+        for name in [n for n in self._plans if n not in self.models]:
+            self._plans.pop(name, None)  # unloaded: its GPU arena goes with its last batch
         endpoint = None
         for rec in await self.registry.services("scheduler"):
             endpoint = rec.get("executor_endpoint") or endpoint
         if endpoint and endpoint != self.endpoint:
             self.bg.post(lambda: self._follow(endpoint))
 
-    def _load_plan(self, name: str, artifact: str) -> None:
-        """Loader thread (numba warm-up is slow): the model joins the served set when ready."""
+    def _load_artifact(self, name: str, artifact: str) -> Model:
+        """Loader thread (numba warm-up is slow): a warm model of the artifact; raises on failure."""
         from anvil_executor.artifact import load_artifact
 
-        try:
-            gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
-            model, plan = load_artifact(Path(self.s.artifact_dir) / artifact, self.device, name, gpu)
-            self._warm(model)  # before the steady-state mark: its first runs may touch memory
-            if self.device.is_cuda:
-                self._gpu_loaded(name, plan)
-                self._plans[name] = plan
-            self.models[name] = model  # advertised (READY) only once warm
-            self._artifacts[name] = artifact
-            self.bg.post(self._register)  # tell the scheduler about the new model
-            where = {"model": name, "artifact": artifact, "platform": model.spec.platform}
-            log.info("artifact loaded", extra=where)
-        except Exception:
-            log.exception("cannot load artifact", extra={"model": name, "artifact": artifact})
-        finally:
-            self._loading.discard(name)
+        if not _ARTIFACT_ID.fullmatch(artifact):  # a name from Redis, joined to a path: ids only
+            raise ValueError(f"artifact id {artifact[:80]!r} is not a content hash (hex)")
+        gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
+        model, plan = load_artifact(Path(self.s.artifact_dir) / artifact, self.device, name, gpu)
+        self._warm(model)  # before the steady-state mark: its first runs may touch memory
+        if self.device.is_cuda:
+            self._gpu_loaded(name, plan)
+            self._plans[name] = plan
+        return model
 
     def _gpu_loaded(self, name: str, plan: Any) -> None:
         from anvil_executor.plan_runtime.cuda_arena import counter
@@ -210,7 +208,7 @@ class Executor:
         reg.maxBatch = self.s.max_batch
         reg.credits = self.s.credits
         reg.models = []
-        for model in self.models.values():
+        for model in list(self.models.values()):
             spec = pb.ModelSpecT()
             spec.name = model.spec.name
             spec.version = model.spec.version

@@ -35,5 +35,9 @@ class ExecutorSettings(ServiceSettings):
     # fp32 GEMMs on tensor cores through TF32 (10-bit mantissa products, fp32 sums); measured
     # accuracy in docs/executor_gpu.md. False keeps full fp32 products.
     gpu_tf32: bool = True
+    # A model whose load fails is retried after load_retry_base_ms, doubling at each failure up to
+    # load_retry_max_ms (a broken artifact costs one attempt a minute, not one a beat).
+    load_retry_base_ms: int = 1000
+    load_retry_max_ms: int = 60000
     # Accept inputs that stay in a client's shared memory (ZeroCopy, same host only).
     shm_inputs: bool = True

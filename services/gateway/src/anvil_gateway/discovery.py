@@ -1,7 +1,9 @@
 """What the gateway knows from the registry: the scheduler to talk to and the models' specs.
 
 A background task refreshes a snapshot, so the request path never waits on Redis and keeps working
-through a Redis restart. Readiness is asked of Redis directly (exact, not cached).
+through a Redis restart. Readiness is asked of Redis directly (exact, not cached). A model whose
+record says UNLOADED (`anvil undeploy`, the repository API's unload) leaves the snapshot at the next
+refresh: requests for it are answered 404 from then on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from anvil_core import keys
+from anvil_core.deployments import UNLOADED
 from anvil_core.logs import get_logger
 from anvil_core.model_spec import ModelSpec
 from anvil_core.registry import Registry
@@ -89,6 +92,10 @@ class Discovery:
         async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
             status, raw = await redis.hmget(key, ["status", "spec"])
             name = _text(key).removeprefix(keys.model_key(""))
+            if _text(status) == UNLOADED:  # undeployed or unloaded: forgotten now (404), not kept
+                self._seen_at.pop(name, None)
+                self.models.pop(name, None)
+                continue
             if _text(status) != "READY":  # deployed, not yet served: keep what is served meanwhile
                 if name in self.models:
                     out[name] = self.models[name]
@@ -110,6 +117,9 @@ class Discovery:
             status, raw = await self.registry.redis.hmget(keys.model_key(model), ["status", "spec"])
         except (RedisError, OSError):
             return model in self.models
+        if _text(status) == UNLOADED:
+            self.models.pop(model, None)
+            return False
         if _text(status) != "READY" or not raw:
             return model in self.models  # a new version is loading; the served one still answers
         try:

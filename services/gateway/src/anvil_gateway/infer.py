@@ -145,13 +145,19 @@ async def _infer(
     except BadRequest as exc:
         raise Failed(400, str(exc), "bad_request") from None
     try:
-        return await _run(st, spec, parsed, tenant, hdr, t0)
+        return await _run(st, spec, parsed, tenant, hdr, t0, version)
     finally:
         release_all(parsed, shm)
 
 
 async def _run(
-    st: GatewayState, spec: ModelSpec, parsed: ParsedRequest, tenant: str, hdr: dict[str, str], t0: int
+    st: GatewayState,
+    spec: ModelSpec,
+    parsed: ParsedRequest,
+    tenant: str,
+    hdr: dict[str, str],
+    t0: int,
+    version: str | None = None,
 ) -> Response:
     name = spec.name
     try:
@@ -172,9 +178,11 @@ async def _run(
         priority,
         timeout_s,
         hdr[TRACE_HEADER],
+        version,
     )
+    served = resp.modelVersion or spec.version  # what answered
     try:
-        response = infer_response(name, spec.version, parsed, outputs, st.shm, hdr)
+        response = infer_response(name, served, parsed, outputs, st.shm, hdr)
     except (BadRequest, ShmError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
     total_ns = time.perf_counter_ns() - t0
@@ -203,9 +211,12 @@ async def forward(
     priority: int,
     timeout_s: float,
     trace: str,
+    version: str | None = None,
 ) -> tuple[pb.InferResponseT, list[HostTensor]]:
     """Admit one validated request, send it to the scheduler and return the answer's outputs, or
-    raise Failed with a status (429 from admission, 503/504 from the backend, the executor's error)."""
+    raise Failed with a status (429 from admission, 503/504 from the backend, the executor's error).
+    ``version``: the one the client named, else None: whichever version serves when the request
+    runs (a redeploy switches over without failing requests that named none)."""
     admit(st, spec.name, tenant, priority)
     try:
         request_id = uuid.uuid4().hex
@@ -214,7 +225,7 @@ async def forward(
             request_id=request_id,
             trace_id=trace,
             model=spec.name,
-            version=spec.version,
+            version=version or "",
             priority=priority,
             deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
             tenant=tenant,

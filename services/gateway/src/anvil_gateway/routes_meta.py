@@ -1,13 +1,19 @@
-"""KServe v2 metadata routes: server, health, model metadata/ready/config/stats, repository index."""
+"""KServe v2 metadata routes: server, health, model metadata/ready/config/stats, and the model
+repository (index, load, unload) over the registry's deploy/undeploy."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import RedisError
 
+from anvil_core import deployments
 from anvil_core.model_spec import ModelSpec
+from anvil_gateway.admission import Rejected
 from anvil_gateway.state import SERVER_NAME, SERVER_VERSION, error, state_of
 
 __all__ = ["router"]
@@ -20,6 +26,7 @@ EXTENSIONS = [
     "statistics",
     "schedule_policy",
     "model_configuration",
+    "model_repository",
 ]
 
 
@@ -121,9 +128,67 @@ async def model_stats(request: Request, name: str, version: str | None = None) -
     return st.stats.doc([(spec.name, spec.version)])
 
 
-@router.post("/v2/repository/index")
-async def repository_index(request: Request) -> list[dict[str, Any]]:
-    return [
-        {"name": m.name, "version": m.version, "state": "READY"}
-        for m in state_of(request).discovery.models.values()
-    ]
+# ---- KServe v2 model repository extension: the registry's deploy/undeploy (anvil_core.deployments) --
+async def _repository_caller(request: Request) -> Response | None:
+    """The repository routes change what every client is served: the API key is checked as on
+    the inference routes (401 when ANVIL_REQUIRE_API_KEY=1 and the key is missing or unknown)."""
+    try:
+        state_of(request).admission.tenant(request.headers)
+    except Rejected as exc:
+        return error(exc.status, str(exc))
+    return None
+
+
+@router.post("/v2/repository/index", response_model=None)
+async def repository_index(request: Request) -> Response:
+    """Every model and version the registry knows with its true state: READY (served), LOADING
+    (deployed, no executor serves it yet), UNAVAILABLE (unloaded, or not the served version)."""
+    refused = await _repository_caller(request)
+    if refused is not None:
+        return refused
+    try:
+        return JSONResponse(await deployments.index(state_of(request).registry.redis))
+    except (RedisError, OSError) as exc:
+        return error(503, f"registry (redis) unreachable: {exc}")
+
+
+@router.post("/v2/repository/models/{name}/load", response_model=None)
+async def repository_load(request: Request, name: str) -> Response:
+    """Serve the model's newest deployed version again (after an unload); the executors that place
+    it load it and warm it up. Answers, like Triton, once it serves (200), or 503 after
+    ``repository_load_wait_ms`` saying why it does not serve yet."""
+    done = await _repository_change(request, name, deployments.load)
+    if done.status_code != 200:
+        return done
+    st = state_of(request)
+    deadline = time.monotonic() + st.settings.repository_load_wait_ms / 1000
+    while True:
+        ok, why = await st.discovery.ready(name)
+        if ok:
+            await st.discovery.refresh()
+            return done
+        if time.monotonic() >= deadline:
+            return error(503, f"model {name!r} does not serve yet: {why}")
+        await asyncio.sleep(0.1)
+
+
+@router.post("/v2/repository/models/{name}/unload", response_model=None)
+async def repository_unload(request: Request, name: str) -> Response:
+    """Stop serving the model (its deployed versions stay in the repository for a later load):
+    executors unload it, requests queued for it are answered with an error, new ones get 404."""
+    return await _repository_change(request, name, deployments.unload)
+
+
+async def _repository_change(request: Request, name: str, change: Any) -> Response:
+    refused = await _repository_caller(request)
+    if refused is not None:
+        return refused
+    try:
+        await request.body()  # Triton's clients send parameters here; none change what is done
+        done = await change(state_of(request).registry.redis, name)
+    except deployments.RepositoryError as exc:
+        return error(404, str(exc))
+    except (RedisError, OSError) as exc:
+        return error(503, f"registry (redis) unreachable: {exc}")
+    await state_of(request).discovery.refresh()  # unload: 404 from this gateway at once
+    return JSONResponse({"model": name, "result": done})

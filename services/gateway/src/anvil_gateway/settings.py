@@ -37,6 +37,9 @@ class GatewaySettings(ServiceSettings):
     # at most: fewer messages cost less CPU, but one huge wave leaves nothing for the scheduler to
     # overlap with (1: a message per request).
     bundle_max: int = 8
+    # POST /v2/repository/models/{m}/load answers once the model serves (as Triton's does), or 503
+    # after this long (a large artifact loads and warms up in seconds to minutes).
+    repository_load_wait_ms: int = 120_000
 
     def slo_ms(self, priority: int) -> int:
         return {1: self.slo_p1_ms, 2: self.slo_p2_ms, 3: self.slo_p3_ms}[priority]

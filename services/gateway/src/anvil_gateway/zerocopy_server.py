@@ -319,7 +319,7 @@ class ZeroCopyServer:
             request_id=request_id,
             trace_id=meta.trace_id or os.urandom(16).hex(),
             model=spec.name,
-            version=spec.version,
+            version=meta.model_version,  # "" unless named: a redeploy's new version answers it
             priority=priority,
             deadline_unix_ns=deadline_ns,
             tenant=region.tenant,

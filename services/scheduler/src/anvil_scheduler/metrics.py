@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from anvil_core.codec import ERROR_NAMES
 
 queue_depth = Gauge("anvil_scheduler_queue_depth", "Requests waiting", ["model", "priority"])
 target_batch = Gauge("anvil_scheduler_target_batch", "B*: the PID (or policy) target batch size", ["model"])
@@ -44,3 +48,24 @@ work_ahead_us = Gauge(
 awaiting_result_batches = Gauge(
     "anvil_scheduler_awaiting_result_batches", "Batches whose send time is kept for the round-trip metric"
 )
+
+
+def forget_model(model: str, priorities: Iterable[int]) -> None:
+    """Remove every series of an undeployed model (metrics stay bounded across deploys)."""
+    prios = [str(p) for p in priorities]
+    outcomes = ["answered", "error", *(n.lower() for n in ERROR_NAMES.values())]
+    labelled: list[tuple[object, list[tuple[str, ...]]]] = [
+        (queue_depth, [(model, p) for p in prios]),
+        (requests, [(model, o) for o in outcomes]),
+        (shed, [(model, r, p) for r in ("deadline", "overload") for p in prios]),
+    ]
+    labelled += [
+        (g, [(model,)])
+        for g in (target_batch, batches, batch_size, batch_rtt_us, pid_measured, batch_ceiling)
+    ]
+    for metric, label_sets in labelled:
+        for labels in label_sets:
+            try:
+                metric.remove(*labels)  # type: ignore[attr-defined]
+            except KeyError:
+                pass

@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from anvil_core import codec, keys
+from anvil_core import codec, deployments, keys
 from anvil_core.background import Background
 from anvil_core.codec import pb
 from anvil_core.drops import DropLog
@@ -113,6 +113,12 @@ class Scheduler:
         self._priorities = frozenset(p.priority for p in priorities)
         self.drops = DropLog(log, "scheduler")
         self._depth_labels: set[tuple[str, int]] = set()  # queue-depth series ever set, reset to 0
+        # Models the registry marks UNLOADED (undeployed/unloaded): removed from the core, and
+        # ignored in executors' registrations until deployed again (read every model_sync_interval).
+        self.unloaded: frozenset[str] = frozenset()
+        self._applied_unloaded: frozenset[str] = frozenset()
+        # each executor's last Register, to apply again when a model it lists is deployed again
+        self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
 
     def _router(self, port: int) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -140,6 +146,7 @@ class Scheduler:
         serve_metrics(self.s.metrics_port, "scheduler", self.s.service_id)
         self.bg.submit(self.registry.start()).result(10)
         self.bg.every(self.s.publish_interval_ms / 1000, self._publish)
+        self.bg.every(self.s.model_sync_interval_ms / 1000, self._read_unloaded)
         poller = zmq.Poller()
         poller.register(self.gw, zmq.POLLIN)
         poller.register(self.ex, zmq.POLLIN)
@@ -217,6 +224,9 @@ class Scheduler:
                 ticket, rid, model, pb.ErrorCode.DEADLINE, "deadline passed before it reached the scheduler"
             )
             return
+        if model in self.unloaded:
+            self._reply_error(ticket, rid, model, pb.ErrorCode.NOT_FOUND, f"model {model!r} is not deployed")
+            return
         if model not in self.core.models():
             self._reply_error(
                 ticket, rid, model, pb.ErrorCode.UNAVAILABLE, f"no executor has served model {model!r}"
@@ -285,8 +295,8 @@ class Scheduler:
 
     def _register(self, ident: bytes, reg: pb.RegisterT, now: float) -> None:
         eid = ident.decode(errors="replace")
-        specs: Any = reg.models or ()  # verified: non-empty names, max_batch <= 4096
-        models: dict[str, int] = {spec.name: max(1, spec.maxBatch) for spec in specs}
+        models = {n: b for n, b in _registered_models(reg).items() if n not in self.unloaded}
+        self._registrations[eid] = (ident, reg)
         for name, max_batch in models.items():
             if name not in self.core.models():
                 self.core.register_model(name, max_batch)
@@ -379,6 +389,7 @@ class Scheduler:
 
     def _lose(self, eid: str, why: str, now: float) -> None:
         self.executors.pop(eid, None)
+        self._registrations.pop(eid, None)
         self.last_seen.pop(eid, None)
         for batch in self.core.pool.in_flight(eid):
             self.sent_at.pop(batch.batch_id, None)  # its result, if it still comes, is a late one
@@ -390,6 +401,7 @@ class Scheduler:
     # ---- periodic -----------------------------------------------------------------------------
     def _chores(self, now: float) -> None:
         self.bg.drain()
+        self._remove_unloaded(now)  # the loop's clock: the core's must never go back
         timeout_s = self.s.executor_timeout_ms / 1000
         for eid, seen in list(self.last_seen.items()):
             if now - seen > timeout_s:
@@ -454,6 +466,33 @@ class Scheduler:
                     pipe.hset(key, mapping={str(k): str(v) for k, v in table.items()})
             await pipe.execute()
 
+    async def _read_unloaded(self) -> None:
+        """Background loop: the models whose registry record says UNLOADED (anvil_core.deployments)."""
+        redis = self.registry.redis
+        names = []
+        async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
+            if await redis.hget(key, "status") == deployments.UNLOADED:
+                names.append(str(key).removeprefix(keys.model_key("")))
+        found = frozenset(names)
+        self.bg.post(lambda: setattr(self, "unloaded", found))  # applied by the next _chores
+
+    def _remove_unloaded(self, now: float) -> None:
+        """Scheduler thread: drop the models just undeployed; every request still queued for one is
+        answered NOT_FOUND now (in-flight batches are answered when their executor reports). A model
+        deployed again is taken back from the registrations of the executors that list it."""
+        revived, self._applied_unloaded = self._applied_unloaded - self.unloaded, self.unloaded
+        for ident, reg in list(self._registrations.values()):
+            if revived & set(_registered_models(reg)):
+                self._register(ident, reg, now)
+        for model in self.unloaded & set(self.core.models()):
+            failed = self.core.remove_model(model, now)
+            why = f"model {model!r} was undeployed while the request waited"
+            for r in failed:
+                self._reply_error(_ticket(r), r.request_id, r.model, pb.ErrorCode.NOT_FOUND, why)
+            self._depth_labels = {k for k in self._depth_labels if k[0] != model}
+            m.forget_model(model, self._priorities)
+            log.info("model removed", extra={"model": model, "queued_answered": len(failed)})
+
     async def _load_profile(self, model: str, device: str) -> None:
         table = await self.registry.redis.hgetall(keys.profile_key(model, device))
         if table:
@@ -464,3 +503,9 @@ def _ticket(r: Request) -> Ticket:
     ticket = r.payload
     assert isinstance(ticket, Ticket), f"request {r.request_id} carries no ticket"
     return ticket
+
+
+def _registered_models(reg: pb.RegisterT) -> dict[str, int]:
+    """model -> max batch of a Register the codec verified (non-empty names, max_batch <= 4096)."""
+    specs: Any = reg.models or ()
+    return {spec.name: max(1, spec.maxBatch) for spec in specs}

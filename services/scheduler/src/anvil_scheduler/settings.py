@@ -31,3 +31,6 @@ class SchedulerSettings(ServiceSettings):
     executor_timeout_ms: int = 3000
     # Learned latency profiles and SLO attainment are published to Redis this often.
     publish_interval_ms: int = 1000
+    # The registry's model records are read this often for undeploys (status UNLOADED): requests
+    # queued for an undeployed model are answered within about this long.
+    model_sync_interval_ms: int = 250

@@ -37,6 +37,11 @@ class Learning:
         """The executor is gone: a process that registers under its id warms up again."""
         self._warm = {k for k in self._warm if k[0] != executor_id}
 
+    def forget_model(self, model: str) -> None:
+        """The model was undeployed: its next incarnation warms up and probes afresh."""
+        self._warm = {k for k in self._warm if k[1] != model}
+        self._last_probe_s = {k: t for k, t in self._last_probe_s.items() if k[0] != model}
+
     def probe_due(self, model: str, priority: int, now_s: float) -> bool:
         """True (and the interval restarts) if no probe of (model, priority) ran within the interval."""
         key = (model, priority)

@@ -69,6 +69,12 @@ class BatchingPolicy(abc.ABC):
         self._max_batch[model] = max_batch
         self._predict[model] = predict_s
 
+    def forget(self, model: str) -> None:
+        """Called by ``SchedulerCore.remove_model`` when ``model`` was undeployed: drop its state
+        (``bind`` starts it afresh if it comes back). Subclasses with per-model state extend it."""
+        self._max_batch.pop(model, None)
+        self._predict.pop(model, None)
+
     def max_batch(self, model: str) -> int:
         return self._max_batch[model]
 

@@ -208,3 +208,8 @@ class ProfileBook:
 
     def keys(self) -> list[tuple[str, str]]:
         return list(self._profiles)
+
+    def forget(self, model: str) -> None:
+        """Drop every profile of ``model`` (undeployed: a model of that name later starts afresh)."""
+        for key in [k for k in self._profiles if k[0] == model]:
+            del self._profiles[key]

@@ -26,7 +26,7 @@ class RequestState(enum.Enum):
     BATCHED = "batched"  # picked into a batch inside poll(); never visible outside it
     EXECUTING = "executing"  # its batch was returned by poll(): the service sends it, an executor holds it
     DONE = "done"  # answered with a result
-    FAILED = "failed"  # answered with the batch's error
+    FAILED = "failed"  # answered with the batch's error (or its model was undeployed while it waited)
     SHED = "shed"  # answered with a shed reason (deadline / overload)
 
     @property
@@ -37,7 +37,7 @@ class RequestState(enum.Enum):
 _TERMINAL = frozenset({RequestState.DONE, RequestState.FAILED, RequestState.SHED})
 _ALLOWED: dict[RequestState, frozenset[RequestState]] = {
     RequestState.RECEIVED: frozenset({RequestState.QUEUED, RequestState.SHED}),
-    RequestState.QUEUED: frozenset({RequestState.BATCHED, RequestState.SHED}),
+    RequestState.QUEUED: frozenset({RequestState.BATCHED, RequestState.SHED, RequestState.FAILED}),
     RequestState.BATCHED: frozenset({RequestState.EXECUTING}),
     RequestState.EXECUTING: frozenset(
         {RequestState.DONE, RequestState.FAILED, RequestState.QUEUED, RequestState.SHED}

@@ -3,7 +3,8 @@ clock and carries out the decisions it returns.
 
 Calls, all from one thread, with a non-decreasing ``now_s``:
 
-* ``register_model`` / ``register_executor`` / ``on_executor_lost`` — capacity changes.
+* ``register_model`` / ``register_executor`` / ``on_executor_lost`` — capacity changes;
+  ``remove_model`` when a model is undeployed (its queued requests come back to be answered).
 * ``admit(request, now_s)`` on every arrival: queue it, or shed it (and/or evict lower priorities).
 * ``poll(now_s)`` after every arrival and completion and at ``next_wakeup_s``: batches to send now,
   requests to answer with a shed reason now, and when to call again.
@@ -17,6 +18,7 @@ send; the core keeps tracking it (credits, re-dispatch) until the executor repor
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import itertools
@@ -134,7 +136,31 @@ class SchedulerCore:
             self._rebind(model)
         return self._release([r for b in batches for r in self._retire(b, now_s)], now_s, retryable=True)
 
+    def remove_model(self, model: str, now_s: float) -> tuple[Request, ...]:
+        """``model`` was undeployed: returns its queued requests (FAILED: answer each with an error)
+        and drops its queue, policy, profile and learning state, and the model from every executor's
+        spec. Batches in flight stay tracked and are answered when their executor reports."""
+        self._tick(now_s)
+        queue = self._queues.pop(model, None)
+        if queue is None:
+            return ()
+        failed = queue.pop_batch(len(queue))
+        for r in failed:
+            self.ledger.close(r.request_id, now_s)
+            r.advance(RequestState.FAILED, now_s)
+        for spec in self.pool.specs():
+            if model in spec.models:
+                self.pool.register(dataclasses.replace(spec, models=spec.models - {model}))
+        for table in (self._model_max, self.batch_sizes, self._last_release_s):
+            table.pop(model, None)
+        self.policy.forget(model)
+        self.profiles.forget(model)
+        self.learning.forget_model(model)
+        return tuple(failed)
+
     def _rebind(self, model: str) -> None:
+        if model not in self._model_max:
+            return  # removed while a batch of it was in flight
         hosted = self.pool.max_batch(model)
         limit = min(self._model_max[model], hosted) if hosted else self._model_max[model]
         self.policy.bind(model, limit, functools.partial(self._fastest_s, model))
@@ -350,7 +376,8 @@ class SchedulerCore:
             _, ids = self._retired.pop(batch_id, (now_s, ()))
             self.ledger.drop_late(len(ids))
             return Completion((), ids)
-        if self.learning.is_sample(executor_id, batch.model, batch.size):  # not warm-up
+        known = batch.model in self._model_max  # False: undeployed while this batch ran
+        if known and self.learning.is_sample(executor_id, batch.model, batch.size):  # not warm-up
             self.profiles.get(batch.model, batch.device).observe(batch.size, exec_time_s, now_s)
         answered, late = [], []
         for r in batch.requests:
@@ -360,7 +387,8 @@ class SchedulerCore:
                 answered.append(r)
             else:
                 late.append(r.request_id)
-        self.policy.observe(batch, exec_time_s, now_s)
+        if known:
+            self.policy.observe(batch, exec_time_s, now_s)
         return Completion(tuple(answered), tuple(late))
 
     def on_batch_failed(
@@ -382,7 +410,7 @@ class SchedulerCore:
     def _release(self, reqs: list[Request], now_s: float, retryable: bool) -> Release:
         requeued, failed, sheds = [], [], []
         for r in reqs:
-            if not retryable or r.attempts >= self.config.max_attempts:
+            if not retryable or r.attempts >= self.config.max_attempts or r.model not in self._queues:
                 self.ledger.close(r.request_id, now_s)
                 r.advance(RequestState.FAILED, now_s)
                 self.slo.record(r.priority, False, now_s)

@@ -46,6 +46,10 @@ class AimdPolicy(BatchingPolicy):
         super().bind(model, max_batch, predict_s)
         self._cap[model] = min(self._cap.get(model, self.config.initial_batch), max_batch)
 
+    def forget(self, model: str) -> None:
+        super().forget(model)
+        self._cap.pop(model, None)
+
     def batch_limit(self, model: str) -> int:
         return self._cap[model]
 

@@ -87,6 +87,10 @@ class EdfPidPolicy(BatchingPolicy):
         loop.ceiling = min(loop.ceiling, max_batch) if loop.samples else max_batch
         loop.pid.set_limits(low, float(max(loop.ceiling, low)))
 
+    def forget(self, model: str) -> None:
+        super().forget(model)
+        self._loops.pop(model, None)
+
     def has_loop(self, model: str) -> bool:
         return model in self._loops
 

@@ -1,0 +1,103 @@
+"""The scheduler service follows undeploys (docs/deploy.md): requests queued for a model the registry
+marks UNLOADED are answered NOT_FOUND (none dropped), new ones too, registrations do not bring it
+back, and once it is deployed again the executors' last registrations serve it at once."""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from anvil_core import codec
+from anvil_core.codec import pb
+from anvil_core.tensors import HostTensor
+from anvil_scheduler.service import Scheduler
+from anvil_scheduler.settings import SchedulerSettings
+
+GATEWAY, EXECUTOR = b"gw-1", b"ex-1"
+
+
+class Frame:
+    def __init__(self, data: bytes) -> None:
+        self.bytes = data
+        self.buffer = memoryview(data)
+
+
+def request(rid: str) -> list[Frame]:
+    x = HostTensor.from_buffer("INPUT0", "FP32", (1, 4), struct.pack("<4f", 1, 2, 3, 4))
+    env = codec.build_request(
+        request_id=rid,
+        trace_id="t",
+        model="m",
+        version="",
+        priority=2,
+        deadline_unix_ns=time.time_ns() + 10**10,
+        tenant="",
+        inputs=[(x, 0)],
+    )
+    return [Frame(GATEWAY), Frame(env), Frame(x.to_bytes_view().tobytes())]
+
+
+def register(models: list[str], credits: int = 1) -> list[Frame]:
+    reg = pb.RegisterT()
+    reg.kind, reg.serviceId, reg.device, reg.maxBatch, reg.credits = (
+        pb.ServiceKind.EXECUTOR, "ex-1", "cpu", 8, credits,
+    )  # fmt: skip
+    reg.models = []
+    for name in models:
+        spec = pb.ModelSpecT()
+        spec.name, spec.version, spec.maxBatch = name, "1", 8
+        reg.models.append(spec)
+    return [Frame(EXECUTOR), *[Frame(bytes(f)) for f in codec.pack(reg)]]
+
+
+def answers(s: Any) -> dict[str, tuple[int, str]]:
+    out = {}
+    for _, parts in s.replies:
+        for resp, _group in codec.unbundle([Frame(bytes(p)) for p in parts]):
+            err = resp.error
+            out[resp.requestId] = (err.code, err.reason) if err is not None else (0, "")
+    return out
+
+
+@pytest.fixture
+def sched() -> Iterator[Any]:
+    s = Scheduler(SchedulerSettings(gateway_port=0, executor_port=0, bind_host="127.0.0.1"))
+    s.replies = []
+    s.sent = []
+    s._send_to = lambda gw, parts: s.replies.append((gw, parts))
+    s._send_executor = lambda ident, parts: s.sent.append(parts) or True
+    yield s
+    s.gw.close()
+    s.ex.close()
+    s.ctx.term()
+    s.bg.stop()
+
+
+def test_undeploy_answers_the_queue_and_redeploy_takes_the_model_back(sched: Any) -> None:
+    s = sched
+    s.handle(s._on_executor, register(["m", "other"]))
+    assert "m" in s.core.models()
+    for i in range(5):  # one credit: one batch leaves, four wait
+        s.handle(s._on_gateway, request(f"r{i}"))
+        s._poll_core(time.monotonic())
+    assert len(s.sent) == 1 and s.core.accounting(time.monotonic()).queued_requests == 4
+
+    s.unloaded = frozenset({"m"})  # what _read_unloaded posts when the record says UNLOADED
+    s._remove_unloaded(time.monotonic())
+    got = answers(s)
+    assert sorted(got) == ["r1", "r2", "r3", "r4"]
+    assert all(code == pb.ErrorCode.NOT_FOUND and "was undeployed" in why for code, why in got.values())
+    assert "m" not in s.core.models() and "other" in s.core.models()
+
+    s.handle(s._on_gateway, request("late"))
+    assert answers(s)["late"] == (pb.ErrorCode.NOT_FOUND, "model 'm' is not deployed")
+    s.handle(s._on_executor, register(["m", "other"]))  # an executor that has not unloaded it yet
+    assert "m" not in s.core.models()
+
+    s.unloaded = frozenset()  # deployed again: no new Register needed
+    s._remove_unloaded(time.monotonic())
+    assert "m" in s.core.models() and any("m" in spec.models for spec in s.core.pool.specs())
