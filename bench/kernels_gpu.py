@@ -233,6 +233,7 @@ def bench_shape(
         tc_us = sweep[best_split] if tc[best_cfg]["err"] <= 1e-2 else float("inf")
         gemv_us = res["gemv_us"] if res["gemv_err"] <= 1e-2 else float("inf")
         best_int4 = min(gemv_us, tc_us)
+        res["best_int4_us"] = best_int4  # inf: no INT4 kernel passed (no table entry then)
         res["best_kernel"] = "gemv" if gemv_us <= tc_us else best_cfg
         res["bf16_faster"] = res["cublas_us"] < best_int4
         for key in ("gemv_us", "dispatch_us", "cublas_us", "tinygemm_us"):
@@ -286,6 +287,7 @@ def _write(out_dir: Path, meta: dict, rows: list[dict], arch: str) -> None:
             "bf16_faster": r["bf16_faster"],
         }
         for r in rows
+        if r["best_int4_us"] != float("inf")
     ]
     table = {"arch": arch, "device": meta["device"], "commit": meta["commit"], "entries": entries}
     (out_dir / "w4a16_dispatch.json").write_text(json.dumps(table, indent=1))
