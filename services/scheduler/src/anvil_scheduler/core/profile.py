@@ -67,6 +67,11 @@ class LatencyProfile:
         self._counts: dict[int, int] = {}
         self._mass: dict[int, tuple[float, float]] = {}  # size -> (decayed sample count, as of time s)
         self._cache: dict[int, float] = {}
+        # size -> weighted tail of its bucket. A tail does not depend on the clock: every sample's weight
+        # 2 ** (-(now - t) / h) = 2 ** (-now / h) * 2 ** (t / h) shares the first factor, which the
+        # quantile cancels. So it changes only when that size is observed (the profile of the H200 stack
+        # spent 28% of the scheduler's busy time re-sorting and re-decaying every bucket per batch).
+        self._tails: dict[int, float] = {}
         self._fit: tuple[float, float] | None = None
         # Cached predictions hold for 1/16 of a half-life (weights move < 5% meanwhile).
         self._epoch_s = self.prior.half_life_s / 16
@@ -81,7 +86,10 @@ class LatencyProfile:
         self._samples.setdefault(batch_size, deque(maxlen=self.prior.window)).append((t, exec_s))
         self._counts[batch_size] = self._counts.get(batch_size, 0) + 1
         self._mass[batch_size] = (self._weight_of(batch_size, t) + 1.0, t)
-        self._cache.clear()
+        self._tails.pop(batch_size, None)
+        # What this sample moves: its own size's prediction, and every unseen size's (the fit).
+        for size in [b for b in self._cache if b == batch_size or b not in self._samples]:
+            del self._cache[size]
         self._fit = None
 
     def samples(self, batch_size: int) -> int:
@@ -112,7 +120,7 @@ class LatencyProfile:
             return hit
         bucket = self._samples.get(batch_size)
         if bucket:
-            learned, n = self._tail(bucket, now), self._weight_of(batch_size, now)
+            learned, n = self._tail_of(batch_size, bucket), self._weight_of(batch_size, now)
         elif self._samples:
             a, b = self._line(now)
             learned = a + b * batch_size
@@ -124,10 +132,18 @@ class LatencyProfile:
         self._cache[batch_size] = value
         return value
 
-    def _tail(self, bucket: deque[tuple[float, float]], now_s: float) -> float:
+    def _tail_of(self, batch_size: int, bucket: deque[tuple[float, float]]) -> float:
+        hit = self._tails.get(batch_size)
+        if hit is None:
+            hit = self._tails[batch_size] = self._tail(bucket)
+        return hit
+
+    def _tail(self, bucket: deque[tuple[float, float]]) -> float:
         """Weighted ``tail_quantile`` of the bucket: with equal weights, the sample at sorted index
-        int(q * n), as before ageing existed."""
-        ordered = sorted((x, self._decay(now_s - t)) for t, x in bucket)
+        int(q * n), as before ageing existed. Weights are relative to the newest sample (the scale
+        cancels in a quantile; anchoring at the newest keeps 2 ** x within floating-point range)."""
+        newest = max(t for t, _ in bucket)
+        ordered = sorted((x, self._decay(newest - t)) for t, x in bucket)
         total = sum(w for _, w in ordered)
         goal, acc = self.prior.tail_quantile * total, 0.0
         for x, w in ordered:
@@ -141,7 +157,7 @@ class LatencyProfile:
         if self._fit is not None:
             return self._fit
         pts = [
-            (float(b), self._tail(s, now_s), max(self._weight_of(b, now_s), 1e-9))
+            (float(b), self._tail_of(b, s), max(self._weight_of(b, now_s), 1e-9))
             for b, s in self._samples.items()
         ]
         if len(pts) == 1:
