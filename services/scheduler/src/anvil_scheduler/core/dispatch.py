@@ -4,6 +4,12 @@ Each executor runs its in-flight batches in order; the pool tracks a predicted t
 in-flight work ends (``free_at``), moved forward by each assignment's predicted execution time and
 re-anchored at every completion. A batch goes to the executor, among those that load the model and
 hold a free credit, whose ``max(now, free_at) + predict(batch)`` is smallest.
+
+**Reserved credits** (issue #19): an *urgent* batch (one that carries top-priority work) may use
+``reserved`` credits beyond the executor's own, so it never waits in the scheduler for a credit that
+lower-priority batches hold. The executor runs queued batches most urgent first (its work queue), so an
+urgent batch waits at most for the batch that is running, not for the ones queued ahead of it; its
+predicted start is the end of the running batch plus the urgent batches already queued.
 """
 
 from __future__ import annotations
@@ -40,12 +46,22 @@ class ExecutorSpec:
 @dataclass
 class _Executor:
     spec: ExecutorSpec
-    in_flight: dict[int, Batch] = field(default_factory=dict)  # insertion order = execution order
+    in_flight: dict[int, Batch] = field(default_factory=dict)  # insertion order (urgent ones run first)
     free_at_s: float = float("-inf")  # predicted end of in-flight work
+    urgent: set[int] = field(default_factory=set)  # ids of in-flight batches sent as urgent
 
-    @property
-    def has_credit(self) -> bool:
-        return len(self.in_flight) < self.spec.credits
+    def has_credit(self, urgent: bool = False, reserved: int = 0) -> bool:
+        return len(self.in_flight) < self.spec.credits + (reserved if urgent else 0)
+
+    def start_s(self, now_s: float, urgent: bool) -> float:
+        """Predicted start of a new batch: after all in-flight work, or for an urgent batch after the
+        running batch and the urgent ones queued (the executor runs urgent batches first)."""
+        end = max(now_s, self.free_at_s)
+        if not urgent or len(self.in_flight) < 2:
+            return end
+        queued = list(self.in_flight.values())[1:]  # the first in flight is the one running
+        overtaken = sum(b.predicted_exec_s for b in queued if b.batch_id not in self.urgent)
+        return max(now_s, end - overtaken)
 
 
 @dataclass(frozen=True)
@@ -64,8 +80,9 @@ class Placement:
 class ExecutorPool:
     """Registry and flow control of executors. Owned by one ``SchedulerCore``; single-threaded."""
 
-    def __init__(self) -> None:
+    def __init__(self, reserved_credits: int = 0) -> None:
         self._executors: dict[str, _Executor] = {}
+        self.reserved_credits = reserved_credits  # extra in-flight batches per executor, urgent only
 
     def register(self, spec: ExecutorSpec) -> None:
         """Add an executor, or update a re-registering one's capacity (its in-flight batches stay)."""
@@ -112,27 +129,39 @@ class ExecutorPool:
         return [ex for ex in self._executors.values() if model in ex.spec.models]
 
     def place(
-        self, model: str, depth: int, cap: int, predict: Predictor, now_s: float, lead_s: float
+        self,
+        model: str,
+        depth: int,
+        cap: int,
+        predict: Predictor,
+        now_s: float,
+        lead_s: float,
+        urgent: bool = False,
     ) -> Placement | None:
-        """Least predicted finish among executors of ``model`` with a free credit; None if none has one."""
+        """Least predicted finish among executors of ``model`` with a free credit (an ``urgent`` batch
+        may also take a reserved one); None if none has one."""
         best: Placement | None = None
         for ex in self._hosts(model):
-            if not ex.has_credit:
+            if not ex.has_credit(urgent, self.reserved_credits):
                 continue
             full = max(1, min(cap, ex.spec.max_batch))
             size = min(depth, full)
-            start = max(now_s, ex.free_at_s)
+            start = ex.start_s(now_s, urgent)
             finish = start + predict(ex.spec.device, size)
             if best is None or (finish, ex.spec.executor_id) < (best.finish_s, best.executor_id):
-                idle = ex.free_at_s <= now_s + lead_s
+                idle = start <= now_s + lead_s
                 best = Placement(ex.spec.executor_id, ex.spec.device, full, size, start, finish, idle)
         return best
 
-    def assign(self, batch: Batch, now_s: float) -> None:
+    def assign(self, batch: Batch, now_s: float, urgent: bool = False) -> None:
         ex = self._executors[batch.executor_id]
-        assert ex.has_credit, f"executor {batch.executor_id} has no credit for batch {batch.batch_id}"
+        assert ex.has_credit(urgent, self.reserved_credits), (
+            f"executor {batch.executor_id} has no credit for batch {batch.batch_id}"
+        )
         assert batch.batch_id not in ex.in_flight
         ex.in_flight[batch.batch_id] = batch
+        if urgent:
+            ex.urgent.add(batch.batch_id)
         ex.free_at_s = max(ex.free_at_s, now_s) + batch.predicted_exec_s
 
     def complete(self, batch_id: int, executor_id: str, now_s: float) -> Batch | None:
@@ -141,7 +170,8 @@ class ExecutorPool:
         if ex is None or batch_id not in ex.in_flight:
             return None
         batch = ex.in_flight.pop(batch_id)
-        # The executor runs in order: what remains starts now.
+        ex.urgent.discard(batch_id)
+        # What remains starts now (in the executor's order: urgent first, then as sent).
         ex.free_at_s = now_s + sum(b.predicted_exec_s for b in ex.in_flight.values())
         return batch
 
