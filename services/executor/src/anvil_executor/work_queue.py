@@ -14,11 +14,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 from typing import Any
 
 from anvil_core import infer_codec as codec
 from anvil_core import wire
 from anvil_core.wire import pb
+from anvil_executor import metrics as m
 
 __all__ = ["BatchQueue", "batch_priority"]
 
@@ -40,21 +42,26 @@ class BatchQueue:
     """Thread-safe priority queue of (Batch, frames); ``get`` blocks until an item is there."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, Item | None]] = []
+        self._heap: list[tuple[int, int, float, Item | None]] = []  # (rank, seq, put at s, item)
         self._seq = itertools.count()
         self._ready = threading.Condition(threading.Lock())
 
     def put(self, item: Item | None) -> None:
         rank = _LAST if item is None else batch_priority(*item)
         with self._ready:
-            heapq.heappush(self._heap, (rank, next(self._seq), item))
+            heapq.heappush(self._heap, (rank, next(self._seq), time.perf_counter(), item))
             self._ready.notify()
 
     def get(self) -> Item | None:
         with self._ready:
             while not self._heap:
                 self._ready.wait()
-            return heapq.heappop(self._heap)[2]
+            rank, _, put_at, item = heapq.heappop(self._heap)
+        if item is not None:  # the hop "queued": received -> compute starts, by the batch's rank
+            m.hop_us.labels(hop="queued", priority=m.priority_label(rank)).observe(
+                (time.perf_counter() - put_at) * 1e6
+            )
+        return item
 
     def __len__(self) -> int:
         with self._ready:

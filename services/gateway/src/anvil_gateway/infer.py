@@ -23,6 +23,7 @@ from anvil_core.wire import pb
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.backend import BackendUnavailable
+from anvil_gateway.hops import HOPS_HEADER, Hops
 from anvil_gateway.json_tensors import BadRequest
 from anvil_gateway.kserve import ParsedRequest, parse_request, release_all
 from anvil_gateway.responses import HEADER_LENGTH, infer_response
@@ -164,6 +165,7 @@ async def _run(
             raise BadRequest(f"model {name!r} has no outputs {unknown}; outputs: {sorted(known)}")
     except (BadRequest, SpecError, TensorError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
+    hops = Hops(t0)
     resp, outputs = await forward(
         st,
         spec,
@@ -173,11 +175,14 @@ async def _run(
         priority,
         timeout_s,
         hdr[TRACE_HEADER],
+        hops,
     )
+    hdr[HOPS_HEADER] = hops.header(resp)
     try:
         response = infer_response(name, spec.version, parsed, outputs, st.shm, hdr)
     except (BadRequest, ShmError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
+    hops.record(resp, priority)
     total_ns = time.perf_counter_ns() - t0
     rows = parsed.inputs[0].shape[0] if spec.max_batch > 0 and parsed.inputs else 1
     st.stats.success(name, spec.version, rows, total_ns, resp.QueueUs() * 1000, resp.ComputeUs() * 1000)
@@ -204,9 +209,11 @@ async def forward(
     priority: int,
     timeout_s: float,
     trace: str,
+    hops: Hops | None = None,
 ) -> tuple[pb.InferResponse, list[HostTensor]]:
     """Admit one validated request, send it to the scheduler and return the answer's outputs, or
-    raise Failed with a status (429 from admission, 503/504 from the backend, the executor's error)."""
+    raise Failed with a status (429 from admission, 503/504 from the backend, the executor's error).
+    ``hops``, when given, gets the send and answer times (hops.py)."""
     admit(st, spec.name, tenant, priority)
     try:
         request_id = uuid.uuid4().hex
@@ -222,6 +229,8 @@ async def forward(
             inputs=codec.tensor_frames(inputs, payloads),
             outputs=outputs,
         )
+        if hops is not None:
+            hops.mark_sent()
         try:
             resp, frames = await st.link.infer(
                 request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
@@ -232,6 +241,8 @@ async def forward(
             raise Failed(
                 504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline"
             ) from None
+        if hops is not None:
+            hops.mark_answered()
         err = resp.Error()
         if err is not None and err.Code() != pb.ErrorCode.OK:
             kind = wire.ERROR_NAMES.get(err.Code(), "ERROR").lower()

@@ -114,6 +114,7 @@ class Scheduler:
         self._priorities = frozenset(p.priority for p in priorities)
         self.drops = DropLog(log, "scheduler")
         self._depth_labels: set[tuple[str, int]] = set()  # queue-depth series ever set, reset to 0
+        self._hop_series: dict[tuple[str, int], Any] = {}
 
     def _router(self, port: int) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -331,7 +332,9 @@ class Scheduler:
         for r in batch.requests:
             ticket = _ticket(r)
             msg.frameCounts.append(1 + len(ticket.frames))
-            msg.queueUs.append(int((now - r.arrival_s) * 1e6))
+            queued_us = int((now - r.arrival_s) * 1e6)
+            msg.queueUs.append(queued_us)
+            self._hop("queue", r.priority).observe(queued_us)
             frames.append(ticket.envelope)
             frames.extend(ticket.frames)
         m.batches.labels(model=batch.model).inc()
@@ -369,6 +372,7 @@ class Scheduler:
                 r = answered.pop(rid, None)
                 if r is not None:
                     m.requests.labels(model=r.model, outcome="answered").inc()
+                    self._hop("executor_round_trip", r.priority).observe((now - sent) * 1e6)
                     replies.setdefault(_ticket(r).gateway, []).append(group)
         except (wire.ProtocolError, Refused) as exc:  # the batch's requests still get an answer below
             self.drops.drop("batch_result", f"malformed batch result from {eid!r}: {exc}")
@@ -382,6 +386,13 @@ class Scheduler:
                 pb.ErrorCode.INTERNAL,
                 "executor returned no result for this request",
             )
+
+    def _hop(self, hop: str, priority: int) -> Any:
+        """The hop histogram of (hop, priority), resolved once (priorities are the configured ones)."""
+        series = self._hop_series.get((hop, priority))
+        if series is None:
+            series = self._hop_series[(hop, priority)] = m.hop_us.labels(hop=hop, priority=str(priority))
+        return series
 
     def _release(self, rel: Release, code: int, reason: str) -> None:
         m.redispatched.inc(len(rel.requeued))
