@@ -1,4 +1,5 @@
-"""Admission control: API keys per tenant, token buckets per (tenant, priority), bounded in-flight.
+"""Admission control: API keys per tenant, token buckets per (tenant, priority), bounded in-flight,
+and shedding of lower priorities while the gateway's event loop is overloaded (overload.py).
 
 Rates live in Redis (`anvil:qos:limits`, written by the qos service or `anvil qos set`); tenants
 and their hashed API keys in `anvil:tenants` (sha256 hex of the key -> tenant). Both are loaded by
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_core import keys
+from anvil_gateway.overload import LoopDelay
 
 __all__ = ["Admission", "Rejected", "TokenBucket", "hash_key"]
 
@@ -22,7 +24,7 @@ def hash_key(api_key: str) -> str:
 
 
 class Rejected(Exception):
-    """Not admitted: `status` (401/429), and `retry_after_s` for 429."""
+    """Not admitted: `status` (401/429/503), and `retry_after_s` for 429 and 503."""
 
     def __init__(self, status: int, message: str, retry_after_s: float = 0.0, reason: str = "") -> None:
         super().__init__(message)
@@ -51,9 +53,17 @@ class TokenBucket:
 class Admission:
     """Owned by the gateway's event loop. `refresh` is called by discovery, `admit` per request."""
 
-    def __init__(self, require_api_key: bool, max_inflight_per_model: int) -> None:
+    def __init__(
+        self,
+        require_api_key: bool,
+        max_inflight_per_model: int,
+        shed_delay_ms: dict[int, float] | None = None,
+    ) -> None:
         self.require_api_key = require_api_key
         self.max_inflight_per_model = max_inflight_per_model
+        # priority -> event-loop delay (ms) beyond which its requests get 503 (absent or <= 0: never)
+        self.shed_delay_ms = {p: ms for p, ms in (shed_delay_ms or {}).items() if ms > 0}
+        self.loop_delay = LoopDelay()
         self.limits: dict[str, tuple[float, float]] = {}  # "tenant:priority" -> (rate, burst)
         self.tenants: dict[str, str] = {}  # sha256(api key) -> tenant
         self.buckets: dict[tuple[str, int], TokenBucket] = {}
@@ -108,7 +118,19 @@ class Admission:
         return None
 
     def admit(self, model: str, tenant: str, priority: int, now_s: float) -> None:
-        """Take a token and an in-flight slot, or raise Rejected(429) with a Retry-After."""
+        """Take a token and an in-flight slot, or raise Rejected: 503 while the event loop's delay is
+        over the priority's threshold (no token taken), 429 over a rate or the in-flight bound."""
+        delay_s = self.loop_delay.delay_s(now_s)
+        self.loop_delay.sample(now_s)
+        shed_ms = self.shed_delay_ms.get(priority)
+        if shed_ms is not None and delay_s * 1e3 > shed_ms:
+            raise Rejected(
+                503,
+                f"gateway overloaded: its event loop is {delay_s * 1e3:.0f} ms behind, over the "
+                f"{shed_ms:g} ms allowed for priority {priority} (lower priorities are shed first)",
+                retry_after_s=1.0,
+                reason="overload",
+            )
         limit = self._limit(tenant, priority)
         if limit is not None:
             bucket = self.buckets.get((tenant, priority))

@@ -191,13 +191,14 @@ async def _run(
 
 
 def admit(st: GatewayState, model: str, tenant: str, priority: int) -> None:
-    """Take a token and an in-flight slot, or raise Failed(429) with Retry-After (used by `forward`)."""
+    """Take a token and an in-flight slot, or raise Failed(429, or 503 when shed for the gateway's
+    overload) with Retry-After (used by `forward`)."""
     try:
         st.admission.admit(model, tenant, priority, time.monotonic())
     except Rejected as exc:
         m.admission_rejected.labels(tenant=tenant, priority=str(priority), reason=exc.reason).inc()
         retry = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-        raise Failed(429, str(exc), exc.reason, retry) from None
+        raise Failed(exc.status, str(exc), exc.reason, retry) from None
 
 
 async def forward(
