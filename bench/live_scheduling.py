@@ -49,7 +49,7 @@ from anvil_client.launcher import private_port_env
 from anvil_core.keys import profile_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import batching_sim as sim  # noqa: E402  (a sibling script, not a package)
+import batching_sim as sim
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -222,8 +222,10 @@ def main() -> None:
                 row["profile_us"] = {str(b): us for b, us in sorted(table.items())}
                 row["sim"] = simulated(kind, params, name, r, svc)
                 rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "live"} | {
-                    "live": {k: v for k, v in row["live"].items() if k != "hops_ms"}}), flush=True)  # fmt: skip
+                brief = {k: v for k, v in row["live"].items() if k != "hops_ms"}
+                print(
+                    json.dumps({"policy": label, "trace": name, "live": brief, "sim": row["sim"]}), flush=True
+                )
                 time.sleep(1.0)  # let the queues drain before the next trace
         finally:
             stop_stack(proc)
@@ -241,7 +243,7 @@ def write(
     meta = {
         "command": "uv run python bench/live_scheduling.py " + " ".join(sys.argv[1:]),
         "commit": _commit(),
-        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "seconds_per_trace": args.seconds,
         "production_trace": prod.name if prod else None,
         "note": "generator on the same machine; other engineers' work shared its CPUs during the run",
@@ -260,8 +262,8 @@ def write(
         md.append(
             f"| {r['trace']} | {r['policy']} | {lv['sent']} | {lv['goodput_rps']} | {sm['goodput_rps']} | "
             f"{lv['p1_attainment']} | {sm['p1_attainment']} | {lv['p1_p99_ms']} | {sm['p1_p99_ms']} | "
-            f"{lv['p2_p99_ms']} | {lv['p3_p99_ms']} | {r['profile']['base_ms']} + {r['profile']['per_item_ms']}·B | "
-            f"{errs} |"
+            f"{lv['p2_p99_ms']} | {lv['p3_p99_ms']} | "
+            f"{r['profile']['base_ms']} + {r['profile']['per_item_ms']}·B | {errs} |"
         )
     md += ["", "## Goodput of EDF+PID over the best fixed_delay setting, per trace", ""]
     for trace in dict.fromkeys(r["trace"] for r in rows):
