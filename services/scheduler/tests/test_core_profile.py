@@ -104,3 +104,16 @@ def test_cached_tail_equals_the_tail_recomputed_at_every_clock_reading() -> None
         for later in (0.0, 3.0, 40.0):  # predictions later in time, without new samples
             now[0] += later
             assert prof.predict_s(8) == _naive_tail(kept, now[0], prior)
+
+
+def test_a_size_seen_once_leans_on_the_fit_of_the_others_not_on_the_bare_prior() -> None:
+    """#19: after a burst, B = 16 seen once (1 ms) was predicted at ~21 ms (80% of the 26 ms prior)
+    although sizes 1 and 2, seen hundreds of times, put the model at ~0.1 ms per request."""
+    prof = LatencyProfile(ProfilePrior())
+    for _ in range(200):
+        prof.observe(1, 0.0002)
+        prof.observe(2, 0.0003)
+    prof.observe(16, 0.001)
+    prior_16 = ProfilePrior().predict_s(16)
+    assert prof.predict_s(16) < prior_16 / 10
+    assert prof.predict_s(16) > prof.predict_s(2)  # still ordered by size
