@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import redis
 
@@ -143,6 +145,34 @@ def run_c1(url: str, seconds: float) -> dict[str, Any]:
     return {"requests": s["ok"], "latency_ms": s["latency_ms"], "hops_ms": s["priorities"]["1"]["hops_ms"]}
 
 
+_HOP_LINE = re.compile(r'^(anvil_\w+)_hop_us_(sum|count)\{hop="(\w+)",priority="(\w+)"\} (\S+)$')
+
+
+def hop_totals(env: dict[str, str]) -> dict[tuple[str, str, str], list[float]]:
+    """(service, hop, priority) -> [sum µs, count] from the scheduler's and executor's /metrics."""
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for var in ("ANVIL_SCHEDULER_METRICS_PORT", "ANVIL_EXECUTOR_METRICS_PORT"):
+        text = httpx.get(f"http://127.0.0.1:{env[var]}/metrics", timeout=5).text
+        for line in text.splitlines():
+            m = _HOP_LINE.match(line)
+            if m:
+                key = (m[1].removeprefix("anvil_"), m[3], m[4])
+                out.setdefault(key, [0.0, 0.0])[0 if m[2] == "sum" else 1] = float(m[5])
+    return out
+
+
+def hop_means_ms(
+    before: dict[Any, list[float]], after: dict[Any, list[float]]
+) -> dict[str, dict[str, float]]:
+    """Mean ms per priority and '<service>.<hop>' over one run (the difference of the counters)."""
+    out: dict[str, dict[str, float]] = {}
+    for key, (total, count) in sorted(after.items()):
+        t0, c0 = before.get(key, [0.0, 0.0])
+        if count > c0:
+            out.setdefault(key[2], {})[f"{key[0]}.{key[1]}"] = round((total - t0) / (count - c0) / 1e3, 3)
+    return out
+
+
 def learned_service(env: dict[str, str]) -> tuple[sim.ServiceModel, dict[int, float]]:
     """a + b*B fitted to the scheduler's learned profile of MODEL (µs per batch size) in Redis, over
     sizes up to 8 when two or more are there: larger ones are seen rarely at these loads, and their
@@ -215,8 +245,10 @@ def main() -> None:
             c1[label] = run_c1(url, args.c1_seconds)
             print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
             for name, sched in traces(args.seconds, prod):
+                before = hop_totals(env)
                 r = run_open(url, sched, seed=len(rows))
                 row = {"policy": label, "trace": name, "live": live_row(summarize(r))}
+                row["service_hops_mean_ms"] = hop_means_ms(before, hop_totals(env))
                 svc, table = learned_service(env)
                 row["profile"] = {"base_ms": round(svc.base_ms, 4), "per_item_ms": round(svc.per_item_ms, 4)}
                 row["profile_us"] = {str(b): us for b, us in sorted(table.items())}
@@ -285,6 +317,17 @@ def write(
             cells = [f"{hops[h]['p50']} / {hops[h]['p99']}" if h in hops else "-" for h in
                      ("gateway_in", "scheduler_queue", "compute", "transit", "outside")]  # fmt: skip
             md.append(f"| {r['trace']} | {p} | " + " | ".join(cells) + " |")
+    md += ["", "## Behind the gateway (EDF+PID, mean ms per priority, from the services' hop histograms)", ""]
+    md += ["executor_round_trip: the scheduler's dispatch -> result; executor queued: received -> compute "
+           "starts (by the batch's most urgent priority).", ""]  # fmt: skip
+    names = ("scheduler.queue", "scheduler.executor_round_trip", "executor.queued", "executor.compute")
+    md += ["| trace | priority | " + " | ".join(names) + " |", "|" + "---|" * (2 + len(names))]
+    for r in rows:
+        if r["policy"] == "edf_pid":
+            for p, hops in sorted(r.get("service_hops_mean_ms", {}).items()):
+                md.append(
+                    f"| {r['trace']} | {p} | " + " | ".join(str(hops.get(n, "-")) for n in names) + " |"
+                )
     md += ["", "## Lone request (identity, 1 KB binary, closed loop, concurrency 1)", ""]
     md += ["| policy | requests | p50 ms | p99 ms | gateway_in p50 | queue p50 | compute p50 | transit p50 | "
            "outside p50 |", "|" + "---|" * 9]  # fmt: skip

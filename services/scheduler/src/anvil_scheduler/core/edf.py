@@ -120,10 +120,6 @@ class EDFQueue:
         """How many queued requests have a sort key <= ``key`` (work ahead of a newcomer)."""
         return sum(bisect.bisect_right(lst, (key, float("inf"))) for lst in self._by_priority.values())
 
-    def holds(self, priority: int) -> bool:
-        """Whether a request of ``priority`` is queued (O(1))."""
-        return bool(self._by_priority.get(priority))
-
     def depth_by_priority(self) -> dict[int, int]:
         return {p: len(lst) for p, lst in self._by_priority.items() if lst}
 

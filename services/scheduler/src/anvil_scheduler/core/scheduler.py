@@ -227,7 +227,9 @@ class SchedulerCore:
                     sheds.append(self._shed(queue.pop(), ShedReason.DEADLINE, now_s))
                     continue
                 cap = self.policy.batch_limit(model)
-                urgent = queue.holds(self._top_priority)  # may take a reserved credit, runs first
+                # A batch led by top-priority work may take a reserved credit (and runs first); the head
+                # always rides in the batch formed below, so the reserve serves only such batches.
+                urgent = head.priority == self._top_priority
                 place = self.pool.place(model, len(queue), cap, predict, now_s, lead_s, urgent)
                 if place is None:
                     break  # no executor of this model has a credit: a completion will poll again
@@ -260,7 +262,6 @@ class SchedulerCore:
                         sheds.append(self._shed(queue.pop(), reason, now_s))
                         continue
                 reqs = queue.pop_batch(size)
-                urgent = any(r.priority == self._top_priority for r in reqs)
                 batches.append(self._form(model, reqs, place.executor_id, place.device, now_s, urgent))
             head = queue.peek()
             if head is not None and self.policy.sheds and not head.probe:
