@@ -78,3 +78,13 @@ def test_an_urgent_batch_is_predicted_to_start_after_the_running_batch_only() ->
     urgent = core.pool.place("m", 1, 8, lambda d, b: predict("m", d, b), 0.001, 0.0, urgent=True)
     assert plain is None  # both credits held
     assert urgent is not None and abs(urgent.start_s - 0.012) < 1e-9
+
+
+def test_the_reserve_is_not_taken_when_nothing_queued_would_be_overtaken() -> None:
+    """Behind the running batch alone an urgent batch gains nothing by leaving early (it would only be
+    smaller): with one credit, held by the running batch, priority 1 waits for the completion."""
+    core = make_core(reserved=1, credits=1)
+    for i in range(8):
+        admit(core, f"p3-{i}", 3, 0.0)
+    assert [b.size for b in core.poll(0.0).batches] == [8]
+    assert first_p1_batch(core, 0.030) is None
