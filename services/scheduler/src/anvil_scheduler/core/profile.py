@@ -16,6 +16,7 @@ dict, the shape of the Redis hash ``anvil:profile:{model}:{device}``.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -63,7 +64,7 @@ class LatencyProfile:
     def __init__(self, prior: ProfilePrior | None = None, clock: Callable[[], float] | None = None) -> None:
         self.prior = prior or ProfilePrior()
         self._clock = clock or _no_clock
-        self._samples: dict[int, deque[tuple[float, float]]] = {}  # size -> (observed at s, exec s)
+        self._samples: dict[int, _Bucket] = {}  # size -> its last `window` (observed at s, exec s)
         self._counts: dict[int, int] = {}
         self._mass: dict[int, tuple[float, float]] = {}  # size -> (decayed sample count, as of time s)
         self._cache: dict[int, float] = {}
@@ -83,7 +84,10 @@ class LatencyProfile:
         if batch_size < 1 or exec_s < 0:
             raise ValueError(f"bad observation: batch_size={batch_size}, exec_s={exec_s}")
         t = self._clock() if now_s is None else now_s
-        self._samples.setdefault(batch_size, deque(maxlen=self.prior.window)).append((t, exec_s))
+        bucket = self._samples.get(batch_size)
+        if bucket is None:
+            bucket = self._samples[batch_size] = _Bucket(self.prior.window, self.prior.half_life_s)
+        bucket.add(t, exec_s)
         self._counts[batch_size] = self._counts.get(batch_size, 0) + 1
         self._mass[batch_size] = (self._weight_of(batch_size, t) + 1.0, t)
         self._tails.pop(batch_size, None)
@@ -140,25 +144,11 @@ class LatencyProfile:
         self._cache[batch_size] = value
         return value
 
-    def _tail_of(self, batch_size: int, bucket: deque[tuple[float, float]]) -> float:
+    def _tail_of(self, batch_size: int, bucket: _Bucket) -> float:
         hit = self._tails.get(batch_size)
         if hit is None:
-            hit = self._tails[batch_size] = self._tail(bucket)
+            hit = self._tails[batch_size] = bucket.tail(self.prior.tail_quantile)
         return hit
-
-    def _tail(self, bucket: deque[tuple[float, float]]) -> float:
-        """Weighted ``tail_quantile`` of the bucket: with equal weights, the sample at sorted index
-        int(q * n), as before ageing existed. Weights are relative to the newest sample (the scale
-        cancels in a quantile; anchoring at the newest keeps 2 ** x within floating-point range)."""
-        newest = max(t for t, _ in bucket)
-        ordered = sorted((x, self._decay(newest - t)) for t, x in bucket)
-        total = sum(w for _, w in ordered)
-        goal, acc = self.prior.tail_quantile * total, 0.0
-        for x, w in ordered:
-            acc += w
-            if acc > goal * (1 + 1e-12):
-                return x
-        return ordered[-1][0]
 
     def _line(self, now_s: float) -> tuple[float, float]:
         """Weighted least squares a + b*B over the observed sizes' tails (b >= 0, a >= 0)."""
@@ -202,6 +192,56 @@ class LatencyProfile:
 
 def _no_clock() -> float:
     return 0.0
+
+
+class _Bucket:
+    """The last ``window`` observations of one batch size, kept twice: in arrival order (for eviction)
+    and sorted by time (for the quantile), each with its weight 2 ** ((t - anchor) / half_life). Ageing
+    scales every weight alike, so these weights give the same quantile as the aged ones at any clock
+    reading: a new sample costs an insort and the tail a scan, not a sort and 64 powers (#19)."""
+
+    __slots__ = ("_anchor", "_by_x", "_half_life_s", "_order", "_total", "_window")
+
+    def __init__(self, window: int, half_life_s: float) -> None:
+        self._window = window
+        self._half_life_s = half_life_s
+        self._order: deque[tuple[float, float, float]] = deque()  # (x, weight, t), oldest first
+        self._by_x: list[tuple[float, float, float]] = []  # the same entries, sorted
+        self._total = 0.0
+        self._anchor: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, t: float, x: float) -> None:
+        # Re-anchor before weights leave float range (2 ** 60 is far inside it; once per 600 s at 10 s).
+        if self._anchor is None or (t - self._anchor) / self._half_life_s > 60:
+            self._reanchor(t)
+        assert self._anchor is not None
+        if len(self._order) == self._window:
+            old = self._order.popleft()
+            del self._by_x[bisect.bisect_left(self._by_x, old)]
+            self._total -= old[1]
+        entry = (x, float(2.0 ** ((t - self._anchor) / self._half_life_s)), t)
+        self._order.append(entry)
+        bisect.insort(self._by_x, entry)
+        self._total += entry[1]
+
+    def _reanchor(self, t: float) -> None:
+        self._anchor = t
+        entries = [(x, float(2.0 ** ((at - t) / self._half_life_s)), at) for x, _, at in self._order]
+        self._order = deque(entries)
+        self._by_x = sorted(entries)
+        self._total = sum(w for _, w, _ in entries)
+
+    def tail(self, q: float) -> float:
+        """Weighted ``q`` quantile: with equal weights, the sample at sorted index int(q * n)."""
+        goal, acc = q * self._total * (1 + 1e-12), 0.0
+        for x, w, _ in self._by_x:
+            acc += w
+            if acc > goal:
+                return x
+        return self._by_x[-1][0]
 
 
 class ProfileBook:
