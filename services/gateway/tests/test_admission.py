@@ -109,7 +109,7 @@ def test_names_that_are_not_tenant_names_are_not_loaded() -> None:
 
 
 def test_a_late_event_loop_sheds_lower_priorities_first_and_never_priority_1() -> None:
-    """#19: the loop's delay is probed by admissions; past a priority's threshold it gets 503."""
+    """#19: the loop's delay is probed by admissions; past a priority's threshold it gets 429."""
     a = Admission(require_api_key=False, max_inflight_per_model=100, shed_delay_ms={2: 25, 3: 10})
 
     def outcome(priority: int) -> int:
@@ -134,5 +134,5 @@ def test_a_late_event_loop_sheds_lower_priorities_first_and_never_priority_1() -
 
     calm, stalled, later = asyncio.run(main())
     assert calm == [200, 200, 200]
-    assert stalled == [200, 503, 503]
+    assert stalled == [200, 429, 429]
     assert later == [200, 200, 200]

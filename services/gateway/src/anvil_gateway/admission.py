@@ -24,7 +24,7 @@ def hash_key(api_key: str) -> str:
 
 
 class Rejected(Exception):
-    """Not admitted: `status` (401/429/503), and `retry_after_s` for 429 and 503."""
+    """Not admitted: `status` (401/429), and `retry_after_s` for 429."""
 
     def __init__(self, status: int, message: str, retry_after_s: float = 0.0, reason: str = "") -> None:
         super().__init__(message)
@@ -61,7 +61,7 @@ class Admission:
     ) -> None:
         self.require_api_key = require_api_key
         self.max_inflight_per_model = max_inflight_per_model
-        # priority -> event-loop delay (ms) beyond which its requests get 503 (absent or <= 0: never)
+        # priority -> event-loop delay (ms) beyond which its requests get 429 (absent or <= 0: never)
         self.shed_delay_ms = {p: ms for p, ms in (shed_delay_ms or {}).items() if ms > 0}
         self.loop_delay = LoopDelay()
         self.limits: dict[str, tuple[float, float]] = {}  # "tenant:priority" -> (rate, burst)
@@ -118,15 +118,16 @@ class Admission:
         return None
 
     def admit(self, model: str, tenant: str, priority: int, now_s: float) -> None:
-        """Take a token and an in-flight slot, or raise Rejected: 503 while the event loop's delay is
-        over the priority's threshold (no token taken), 429 over a rate or the in-flight bound."""
+        """Take a token and an in-flight slot, or raise Rejected(429): while the event loop's delay is
+        over the priority's threshold (reason "overload", no token taken), over a rate, or over the
+        in-flight bound."""
         delay_s = self.loop_delay.delay_s(now_s)
         self.loop_delay.sample(now_s)
         shed_ms = self.shed_delay_ms.get(priority)
         if shed_ms is not None and delay_s * 1e3 > shed_ms:
             raise Rejected(
-                503,
-                f"gateway overloaded: its event loop is {delay_s * 1e3:.0f} ms behind, over the "
+                429,
+                f"shed: gateway overloaded: its event loop is {delay_s * 1e3:.0f} ms behind, over the "
                 f"{shed_ms:g} ms allowed for priority {priority} (lower priorities are shed first)",
                 retry_after_s=1.0,
                 reason="overload",

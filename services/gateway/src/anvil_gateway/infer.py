@@ -191,8 +191,7 @@ async def _run(
 
 
 def admit(st: GatewayState, model: str, tenant: str, priority: int) -> None:
-    """Take a token and an in-flight slot, or raise Failed(429, or 503 when shed for the gateway's
-    overload) with Retry-After (used by `forward`)."""
+    """Take a token and an in-flight slot, or raise Failed(429) with Retry-After (used by `forward`)."""
     try:
         st.admission.admit(model, tenant, priority, time.monotonic())
     except Rejected as exc:

@@ -5,7 +5,7 @@ the gateway is short of CPU (a burst 13x the mean rate on two cores), a priority
 the parsing of every lower-priority one that came before it (issue #19 measured ~100 ms there). The
 gateway cannot parse a body to learn its priority without spending the CPU it lacks, but it can stop
 spending more on lower priorities: past the parse, a request of a priority whose delay threshold the
-loop's delay exceeds is answered 503 at once, before it costs the scheduler, the executor and the
+loop's delay exceeds is answered 429 (shed) at once, before it costs the scheduler, the executor and the
 response encoding anything, so the loop drains and priority 1 gets through.
 
 The delay is sampled by the requests themselves (no timer: an idle gateway is never woken): an

@@ -34,7 +34,7 @@ class GatewaySettings(ServiceSettings):
     # overlap with (1: a message per request).
     bundle_max: int = 8
     # Shedding by the gateway's own delay (overload.py, issue #19): while its event loop is this many
-    # ms behind, requests of the priority are answered 503 once parsed, so the CPU they would cost goes
+    # ms behind, requests of the priority are answered 429 once parsed, so the CPU they would cost goes
     # to priority 1 (never shed here: the scheduler's EDF protects it). 10 ms for batch class: a fifth
     # of priority 1's 50 ms budget, past which the loop is saturated, not jittering (GC pauses and a
     # shared core's run-queue delays stay under ~5 ms); 25 ms for standard, half the budget. 0: never.

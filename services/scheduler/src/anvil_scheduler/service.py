@@ -14,6 +14,7 @@ raises while handling one message is caught, counted in ``anvil_dropped_messages
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -150,7 +151,10 @@ class Scheduler:
         while not stop.is_set():
             now = time.monotonic()
             wait_s = 0.05 if next_wake is None else min(0.05, max(0.0, next_wake - now))
-            events = dict(poller.poll(int(wait_s * 1000)))
+            # Round up: zmq polls in whole ms, and int() made every wake-up under 1 ms away a spin
+            # (EDF+PID wakes at the predicted end of the running batch, often < 1 ms ahead on a fast
+            # model: the scheduler then burnt a core that the gateway needed, #19). Late by < 1 ms.
+            events = dict(poller.poll(math.ceil(wait_s * 1000)))
             if self.gw in events:
                 self._drain(self.gw, self._on_gateway)
             if self.ex in events:

@@ -7,9 +7,10 @@ hold a free credit, whose ``max(now, free_at) + predict(batch)`` is smallest.
 
 **Reserved credits** (issue #19): an *urgent* batch (one led by top-priority work) may use
 ``reserved`` credits beyond the executor's own when lower-priority batches hold them all and one of
-those waits behind the running batch, so it never waits in the scheduler for such a credit. The executor runs queued batches most urgent first (its work queue), so an
-urgent batch waits at most for the batch that is running, not for the ones queued ahead of it; its
-predicted start is the end of the running batch plus the urgent batches already queued.
+those waits behind the running batch, so it never waits in the scheduler for such a credit. The
+executor runs queued batches most urgent first (its work queue), so an urgent batch waits at most
+for the batch that is running, not for the ones queued ahead of it; its predicted start is the end of
+the running batch plus the urgent batches already queued.
 """
 
 from __future__ import annotations
