@@ -161,6 +161,20 @@ def hop_totals(env: dict[str, str]) -> dict[tuple[str, str, str], list[float]]:
     return out
 
 
+def cpu_s(tmp: Path) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by each service process of the stack in ``tmp``."""
+    doc = json.loads((tmp / "run" / "current.json").read_text())
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for svc in doc["services"]:
+        try:
+            fields = Path(f"/proc/{svc['pid']}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, KeyError):
+            continue
+        out[svc["name"]] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
 def hop_means_ms(
     before: dict[Any, list[float]], after: dict[Any, list[float]]
 ) -> dict[str, dict[str, float]]:
@@ -245,10 +259,16 @@ def main() -> None:
             c1[label] = run_c1(url, args.c1_seconds)
             print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
             for name, sched in traces(args.seconds, prod):
-                before = hop_totals(env)
+                before, cpu0 = hop_totals(env), cpu_s(tmp)
                 r = run_open(url, sched, seed=len(rows))
                 row = {"policy": label, "trace": name, "live": live_row(summarize(r))}
                 row["service_hops_mean_ms"] = hop_means_ms(before, hop_totals(env))
+                cpu1 = cpu_s(tmp)
+                row["cpu_us_per_request"] = {
+                    k: round((cpu1[k] - cpu0.get(k, 0.0)) * 1e6 / max(1, len(r.status)))
+                    for k in ("gateway", "scheduler", "executor")
+                    if k in cpu1
+                }
                 svc, table = learned_service(env)
                 row["profile"] = {"base_ms": round(svc.base_ms, 4), "per_item_ms": round(svc.per_item_ms, 4)}
                 row["profile_us"] = {str(b): us for b, us in sorted(table.items())}
@@ -328,6 +348,12 @@ def write(
                 md.append(
                     f"| {r['trace']} | {p} | " + " | ".join(str(hops.get(n, "-")) for n in names) + " |"
                 )
+    md += ["", "## CPU per request sent (µs, from /proc: user + system over the run)", ""]
+    md += ["| trace | policy | gateway | scheduler | executor |", "|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("cpu_us_per_request", {})
+        cells = " | ".join(str(c.get(k, "-")) for k in ("gateway", "scheduler", "executor"))
+        md.append(f"| {r['trace']} | {r['policy']} | {cells} |")
     md += ["", "## Lone request (identity, 1 KB binary, closed loop, concurrency 1)", ""]
     md += ["| policy | requests | p50 ms | p99 ms | gateway_in p50 | queue p50 | compute p50 | transit p50 | "
            "outside p50 |", "|" + "---|" * 9]  # fmt: skip

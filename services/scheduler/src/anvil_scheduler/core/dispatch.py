@@ -204,6 +204,14 @@ class ExecutorPool:
         full = [predict(ex.spec.device, c) for ex, c in zip(hosts, caps, strict=True)]
         ready = [max(now_s, ex.free_at_s) for ex in hosts]
         remaining = position
+        if len(hosts) == 1:  # the loop below in closed form: admission runs this per arrival (#19)
+            full_batches = (remaining - 1) // caps[0] if remaining > 0 else 0
+            if full_batches < 256:
+                rest = remaining - full_batches * caps[0]
+                return ready[0] + full_batches * full[0] + predict(hosts[0].spec.device, rest)
+            rate = caps[0] / full[0] if full[0] > 0 else 0.0
+            after = ready[0] + 256 * full[0]
+            return after + ((remaining - 256 * caps[0]) / rate if rate > 0 else float("inf"))
         for _ in range(256):
             if remaining <= max(caps):
                 return min(
