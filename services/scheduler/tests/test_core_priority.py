@@ -88,3 +88,19 @@ def test_the_reserve_is_not_taken_when_nothing_queued_would_be_overtaken() -> No
         admit(core, f"p3-{i}", 3, 0.0)
     assert [b.size for b in core.poll(0.0).batches] == [8]
     assert first_p1_batch(core, 0.030) is None
+
+
+def test_the_pool_learns_the_per_batch_overhead_and_counts_it_in_the_work_ahead() -> None:
+    """Round trip 5 ms for 1 ms of execution: the 4 ms besides (links, handling) is learned from batches
+    sent alone, and an executor is busy until its result can be back, not when execution would end."""
+    core = make_core(reserved=1)
+    t = 0.0
+    for i in range(60):
+        admit(core, f"r{i}", 3, t)
+        (b,) = core.poll(t).batches
+        core.on_batch_done(b.batch_id, "e0", 0.001, t + 0.005)
+        t += 0.010
+    assert abs(core.pool.overhead_s("e0") - 0.004) < 0.0002
+    admit(core, "last", 3, t)
+    (b,) = core.poll(t).batches
+    assert abs(core.accounting(t).work_ahead_s - (b.predicted_exec_s + core.pool.overhead_s("e0"))) < 1e-9

@@ -23,6 +23,7 @@ from anvil_scheduler.core.request import Batch
 __all__ = ["ExecutorPool", "ExecutorSpec", "Placement", "Predictor"]
 
 Predictor = Callable[[str, int], float]  # (device, batch size) -> predicted execution seconds
+_OVERHEAD_GAIN = 0.1  # EWMA weight of one batch's overhead sample: follows load within ~10 batches
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,13 @@ class _Executor:
     in_flight: dict[int, Batch] = field(default_factory=dict)  # insertion order (urgent ones run first)
     free_at_s: float = float("-inf")  # predicted end of in-flight work
     urgent: set[int] = field(default_factory=set)  # ids of in-flight batches sent as urgent
+    alone: set[int] = field(default_factory=set)  # ids of batches sent when nothing else was in flight
+    # Per-batch time besides execution (links, both services' handling), EWMA of round trip - execution
+    # time over batches sent alone (s). On a GPU it is small beside the batch; on the 2-core CPU stack
+    # it was ~0.6 ms idle and 4 ms under load for 0.2 ms batches, and without it the pool called the
+    # executor idle long before the result came back: batches of 1-2 left back to back and their
+    # per-batch CPU starved the gateway (#19).
+    overhead_s: float = 0.0
 
     def has_credit(self, urgent: bool = False, reserved: int = 0) -> bool:
         """A free credit; for an urgent batch also a reserved one, but only when it would overtake a
@@ -71,7 +79,7 @@ class _Executor:
         if not urgent or len(self.in_flight) < 2:
             return end
         queued = list(self.in_flight.values())[1:]  # the first in flight is the one running
-        overtaken = sum(b.predicted_exec_s for b in queued if b.batch_id not in self.urgent)
+        overtaken = sum(b.predicted_exec_s + self.overhead_s for b in queued if b.batch_id not in self.urgent)
         return max(now_s, end - overtaken)
 
 
@@ -170,21 +178,36 @@ class ExecutorPool:
             f"executor {batch.executor_id} has no credit for batch {batch.batch_id}"
         )
         assert batch.batch_id not in ex.in_flight
+        if not ex.in_flight:
+            ex.alone.add(batch.batch_id)
         ex.in_flight[batch.batch_id] = batch
         if urgent:
             ex.urgent.add(batch.batch_id)
-        ex.free_at_s = max(ex.free_at_s, now_s) + batch.predicted_exec_s
+        ex.free_at_s = max(ex.free_at_s, now_s) + batch.predicted_exec_s + ex.overhead_s
 
-    def complete(self, batch_id: int, executor_id: str, now_s: float) -> Batch | None:
-        """Release the credit of a finished (or failed) batch; None if the pool does not know it there."""
+    def complete(
+        self, batch_id: int, executor_id: str, now_s: float, exec_s: float | None = None
+    ) -> Batch | None:
+        """Release the credit of a finished (or failed) batch; None if the pool does not know it there.
+        ``exec_s``, the executor's own time for it, teaches the per-batch overhead."""
         ex = self._executors.get(executor_id)
         if ex is None or batch_id not in ex.in_flight:
             return None
         batch = ex.in_flight.pop(batch_id)
         ex.urgent.discard(batch_id)
+        if batch_id in ex.alone:
+            ex.alone.discard(batch_id)
+            if exec_s is not None:
+                sample = max(0.0, now_s - batch.formed_s - exec_s)
+                ex.overhead_s += _OVERHEAD_GAIN * (sample - ex.overhead_s)
         # What remains starts now (in the executor's order: urgent first, then as sent).
-        ex.free_at_s = now_s + sum(b.predicted_exec_s for b in ex.in_flight.values())
+        ex.free_at_s = now_s + sum(b.predicted_exec_s + ex.overhead_s for b in ex.in_flight.values())
         return batch
+
+    def overhead_s(self, executor_id: str) -> float:
+        """Learned per-batch time besides execution on this executor (0 before any batch)."""
+        ex = self._executors.get(executor_id)
+        return ex.overhead_s if ex else 0.0
 
     def earliest_finish(self, model: str, size: int, predict: Predictor, now_s: float) -> float:
         """Earliest predicted finish of a batch of ``size`` of ``model`` queued behind in-flight work."""

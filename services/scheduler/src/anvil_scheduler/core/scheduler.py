@@ -350,7 +350,7 @@ class SchedulerCore:
     def on_batch_done(self, batch_id: int, executor_id: str, exec_time_s: float, now_s: float) -> Completion:
         """Results of a batch arrived. ``exec_time_s`` is the executor's own timing of the batch."""
         self._tick(now_s)
-        batch = self.pool.complete(batch_id, executor_id, now_s)
+        batch = self.pool.complete(batch_id, executor_id, now_s, exec_time_s)
         if batch is None:
             _, ids = self._retired.pop(batch_id, (now_s, ()))
             self.ledger.drop_late(len(ids))
