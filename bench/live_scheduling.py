@@ -263,6 +263,7 @@ def main() -> None:
                 r = run_open(url, sched, seed=len(rows))
                 row = {"policy": label, "trace": name, "live": live_row(summarize(r))}
                 row["service_hops_mean_ms"] = hop_means_ms(before, hop_totals(env))
+                row["load_average_1m"] = round(os.getloadavg()[0], 2)  # others' work on the machine
                 cpu1 = cpu_s(tmp)
                 row["cpu_us_per_request"] = {
                     k: round((cpu1[k] - cpu0.get(k, 0.0)) * 1e6 / max(1, len(r.status)))
@@ -348,12 +349,19 @@ def write(
                 md.append(
                     f"| {r['trace']} | {p} | " + " | ".join(str(hops.get(n, "-")) for n in names) + " |"
                 )
-    md += ["", "## CPU per request sent (µs, from /proc: user + system over the run)", ""]
-    md += ["| trace | policy | gateway | scheduler | executor |", "|---|---|---|---|---|"]
+    md += [
+        "",
+        "## CPU per request sent (µs, from /proc: user + system over the run), and the machine's load",
+        "",
+    ]
+    md += [
+        "| trace | policy | gateway | scheduler | executor | 1-min load average after |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         c = r.get("cpu_us_per_request", {})
         cells = " | ".join(str(c.get(k, "-")) for k in ("gateway", "scheduler", "executor"))
-        md.append(f"| {r['trace']} | {r['policy']} | {cells} |")
+        md.append(f"| {r['trace']} | {r['policy']} | {cells} | {r.get('load_average_1m', '-')} |")
     md += ["", "## Lone request (identity, 1 KB binary, closed loop, concurrency 1)", ""]
     md += ["| policy | requests | p50 ms | p99 ms | gateway_in p50 | queue p50 | compute p50 | transit p50 | "
            "outside p50 |", "|" + "---|" * 9]  # fmt: skip
