@@ -18,6 +18,8 @@ from anvil_gateway.overload import LoopDelay
 
 __all__ = ["Admission", "Rejected", "TokenBucket", "hash_key"]
 
+_PROTECT_S = 1.0  # a lower priority is shed for the loop's delay only within this of a higher one
+
 
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
@@ -64,6 +66,7 @@ class Admission:
         # priority -> event-loop delay (ms) beyond which its requests get 429 (absent or <= 0: never)
         self.shed_delay_ms = {p: ms for p, ms in (shed_delay_ms or {}).items() if ms > 0}
         self.loop_delay = LoopDelay()
+        self._seen_s: dict[int, float] = {}  # priority -> last admission attempt (monotonic s)
         self.limits: dict[str, tuple[float, float]] = {}  # "tenant:priority" -> (rate, burst)
         self.tenants: dict[str, str] = {}  # sha256(api key) -> tenant
         self.buckets: dict[tuple[str, int], TokenBucket] = {}
@@ -123,8 +126,9 @@ class Admission:
         in-flight bound."""
         delay_s = self.loop_delay.delay_s(now_s)
         self.loop_delay.sample(now_s)
+        self._seen_s[priority] = now_s
         shed_ms = self.shed_delay_ms.get(priority)
-        if shed_ms is not None and delay_s * 1e3 > shed_ms:
+        if shed_ms is not None and delay_s * 1e3 > shed_ms and self._protects(priority, now_s):
             raise Rejected(
                 429,
                 f"shed: gateway overloaded: its event loop is {delay_s * 1e3:.0f} ms behind, over the "
@@ -153,6 +157,12 @@ class Admission:
                 reason="queue",
             )
         self.inflight[model] = self.inflight.get(model, 0) + 1
+
+    def _protects(self, priority: int, now_s: float) -> bool:
+        """Shedding ``priority`` helps only if more important requests came within the last second:
+        with none, the shed request would free CPU for nobody (the scheduler's rule for a request
+        alone on an idle executor, at the gateway)."""
+        return any(p < priority and now_s - at <= _PROTECT_S for p, at in self._seen_s.items())
 
     def done(self, model: str) -> None:
         self.inflight[model] -= 1
