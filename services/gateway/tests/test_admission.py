@@ -121,27 +121,33 @@ def test_a_late_event_loop_sheds_lower_priorities_first_and_never_priority_1() -
         a.done("m")
         return 200
 
+    async def stall(priority: int) -> None:
+        """An admission arms a probe, then the loop's turn takes 40 ms before the probe can run."""
+        assert outcome(priority) == 200
+        time.sleep(0.04)
+        await asyncio.sleep(0)  # the probe runs: a 40 ms reading
+
     async def alone() -> int:
         """Batch-class traffic alone: shedding it would free the CPU for nobody."""
-        assert outcome(3) == 200  # arms a probe; the loop then stalls 40 ms
-        time.sleep(0.04)
+        await stall(3)
+        await stall(3)
         return outcome(3)
 
     assert asyncio.run(alone()) == 200
 
-    async def main() -> tuple[list[int], list[int], list[int]]:
+    async def main() -> tuple[list[int], list[int], list[int], list[int]]:
         calm = [outcome(p) for p in (1, 2, 3)]  # arms a probe that runs at once
         await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        armed = outcome(1)  # arms the next probe; this turn then hogs the loop for 40 ms
-        assert armed == 200
-        time.sleep(0.04)
-        stalled = [outcome(p) for p in (1, 2, 3)]  # the pending probe's age says 40 ms
+        await stall(1)
+        once = [outcome(p) for p in (1, 2, 3)]  # one late reading (and a fresh probe): a stall, not late
+        await asyncio.sleep(0.2)  # past the hold time
+        await stall(1)
+        await stall(1)
+        stalled = [outcome(p) for p in (1, 2, 3)]  # two late readings in a row
         await asyncio.sleep(0.2)  # past the hold time, the loop idle: everyone is served again
         later = [outcome(p) for p in (3, 2, 1)]
-        return calm, stalled, later
+        return calm, once, stalled, later
 
-    calm, stalled, later = asyncio.run(main())
-    assert calm == [200, 200, 200]
+    calm, once, stalled, later = asyncio.run(main())
+    assert calm == once == later == [200, 200, 200]
     assert stalled == [200, 429, 429]
-    assert later == [200, 200, 200]

@@ -11,27 +11,29 @@ request came within the last second (Admission): otherwise the shed request free
 
 The delay is sampled by the requests themselves (no timer: an idle gateway is never woken): an
 admission arms one ``call_soon`` probe when none is pending; the probe's wait is the delay. A probe
-still pending counts with its age, so a stalled loop reads as stalled before the probe runs.
+still pending counts with its age, so a stalled loop reads as stalled before the probe runs; it takes
+two late readings in a row, so one stall of the process is not an overload.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
+from collections import deque
 
 __all__ = ["LoopDelay"]
 
 
 class LoopDelay:
-    """Event-loop delay in s, as of the latest probe (held for ``hold_s``) or a pending probe's age."""
+    """Event-loop delay in s: the smaller of the two latest readings within ``hold_s`` (a pending
+    probe's age counts as a reading), so one stall of the process (a GC pause, a shared core's run
+    queue) reads as nothing and only a loop that stays late does."""
 
     def __init__(self, hold_s: float = 0.1) -> None:
         self.hold_s = hold_s  # a probe's reading stands this long (probes run once per loop turn)
         self._armed_at: float | None = None
         self._armed_on: asyncio.AbstractEventLoop | None = None  # the loop probed last
-        self._last_s = 0.0
-        self._last_at = -math.inf
+        self._readings: deque[tuple[float, float]] = deque(maxlen=2)  # (taken at s, delay s)
 
     def sample(self, now_s: float) -> None:
         """Arm a probe if none is pending (needs a running loop; outside one this does nothing)."""
@@ -47,17 +49,19 @@ class LoopDelay:
     def _ran(self) -> None:
         now = time.monotonic()
         if self._armed_at is not None:
-            self._last_s, self._last_at = now - self._armed_at, now
+            self._readings.append((now, now - self._armed_at))
         self._armed_at = None  # (_armed_on stays: the readings belong to that loop)
 
     def delay_s(self, now_s: float) -> float:
         if self._armed_on is not None and self._armed_on is not _running_loop():
             # probed on a loop that has ended (tests, a restarted app): its readings say nothing now
             self._armed_at = self._armed_on = None
-            self._last_s, self._last_at = 0.0, -math.inf
+            self._readings.clear()
+        values = [v for at, v in self._readings if now_s - at <= self.hold_s]
         pending = now_s - self._armed_at if self._armed_at is not None else 0.0
-        recent = self._last_s if now_s - self._last_at <= self.hold_s else 0.0
-        return max(pending, recent)
+        if pending > 0 and (not values or pending >= values[-1]):
+            values.append(pending)  # a probe late already; a fresh one says nothing yet
+        return min(values[-2:]) if len(values) >= 2 else 0.0
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
