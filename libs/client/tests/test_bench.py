@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from anvil_client.bench.arrivals import schedule
-from anvil_client.bench.engine import Engine
+from anvil_client.bench.engine import Engine, parse_hops
 from anvil_client.bench.report import summarize, write_reports
 from anvil_client.bench.scrape import parse_batch_metrics
 from anvil_client.bench.workload import Workload, parse_mix, response_id
@@ -79,8 +79,9 @@ def test_priority_mix_and_bodies() -> None:
     assert response_id(b'{"id":"0000000007","outputs":[]}', None) == b"0000000007"
 
 
-async def _server(stall_s: float) -> tuple[asyncio.AbstractServer, int, list[float]]:
-    """A KServe-ish echo server that stalls every request for its first `stall_s` seconds."""
+async def _server(stall_s: float, hops: bytes = b"") -> tuple[asyncio.AbstractServer, int, list[float]]:
+    """A KServe-ish echo server that stalls every request for its first `stall_s` seconds (and sends
+    `hops` as the gateway's x-anvil-hops-us header when given)."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     seen: list[float] = []
@@ -98,7 +99,8 @@ async def _server(stall_s: float) -> tuple[asyncio.AbstractServer, int, list[flo
                 await asyncio.sleep(stall_s - (loop.time() - t0))
             rid = json.loads(body)["id"]
             out = json.dumps({"id": rid, "outputs": []}).encode()
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(out), out))
+            extra = b"x-anvil-hops-us: %s\r\n" % hops if hops else b""
+            writer.write(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n%s" % (extra, len(out), out))
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], seen
@@ -135,6 +137,36 @@ def test_closed_loop_keeps_n_in_flight() -> None:
 
     r = asyncio.run(main())
     assert r.status.size > 20 and (r.status == 200).all() and r.meta["concurrency"] == 4  # type: ignore[attr-defined]
+
+
+def test_the_gateway_hop_header_is_broken_down_per_priority(tmp_path: Path) -> None:
+    async def main() -> object:
+        server, port, _ = await _server(stall_s=0.0, hops=b"in=300,queue=1500,compute=2000,transit=700,x=9")
+        r = await Engine(f"http://127.0.0.1:{port}", Workload(priorities={1: 0.5, 3: 0.5})).run_closed(2, 0.3)
+        server.close()
+        return r
+
+    r = asyncio.run(main())
+    s = summarize(r)  # type: ignore[arg-type]
+    for p in ("1", "3"):
+        hops = s["priorities"][p]["hops_ms"]
+        assert hops["requests"] == s["priorities"][p]["ok"] > 0
+        assert (hops["gateway_in"]["p50"], hops["scheduler_queue"]["p99"], hops["transit"]["mean"]) == (
+            0.3,
+            1.5,
+            0.7,
+        )
+        # the echo server answers at once: the 4.5 ms the header claims exceed the latency measured
+        assert hops["outside"]["p50"] < 0
+    assert parse_hops_row("queue=12,compute=oops") == [None, 12.0, None, None]
+    paths = write_reports(tmp_path, "h", s, r, None)  # type: ignore[arg-type]
+    assert "scheduler_queue" in (tmp_path / "h.md").read_text() and all(p.exists() for p in paths)
+
+
+def parse_hops_row(value: str) -> list[float | None]:
+    row = np.full(4, np.nan)
+    parse_hops(value, row)
+    return [None if np.isnan(x) else float(x) for x in row]
 
 
 def test_parse_scheduler_metrics() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 
@@ -104,3 +106,48 @@ def test_names_that_are_not_tenant_names_are_not_loaded() -> None:
     for key in ("k1", "k3"):
         with pytest.raises(Rejected, match="unknown API key"):
             a.tenant({"x-api-key": key})
+
+
+def test_a_late_event_loop_sheds_lower_priorities_first_and_never_priority_1() -> None:
+    """#19: the loop's delay is probed by admissions; past a priority's threshold it gets 429 while
+    more important requests are coming (and only then)."""
+    a = Admission(require_api_key=False, max_inflight_per_model=100, shed_delay_ms={2: 25, 3: 10})
+
+    def outcome(priority: int) -> int:
+        try:
+            a.admit("m", "t", priority, time.monotonic())
+        except Rejected as exc:
+            return exc.status
+        a.done("m")
+        return 200
+
+    async def stall(priority: int) -> None:
+        """An admission arms a probe, then the loop's turn takes 40 ms before the probe can run."""
+        assert outcome(priority) == 200
+        time.sleep(0.04)
+        await asyncio.sleep(0)  # the probe runs: a 40 ms reading
+
+    async def alone() -> int:
+        """Batch-class traffic alone: shedding it would free the CPU for nobody."""
+        await stall(3)
+        await stall(3)
+        return outcome(3)
+
+    assert asyncio.run(alone()) == 200
+
+    async def main() -> tuple[list[int], list[int], list[int], list[int]]:
+        calm = [outcome(p) for p in (1, 2, 3)]  # arms a probe that runs at once
+        await asyncio.sleep(0)
+        await stall(1)
+        once = [outcome(p) for p in (1, 2, 3)]  # one late reading (and a fresh probe): a stall, not late
+        await asyncio.sleep(0.2)  # past the hold time
+        await stall(1)
+        await stall(1)
+        stalled = [outcome(p) for p in (1, 2, 3)]  # two late readings in a row
+        await asyncio.sleep(0.2)  # past the hold time, the loop idle: everyone is served again
+        later = [outcome(p) for p in (3, 2, 1)]
+        return calm, once, stalled, later
+
+    calm, once, stalled, later = asyncio.run(main())
+    assert calm == once == later == [200, 200, 200]
+    assert stalled == [200, 429, 429]

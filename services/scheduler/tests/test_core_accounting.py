@@ -51,7 +51,7 @@ def test_answered() -> None:
 
 
 def test_shed_at_admission_in_the_queue_and_by_eviction() -> None:
-    core = make_core(credits=1, max_queue_depth=2)
+    core = make_core(credits=1, max_queue_depth=2, reserved_credits=0)  # e0 busy: no credit at all
     admit(core, "run", 3, 0.0)
     (b,) = core.poll(0.0).batches  # e0 busy: everything else waits
     assert admit(core, "hopeless", 1, 0.0, timeout=0.001) is AdmitOutcome.SHED

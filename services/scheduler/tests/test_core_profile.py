@@ -1,5 +1,7 @@
 """Latency profile: conservative prior before data, learns from observations, exports a plain dict."""
 
+import random
+
 import pytest
 
 from anvil_scheduler.core import LatencyProfile, ProfilePrior
@@ -73,3 +75,45 @@ def test_without_a_clock_nothing_ages_and_equal_weights_keep_the_old_p90() -> No
     for i in range(11):
         prof.observe(1, float(i))
     assert prof.predict_s(1) == 9.0  # sorted index int(0.9 * 11) = 9
+
+
+def _naive_tail(samples: list[tuple[float, float]], now_s: float, prior: ProfilePrior) -> float:
+    """The weighted p90 computed from scratch at ``now_s`` (what the profile did per call before #19)."""
+    ordered = sorted((x, 0.5 ** ((now_s - t) / prior.half_life_s)) for t, x in samples)
+    goal, acc = prior.tail_quantile * sum(w for _, w in ordered), 0.0
+    for x, w in ordered:
+        acc += w
+        if acc > goal * (1 + 1e-12):
+            return x
+    return ordered[-1][0]
+
+
+def test_cached_tail_equals_the_tail_recomputed_at_every_clock_reading() -> None:
+    """The tail is cached per size between observations (#19: 28% of the scheduler's busy time): a
+    quantile does not depend on the clock, because ageing scales every weight by the same factor."""
+    rng = random.Random(5)
+    now = [1_000_000.0]  # a monotonic clock far from 0: 2 ** (t / h) must not overflow
+    prior = ProfilePrior(prior_weight=0.0)  # the prediction is then the tail itself
+    prof = LatencyProfile(prior, clock=lambda: now[0])
+    kept: list[tuple[float, float]] = []
+    for _ in range(300):
+        now[0] += rng.expovariate(2.0)  # mean 0.5 s between batches, so weights differ widely
+        x = rng.lognormvariate(-5, 0.5)
+        prof.observe(8, x)
+        kept = [*kept, (now[0], x)][-prior.window :]
+        for later in (0.0, 3.0, 40.0):  # predictions later in time, without new samples
+            now[0] += later
+            assert prof.predict_s(8) == _naive_tail(kept, now[0], prior)
+
+
+def test_a_size_seen_once_leans_on_the_fit_of_the_others_not_on_the_bare_prior() -> None:
+    """#19: after a burst, B = 16 seen once (1 ms) was predicted at ~21 ms (80% of the 26 ms prior)
+    although sizes 1 and 2, seen hundreds of times, put the model at ~0.1 ms per request."""
+    prof = LatencyProfile(ProfilePrior())
+    for _ in range(200):
+        prof.observe(1, 0.0002)
+        prof.observe(2, 0.0003)
+    prof.observe(16, 0.001)
+    prior_16 = ProfilePrior().predict_s(16)
+    assert prof.predict_s(16) < prior_16 / 10
+    assert prof.predict_s(16) > prof.predict_s(2)  # still ordered by size

@@ -15,6 +15,7 @@ from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.model_spec import SpecError
 from anvil_core.tensors import HostTensor, TensorError
+from anvil_executor import metrics as m
 from anvil_executor.device import is_device_fault
 from anvil_executor.models import Model, RequestInputs
 
@@ -138,6 +139,10 @@ def run_batch(
             counts.append(1 + len(answer[1]))
     result.frameCounts = counts
     result.computeUs = int((time.perf_counter() - t0) * 1e6)
+    for i, _ in runnable:  # the hop "compute", once per request that ran, by its priority
+        m.hop_us.labels(hop="compute", priority=m.priority_label(int(requests[i].priority))).observe(
+            result.computeUs
+        )
     return result, out
 
 

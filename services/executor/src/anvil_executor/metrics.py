@@ -41,3 +41,17 @@ load_failures = Counter(
 load_failing = Gauge(
     "anvil_executor_model_load_failing", "1 while the last load of a model failed", ["model"]
 )
+
+# Per hop and priority (issue #19). queued: batch received -> its compute starts (labelled with the
+# batch's most urgent priority); compute: the batch's run, observed once per request with that
+# request's priority. Labels are bounded: two hops, priorities 1-3 or "other".
+hop_us = Histogram(
+    "anvil_executor_hop_us",
+    "Time of a batch (queued) or request (compute) per hop at the executor, µs",
+    ["hop", "priority"],
+    buckets=(50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000),
+)
+
+
+def priority_label(priority: int) -> str:
+    return str(priority) if priority in (1, 2, 3) else "other"

@@ -8,7 +8,6 @@ a background loop and post endpoint changes to the I/O loop.
 
 from __future__ import annotations
 
-import queue
 import re
 import threading
 import time
@@ -18,7 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import zmq
 
-from anvil_core import codec, keys
+from anvil_core import codec
 from anvil_core.background import Background
 from anvil_core.codec import pb
 from anvil_core.drops import DropLog
@@ -33,6 +32,7 @@ from anvil_executor.models import Model, load_builtin
 from anvil_executor.models.builtin import BusyModel
 from anvil_executor.settings import ExecutorSettings
 from anvil_executor.warmup import warm_up
+from anvil_executor.work_queue import BatchQueue
 from anvil_kernels import set_blas_threads
 
 __all__ = ["Executor"]
@@ -72,7 +72,7 @@ class Executor:
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         self.done_rx = self.ctx.socket(zmq.PAIR)
         self.done_rx.bind(f"inproc://done-{id(self)}")
-        self.work: queue.SimpleQueue[tuple[pb.BatchT, list[Any]] | None] = queue.SimpleQueue()
+        self.work = BatchQueue()  # most urgent batch first (work_queue.py)
         self.endpoint: str | None = None
         self.inflight = 0
         self._beat_seq = 0

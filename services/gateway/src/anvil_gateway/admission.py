@@ -1,4 +1,5 @@
-"""Admission control: API keys per tenant, token buckets per (tenant, priority), bounded in-flight.
+"""Admission control: API keys per tenant, token buckets per (tenant, priority), bounded in-flight,
+and shedding of lower priorities while the gateway's event loop is overloaded (overload.py).
 
 Rates live in Redis (`anvil:qos:limits`, written by the qos service or `anvil qos set`); tenants
 and their hashed API keys in `anvil:tenants` (sha256 hex of the key -> tenant). Both are loaded by
@@ -13,8 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_core import keys
+from anvil_gateway.overload import LoopDelay
 
 __all__ = ["Admission", "Rejected", "TokenBucket", "hash_key"]
+
+_PROTECT_S = 1.0  # a lower priority is shed for the loop's delay only within this of a higher one
 
 
 def hash_key(api_key: str) -> str:
@@ -51,9 +55,18 @@ class TokenBucket:
 class Admission:
     """Owned by the gateway's event loop. `refresh` is called by discovery, `admit` per request."""
 
-    def __init__(self, require_api_key: bool, max_inflight_per_model: int) -> None:
+    def __init__(
+        self,
+        require_api_key: bool,
+        max_inflight_per_model: int,
+        shed_delay_ms: dict[int, float] | None = None,
+    ) -> None:
         self.require_api_key = require_api_key
         self.max_inflight_per_model = max_inflight_per_model
+        # priority -> event-loop delay (ms) beyond which its requests get 429 (absent or <= 0: never)
+        self.shed_delay_ms = {p: ms for p, ms in (shed_delay_ms or {}).items() if ms > 0}
+        self.loop_delay = LoopDelay()
+        self._seen_s: dict[int, float] = {}  # priority -> last admission attempt (monotonic s)
         self.limits: dict[str, tuple[float, float]] = {}  # "tenant:priority" -> (rate, burst)
         self.tenants: dict[str, str] = {}  # sha256(api key) -> tenant
         self.buckets: dict[tuple[str, int], TokenBucket] = {}
@@ -108,7 +121,21 @@ class Admission:
         return None
 
     def admit(self, model: str, tenant: str, priority: int, now_s: float) -> None:
-        """Take a token and an in-flight slot, or raise Rejected(429) with a Retry-After."""
+        """Take a token and an in-flight slot, or raise Rejected(429): while the event loop's delay is
+        over the priority's threshold (reason "overload", no token taken), over a rate, or over the
+        in-flight bound."""
+        delay_s = self.loop_delay.delay_s(now_s)
+        self.loop_delay.sample(now_s)
+        self._seen_s[priority] = now_s
+        shed_ms = self.shed_delay_ms.get(priority)
+        if shed_ms is not None and delay_s * 1e3 > shed_ms and self._protects(priority, now_s):
+            raise Rejected(
+                429,
+                f"shed: gateway overloaded: its event loop is {delay_s * 1e3:.0f} ms behind, over the "
+                f"{shed_ms:g} ms allowed for priority {priority} (lower priorities are shed first)",
+                retry_after_s=1.0,
+                reason="overload",
+            )
         limit = self._limit(tenant, priority)
         if limit is not None:
             bucket = self.buckets.get((tenant, priority))
@@ -130,6 +157,12 @@ class Admission:
                 reason="queue",
             )
         self.inflight[model] = self.inflight.get(model, 0) + 1
+
+    def _protects(self, priority: int, now_s: float) -> bool:
+        """Shedding ``priority`` helps only if more important requests came within the last second:
+        with none, the shed request would free CPU for nobody (the scheduler's rule for a request
+        alone on an idle executor, at the gateway)."""
+        return any(p < priority and now_s - at <= _PROTECT_S for p, at in self._seen_s.items())
 
     def done(self, model: str) -> None:
         self.inflight[model] -= 1

@@ -39,7 +39,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         },
     )
     link = SchedulerLink(identity=f"gw-{settings.service_id}", bundle_max=settings.bundle_max)
-    admission = Admission(settings.require_api_key, settings.max_inflight_per_model)
+    shed_ms = {2: settings.shed_delay_ms_p2, 3: settings.shed_delay_ms_p3}
+    admission = Admission(settings.require_api_key, settings.max_inflight_per_model, shed_ms)
     discovery = Discovery(registry, settings.discovery_interval_ms / 1000, link.follow, admission.load)
     st = GatewayState(
         settings, registry, link, discovery, SystemShm(settings.allow_client_shm), admission, Stats()

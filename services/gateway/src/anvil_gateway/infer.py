@@ -22,6 +22,7 @@ from anvil_core.tensors import HostTensor, TensorError
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.backend import BackendUnavailable
+from anvil_gateway.hops import HOPS_HEADER, Hops
 from anvil_gateway.json_tensors import BadRequest
 from anvil_gateway.kserve import ParsedRequest, parse_request, release_all
 from anvil_gateway.responses import HEADER_LENGTH, infer_response
@@ -169,6 +170,7 @@ async def _run(
             raise BadRequest(f"model {name!r} has no outputs {unknown}; outputs: {sorted(known)}")
     except (BadRequest, SpecError, TensorError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
+    hops = Hops(t0)
     resp, outputs = await forward(
         st,
         spec,
@@ -179,12 +181,15 @@ async def _run(
         timeout_s,
         hdr[TRACE_HEADER],
         version,
+        hops,
     )
     served = resp.modelVersion or spec.version  # what answered
+    hdr[HOPS_HEADER] = hops.header(resp)
     try:
         response = infer_response(name, served, parsed, outputs, st.shm, hdr)
     except (BadRequest, ShmError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
+    hops.record(resp, priority)
     total_ns = time.perf_counter_ns() - t0
     rows = parsed.inputs[0].shape[0] if spec.max_batch > 0 and parsed.inputs else 1
     st.stats.success(name, spec.version, rows, total_ns, resp.queueUs * 1000, resp.computeUs * 1000)
@@ -199,7 +204,7 @@ def admit(st: GatewayState, model: str, tenant: str, priority: int) -> None:
     except Rejected as exc:
         m.admission_rejected.labels(tenant=tenant, priority=str(priority), reason=exc.reason).inc()
         retry = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-        raise Failed(429, str(exc), exc.reason, retry) from None
+        raise Failed(exc.status, str(exc), exc.reason, retry) from None
 
 
 async def forward(
@@ -212,11 +217,13 @@ async def forward(
     timeout_s: float,
     trace: str,
     version: str | None = None,
+    hops: Hops | None = None,
 ) -> tuple[pb.InferResponseT, list[HostTensor]]:
     """Admit one validated request, send it to the scheduler and return the answer's outputs, or
     raise Failed with a status (429 from admission, 503/504 from the backend, the executor's error).
     ``version``: the one the client named, else None: whichever version serves when the request
-    runs (a redeploy switches over without failing requests that named none)."""
+    runs (a redeploy switches over without failing requests that named none). ``hops``, when given,
+    gets the send and answer times (hops.py)."""
     admit(st, spec.name, tenant, priority)
     try:
         request_id = uuid.uuid4().hex
@@ -232,6 +239,8 @@ async def forward(
             inputs=codec.tensor_frames(inputs, payloads),
             outputs=outputs,
         )
+        if hops is not None:
+            hops.mark_sent()
         try:
             resp, frames = await st.link.infer(
                 request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
@@ -242,6 +251,8 @@ async def forward(
             raise Failed(
                 504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline"
             ) from None
+        if hops is not None:
+            hops.mark_answered()
         err = resp.error
         if err is not None and err.code != pb.ErrorCode.OK:
             kind = codec.ERROR_NAMES.get(err.code, "ERROR").lower()

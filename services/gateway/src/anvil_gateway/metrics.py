@@ -3,6 +3,8 @@ durations are in µs, as Triton's are."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 _US = (100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 5_000_000)
@@ -64,3 +66,24 @@ def record_success(
         series.queue.observe(queue)
     if compute is not None:
         series.compute.observe(compute)
+
+
+# Per hop and priority (issue #19; hops.py says what each hop spans). Labels are bounded: five hops,
+# priorities 1-3 (anything else is "other").
+HOP_NAMES = ("gateway_in", "scheduler_queue", "compute", "transit", "gateway_out")
+hop_us = Histogram(
+    "anvil_gateway_hop_us",
+    "Time of an answered request per hop, µs",
+    ["hop", "priority"],
+    buckets=(50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000),
+)
+_hop_series: dict[int, tuple[Any, ...]] = {}
+
+
+def hop_series(priority: int) -> tuple[Any, ...]:
+    """The five hop histograms of `priority`, resolved once (in HOP_NAMES order)."""
+    series = _hop_series.get(priority)
+    if series is None:
+        label = str(priority) if priority in (1, 2, 3) else "other"
+        series = _hop_series[priority] = tuple(hop_us.labels(hop=h, priority=label) for h in HOP_NAMES)
+    return series

@@ -40,6 +40,13 @@ class GatewaySettings(ServiceSettings):
     # POST /v2/repository/models/{m}/load answers once the model serves (as Triton's does), or 503
     # after this long (a large artifact loads and warms up in seconds to minutes).
     repository_load_wait_ms: int = 120_000
+    # Shedding by the gateway's own delay (overload.py, issue #19): while its event loop is this many
+    # ms behind, requests of the priority are answered 429 once parsed, so the CPU they would cost goes
+    # to priority 1 (never shed here: the scheduler's EDF protects it). 10 ms for batch class: a fifth
+    # of priority 1's 50 ms budget, past which the loop is saturated, not jittering (GC pauses and a
+    # shared core's run-queue delays stay under ~5 ms); 25 ms for standard, half the budget. 0: never.
+    shed_delay_ms_p2: float = 25.0
+    shed_delay_ms_p3: float = 10.0
 
     def slo_ms(self, priority: int) -> int:
         return {1: self.slo_p1_ms, 2: self.slo_p2_ms, 3: self.slo_p3_ms}[priority]

@@ -69,3 +69,14 @@ def forget_model(model: str, priorities: Iterable[int]) -> None:
                 metric.remove(*labels)  # type: ignore[attr-defined]
             except KeyError:
                 pass
+
+
+# Per hop and priority (issue #19). queue: admitted -> dispatched in a batch; executor_round_trip:
+# dispatched -> its batch's result back (both links, the executor's queue and its compute). Labels are
+# bounded: two hops, the configured priority classes.
+hop_us = Histogram(
+    "anvil_scheduler_hop_us",
+    "Time of a request per hop inside and behind the scheduler, µs",
+    ["hop", "priority"],
+    buckets=(50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000),
+)

@@ -15,6 +15,7 @@ raises while handling one message is caught, counted in ``anvil_dropped_messages
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -119,6 +120,7 @@ class Scheduler:
         self._applied_unloaded: frozenset[str] = frozenset()
         # each executor's last Register, to apply again when a model it lists is deployed again
         self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
+        self._hop_series: dict[tuple[str, int], Any] = {}
 
     def _router(self, port: int) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -155,7 +157,10 @@ class Scheduler:
         while not stop.is_set():
             now = time.monotonic()
             wait_s = 0.05 if next_wake is None else min(0.05, max(0.0, next_wake - now))
-            events = dict(poller.poll(int(wait_s * 1000)))
+            # Round up: zmq polls in whole ms, and int() made every wake-up under 1 ms away a spin
+            # (EDF+PID wakes at the predicted end of the running batch, often < 1 ms ahead on a fast
+            # model: the scheduler then burnt a core that the gateway needed, #19). Late by < 1 ms.
+            events = dict(poller.poll(math.ceil(wait_s * 1000)))
             if self.gw in events:
                 self._drain(self.gw, self._on_gateway)
             if self.ex in events:
@@ -328,7 +333,9 @@ class Scheduler:
         for r in batch.requests:
             ticket = _ticket(r)
             counts.append(1 + len(ticket.frames))
-            queue_us.append(int((now - r.arrival_s) * 1e6))
+            queued_us = int((now - r.arrival_s) * 1e6)
+            queue_us.append(queued_us)
+            self._hop("queue", r.priority).observe(queued_us)
             frames.append(ticket.envelope)
             frames.extend(ticket.frames)
         msg = pb.BatchT(batchId=str(batch.batch_id), model=batch.model, frameCounts=counts, queueUs=queue_us)
@@ -366,6 +373,7 @@ class Scheduler:
                 r = answered.pop(resp.requestId or "", None)
                 if r is not None:
                     m.requests.labels(model=r.model, outcome="answered").inc()
+                    self._hop("executor_round_trip", r.priority).observe((now - sent) * 1e6)
                     replies.setdefault(_ticket(r).gateway, []).append(group)
         except codec.ProtocolError as exc:  # the batch's requests still get an answer below
             self.drops.drop(exc.reason, f"malformed batch result from {eid!r}: {exc}")
@@ -379,6 +387,13 @@ class Scheduler:
                 pb.ErrorCode.INTERNAL,
                 "executor returned no result for this request",
             )
+
+    def _hop(self, hop: str, priority: int) -> Any:
+        """The hop histogram of (hop, priority), resolved once (priorities are the configured ones)."""
+        series = self._hop_series.get((hop, priority))
+        if series is None:
+            series = self._hop_series[(hop, priority)] = m.hop_us.labels(hop=hop, priority=str(priority))
+        return series
 
     def _release(self, rel: Release, code: int, reason: str) -> None:
         m.redispatched.inc(len(rel.requeued))

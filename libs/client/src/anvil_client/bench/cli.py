@@ -241,6 +241,9 @@ def _print_summary(s: dict[str, Any]) -> None:
             f"  priority {p}: p99 {d['latency_ms']['p99']} ms, SLO {d['slo_ms']:g} ms, "
             f"attainment {d['slo_attainment']}"
         )
+        hops = {k: v for k, v in d.get("hops_ms", {}).items() if k != "requests"}
+        if hops:
+            print("    hops ms p50/p99: " + ", ".join(f"{k} {v['p50']}/{v['p99']}" for k, v in hops.items()))
     if s["errors"]:
         print("  errors: " + ", ".join(f"{k} x{v}" for k, v in s["errors"].items()))
     print("  generator lag ms: p99 {p99} max {max}".format(**s["generator"]["lag_ms"]))

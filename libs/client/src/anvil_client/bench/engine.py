@@ -23,8 +23,10 @@ from anvil_client.bench.http1 import Endpoint, HttpError, Pool
 from anvil_client.bench.workload import ID_WIDTH, Workload, request_id, response_id
 from anvil_client.bench.zerocopy import ZeroCopySender
 
-__all__ = ["Engine", "Progress", "RunResult"]
+__all__ = ["HOPS", "Engine", "Progress", "RunResult", "parse_hops"]
 
+HOPS = ("gateway_in", "scheduler_queue", "compute", "transit")  # the gateway's x-anvil-hops-us header
+_HOP_KEYS = {"in": 0, "queue": 1, "compute": 2, "transit": 3}
 TRANSPORT_ERROR = 0  # status recorded when no HTTP response came back
 CLIENT_TIMEOUT = -1
 _MIN_SLEEP_S = 0.001
@@ -48,6 +50,7 @@ class RunResult:
     connections_opened: int
     mode: str
     meta: dict[str, object] = field(default_factory=dict)
+    hops_us: np.ndarray | None = None  # (n, len(HOPS)) f64 µs from the gateway's header (nan: none)
 
     @property
     def latency_s(self) -> np.ndarray:
@@ -201,10 +204,26 @@ class Engine:
         resp = await pool.request(head, before + rid + after)
         if resp.status != 200:
             return resp.status, resp.body[:300].decode("utf-8", "replace")
+        hops = resp.headers.get("x-anvil-hops-us")
+        if hops is not None:
+            parse_hops(hops, rec.hops[i])
         echoed = response_id(resp.body, resp.headers.get("inference-header-content-length"))
         if echoed is not None and echoed != rid:
             rec.id_mismatches += 1
         return 200, None
+
+
+def parse_hops(value: str, out: np.ndarray) -> None:
+    """Fill ``out`` (len(HOPS),) with the µs of ``in=..,queue=..,compute=..,transit=..``; unknown keys
+    and unreadable numbers are skipped (a gateway of another version may send others)."""
+    for item in value.split(","):
+        key, _, num = item.partition("=")
+        j = _HOP_KEYS.get(key.strip())
+        if j is not None:
+            try:
+                out[j] = float(num)
+            except ValueError:
+                continue
 
 
 def _cancel(task: asyncio.Task[None] | None) -> None:
@@ -219,6 +238,7 @@ class _Recorder:
         self.done = np.full(n, np.nan)
         self.status = np.full(n, -2, np.int16)  # -2: never sent
         self.answers = np.zeros(n, np.int16)
+        self.hops = np.full((n, len(HOPS)), np.nan)
         self.priority, self.tenant = wl.pick(n)
         self.reasons: dict[int, str] = {}
         self.id_mismatches = 0
@@ -268,6 +288,7 @@ class _Recorder:
             opened,
             mode,
             meta,
+            self.hops[:n].copy(),
         )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from anvil_client.bench.engine import RunResult
+from anvil_client.bench.engine import HOPS, RunResult
 from anvil_client.bench.scrape import BatchSamples
 
 __all__ = ["SLO_MS", "summarize", "write_reports"]
@@ -62,6 +62,7 @@ def summarize(
             "ok": int((sel & ok).sum()),
             "latency_ms": _pct(lat_ms[sel & ok]),
             "slo_attainment": round(float(good.sum() / max(1, sel.sum())), 5),
+            "hops_ms": hop_breakdown(r, sel & ok, lat_ms),
         }
     errors: dict[str, int] = {}
     for i, text in r.reasons.items():
@@ -88,6 +89,26 @@ def summarize(
         "id_mismatches": r.id_mismatches,
         "generator": {"lag_ms": _pct(lag_ms), "connections_opened": r.connections_opened},
     }
+
+
+def hop_breakdown(r: RunResult, sel: np.ndarray, lat_ms: np.ndarray) -> dict[str, Any]:
+    """Per hop, p50/p99/mean in ms over the selected requests that carried the gateway's hop header,
+    plus ``outside`` = latency - the reported hops (HTTP accept and parse before the handler, the
+    response's encoding and write, the client, the generator's lag)."""
+    if r.hops_us is None:
+        return {}
+    has = sel & np.isfinite(r.hops_us).all(axis=1)
+    if not has.any():
+        return {}
+    hops_ms = r.hops_us[has] / 1e3
+    cols = {name: hops_ms[:, j] for j, name in enumerate(HOPS)}
+    cols["outside"] = lat_ms[has] - hops_ms.sum(axis=1)
+    out: dict[str, Any] = {"requests": int(has.sum())}
+    for name, x in cols.items():
+        p50, p99 = np.percentile(x, (50, 99))
+        out[name] = {"p50": round(float(p50), 3), "p99": round(float(p99), 3)}
+        out[name]["mean"] = round(float(x.mean()), 3)
+    return out
 
 
 def series(r: RunResult, bin_s: float = 1.0) -> dict[str, list[float]]:
@@ -141,11 +162,19 @@ def _sections(s: dict[str, Any]) -> list[tuple[str, list[str], list[list[object]
         for p, d in s["priorities"].items()
     ]
     err_rows: list[list[object]] = [[k, v] for k, v in s["errors"].items()] or [["none", 0]]
+    hop_rows = [
+        [p, hop, h["mean"], h["p50"], h["p99"]]
+        for p, d in s["priorities"].items()
+        for hop, h in d.get("hops_ms", {}).items()
+        if hop != "requests"
+    ]
     return [
         ("Summary", ["metric", "value"], head),
         ("Per priority (latency of 200s, ms, from the intended send time)",
          ["priority", "SLO ms", "sent", "ok", "p50", "p99", "p99.9", "SLO attainment"], prio_rows),
         ("Errors by reason", ["reason", "count"], err_rows),
+        ("Per priority and hop (ms; from the gateway's x-anvil-hops-us header; outside = the rest)",
+         ["priority", "hop", "mean", "p50", "p99"], hop_rows or [["-", "no hop header", "", "", ""]]),
     ]  # fmt: skip
 
 

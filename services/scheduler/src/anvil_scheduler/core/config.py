@@ -56,6 +56,11 @@ class SchedulerConfig:
     # An executor counts as idle (work-conserving trigger) when its predicted in-flight work ends within
     # this lead: the batch travels while the previous one finishes, so the device never waits on the wire.
     dispatch_lead_us: int = 300
+    # Credits an executor grants beyond its own to an urgent batch (one carrying top-priority work), so
+    # that priority 1 never waits in the scheduler for a credit that lower-priority batches hold; the
+    # executor runs urgent batches first, so such a batch waits at most for the one running (#19). One is
+    # enough: urgent batches are rare (10% of requests) and two urgent batches queue in EDF order anyway.
+    reserved_credits: int = 1
     # Attempts per request before an executor failure is final (1 original + 1 re-dispatch).
     max_attempts: int = 2
     # How long answered request ids are remembered to suppress duplicates and late results. Must exceed
@@ -79,6 +84,8 @@ class SchedulerConfig:
             raise ValueError(f"priority numbers must be unique, got {[p.priority for p in self.priorities]}")
         if self.max_queue_depth < 1:
             raise ValueError(f"max_queue_depth must be >= 1, got {self.max_queue_depth}")
+        if self.reserved_credits < 0:
+            raise ValueError(f"reserved_credits must be >= 0, got {self.reserved_credits}")
         if self.slack_guard_us < 0 or self.dispatch_lead_us < 0 or not 0 <= self.slack_guard_fraction < 1:
             raise ValueError("need slack_guard_us >= 0, dispatch_lead_us >= 0, 0 <= slack_guard_fraction < 1")
         if self.max_attempts < 1:

@@ -96,7 +96,7 @@ class SchedulerCore:
         self.policy = policy
         self.config = config or SchedulerConfig()
         self.profiles = ProfileBook(prior)
-        self.pool = ExecutorPool()
+        self.pool = ExecutorPool(self.config.reserved_credits)
         self.ledger = RequestLedger(self.config.dedup_window_s)
         self.slo = SLOTracker(self.config.slo_window_s)
         self.sheds = ShedCounters()
@@ -253,7 +253,10 @@ class SchedulerCore:
                     sheds.append(self._shed(queue.pop(), ShedReason.DEADLINE, now_s))
                     continue
                 cap = self.policy.batch_limit(model)
-                place = self.pool.place(model, len(queue), cap, predict, now_s, lead_s)
+                # A batch led by top-priority work may take a reserved credit (and runs first); the head
+                # always rides in the batch formed below, so the reserve serves only such batches.
+                urgent = head.priority == self._top_priority
+                place = self.pool.place(model, len(queue), cap, predict, now_s, lead_s, urgent)
                 if place is None:
                     break  # no executor of this model has a credit: a completion will poll again
                 guard_s = self.config.guard_s(place.finish_s - now_s)
@@ -285,7 +288,7 @@ class SchedulerCore:
                         sheds.append(self._shed(queue.pop(), reason, now_s))
                         continue
                 reqs = queue.pop_batch(size)
-                batches.append(self._form(model, reqs, place.executor_id, place.device, now_s))
+                batches.append(self._form(model, reqs, place.executor_id, place.device, now_s, urgent))
             head = queue.peek()
             if head is not None and self.policy.sheds and not head.probe:
                 wake = min(wake, self._hopeless_at_s(head))  # wake when the head turns hopeless: answer it
@@ -340,7 +343,9 @@ class SchedulerCore:
                 return 0
         return size
 
-    def _form(self, model: str, reqs: list[Request], executor_id: str, device: str, now_s: float) -> Batch:
+    def _form(
+        self, model: str, reqs: list[Request], executor_id: str, device: str, now_s: float, urgent: bool
+    ) -> Batch:
         batch = Batch(
             next(self._batch_ids),
             model,
@@ -354,7 +359,7 @@ class SchedulerCore:
         self._last_release_s[model] = now_s
         for r in reqs:
             r.advance(RequestState.BATCHED)
-        self.pool.assign(batch, now_s)
+        self.pool.assign(batch, now_s, urgent)
         for r in reqs:
             r.advance(RequestState.EXECUTING)
             r.attempts += 1
@@ -371,7 +376,7 @@ class SchedulerCore:
     def on_batch_done(self, batch_id: int, executor_id: str, exec_time_s: float, now_s: float) -> Completion:
         """Results of a batch arrived. ``exec_time_s`` is the executor's own timing of the batch."""
         self._tick(now_s)
-        batch = self.pool.complete(batch_id, executor_id, now_s)
+        batch = self.pool.complete(batch_id, executor_id, now_s, exec_time_s)
         if batch is None:
             _, ids = self._retired.pop(batch_id, (now_s, ()))
             self.ledger.drop_late(len(ids))

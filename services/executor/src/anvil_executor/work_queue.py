@@ -1,0 +1,67 @@
+"""The executor's queue of received batches, most urgent first (issue #19).
+
+The scheduler may send a batch that carries top-priority work while lower-priority batches already
+wait here (it grants such a batch a reserved credit): that batch must run next, after the one running,
+not after every batch queued ahead of it. A batch's rank is the most urgent priority among its requests
+(read from their envelopes: 1 = interactive); equal ranks run in arrival order.
+
+Producer: the I/O loop (``put``). Consumer: the compute thread (``get``, blocking). ``None`` is the
+stop marker; it ranks after every batch, so the queued work is finished before the thread ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from typing import Any
+
+from anvil_core import codec
+from anvil_core.codec import pb
+from anvil_executor import metrics as m
+
+__all__ = ["BatchQueue", "batch_priority"]
+
+Item = tuple[pb.BatchT, list[Any]]
+_LAST = 1 << 16  # ranks after any priority (a ubyte on the wire); the stop marker's rank
+
+
+def batch_priority(batch: pb.BatchT, frames: list[Any]) -> int:
+    """The most urgent (lowest) priority among the batch's requests; a malformed batch ranks last
+    (run_batch answers it with its error in its turn)."""
+    try:
+        groups = codec.split_groups(frames, list(batch.frameCounts or ()))
+        return min((int(codec.read_request(g[0]).priority) for g in groups), default=_LAST)
+    except Exception:  # any decoding error: run_batch answers it with the reason
+        return _LAST
+
+
+class BatchQueue:
+    """Thread-safe priority queue of (Batch, frames); ``get`` blocks until an item is there."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, float, Item | None]] = []  # (rank, seq, put at s, item)
+        self._seq = itertools.count()
+        self._ready = threading.Condition(threading.Lock())
+
+    def put(self, item: Item | None) -> None:
+        rank = _LAST if item is None else batch_priority(*item)
+        with self._ready:
+            heapq.heappush(self._heap, (rank, next(self._seq), time.perf_counter(), item))
+            self._ready.notify()
+
+    def get(self) -> Item | None:
+        with self._ready:
+            while not self._heap:
+                self._ready.wait()
+            rank, _, put_at, item = heapq.heappop(self._heap)
+        if item is not None:  # the hop "queued": received -> compute starts, by the batch's rank
+            m.hop_us.labels(hop="queued", priority=m.priority_label(rank)).observe(
+                (time.perf_counter() - put_at) * 1e6
+            )
+        return item
+
+    def __len__(self) -> int:
+        with self._ready:
+            return len(self._heap)
