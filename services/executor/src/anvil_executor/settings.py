@@ -17,8 +17,10 @@ class ExecutorSettings(ServiceSettings):
     # Batches in flight at once (flow-control credits): 2 keeps the device busy while the next
     # batch is received, without queueing work here that the scheduler could still re-order.
     credits: int = 2
-    # Comma-separated built-in models to load at start-up.
-    models: str = "identity,mlp"
+    # Comma-separated built-in models to load at start-up. `minilm` (or `all-MiniLM-L6-v2`): the
+    # compiled all-MiniLM-L6-v2 artifact, served under both names (models/minilm.py); skipped with
+    # one log line saying why where its package or the compiler is missing.
+    models: str = "identity,mlp,minilm"
     # The `busy` stand-in device: t(B) = base + per_row x rows, sleeping (tests and simulations).
     busy_base_us: int = 4000
     busy_per_row_us: int = 500
