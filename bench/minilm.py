@@ -130,8 +130,9 @@ def accuracy(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
 MODEL = "all-MiniLM-L6-v2"  # the served id (`minilm` is its alias)
 
 
-def start_minilm_stack(tmp: Path) -> tuple[subprocess.Popen[str], str]:
-    proc, _, url = start_stack(tmp, {"ANVIL_MODELS": "minilm", "ANVIL_SLO_P2_MS": "60000"})
+def start_minilm_stack(tmp: Path, threads: int) -> tuple[subprocess.Popen[str], str]:
+    env = {"ANVIL_MODELS": "minilm", "ANVIL_SLO_P2_MS": "60000", "ANVIL_COMPUTE_THREADS": str(threads)}
+    proc, _, url = start_stack(tmp, env)
     return proc, url
 
 
@@ -221,6 +222,12 @@ def main() -> None:
     ap.add_argument(
         "--simulate", choices=("fp16", "int8"), default="", help="plan: unquantized, linears as fp16/int8"
     )
+    ap.add_argument(
+        "--compute-threads",
+        type=int,
+        default=1,
+        help="numba threads: executor, in-process rows",
+    )
     ap.add_argument("--note", default="", help="a sentence about the run's conditions, kept in the results")
     args = ap.parse_args()
     texts = sentences(args.sentences)
@@ -244,7 +251,7 @@ def main() -> None:
         print(acc, flush=True)
         write(acc, speed, args.note)
         return
-    proc, url = start_minilm_stack(Path(tempfile.mkdtemp(prefix="anvil-minilm-")))
+    proc, url = start_minilm_stack(Path(tempfile.mkdtemp(prefix="anvil-minilm-")), args.compute_threads)
     try:
         got = asyncio.run(anvil_embed(url, texts))
         acc = {"encoder": "served", **accuracy(got, ref)}
@@ -263,12 +270,15 @@ def main() -> None:
             r = st_speed(st, texts, batch, args.seconds)
             speed.append({"system": ST, "batch": batch, **r})
             print(speed[-1], flush=True)
+        import numba
+
+        numba.set_num_threads(args.compute_threads)
         model = served_in_process()
         for batch in (1, 16, 64):
             r = inproc_speed(model, texts, batch, args.seconds)
             speed.append({"system": INPROC, "batch": batch, **r})
             print(speed[-1], flush=True)
-    write(acc, speed, args.note)
+    write(acc, speed, args.note, args.compute_threads)
 
 
 HTTP = "anvil over HTTP (served plan)"
@@ -305,27 +315,25 @@ def _label(row: dict[str, Any]) -> str:
     return f"plan INT4 g{o['group_size']} {how}{' + clip search' if o.get('clip_search') else ''}{keep}"
 
 
-def _meta(note: str) -> dict[str, Any]:
-    import numba
-
+def _meta(note: str, threads: int) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "commit": commit.stdout.strip(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "torch_threads": __import__("torch").get_num_threads(),
-        "numba_threads": numba.get_num_threads(),
+        "compute_threads": threads,
         "note": note,
     }
 
 
-def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None, note: str = "") -> None:
+def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None, note: str = "", threads: int = 1) -> None:
     """Merge this run into bench/results/minilm.{json,md}: its accuracy row replaces the row of the
     same encoder and options; without ``speed`` the stored speed section (and its date) stays.
     Rows of encoders that no longer exist (the numpy reference) are dropped."""
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    meta = _meta(note)
+    meta = _meta(note, threads)
     path = out / "minilm.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     rows = old.get("accuracy", [])
@@ -375,7 +383,7 @@ def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None, note: str = "
         "",
         f"{speed_meta['date']}, commit {speed_meta.get('commit', '?')}, {speed_meta['machine']}, "
         f"torch threads {speed_meta['torch_threads']}, "
-        f"numba threads {speed_meta.get('numba_threads', '?')}. HTTP rows: "
+        f"Anvil's compute threads (numba) {speed_meta.get('compute_threads', '?')}. HTTP rows: "
         "`--seconds` of closed-loop clients, one sentence a request; the other rows: batches of "
         "that many sentences in one call. Same machine, same run. " + (speed_meta.get("note") or ""),
         "",

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numba
 import redis.asyncio as aioredis
 import zmq
 
@@ -50,6 +51,7 @@ class Executor:
         self.fault: BaseException | None = None  # a CUDA fault ends the process (the launcher restarts it)
         if settings.blas_threads > 0 and not set_blas_threads(settings.blas_threads):
             log.info("numpy does not use OpenBLAS here: blas_threads not applied")
+        self._set_compute_threads()  # this thread loads and warms up the built-ins
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
         self.bg = Background("executor-redis")
         # warmed up before the registry starts: nothing is advertised cold (warmup.py)
@@ -92,6 +94,11 @@ class Executor:
             on_beat=self._on_beat,
         )
 
+    def _set_compute_threads(self) -> None:
+        """numba's thread count is per calling thread: each thread that runs models sets it."""
+        if self.s.compute_threads > 0:
+            numba.set_num_threads(min(self.s.compute_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+
     def _load(self, name: str) -> dict[str, Model]:
         """A built-in, warmed up, under each of its served names ({} when it cannot load here)."""
         if name == minilm.SERVED_ID:
@@ -113,6 +120,7 @@ class Executor:
     def _reload_builtin(self, name: str) -> Model:
         """The loader's hook for a built-in that was unloaded and is loaded again (one served name;
         raises when it cannot load). MiniLM's other name, when still served, lends its model object."""
+        self._set_compute_threads()  # a loader thread
         if name in minilm.NAMES:
             twin = next((self.models[n] for n in minilm.NAMES if n != name and n in self.models), None)
             if twin is not None:
@@ -155,6 +163,7 @@ class Executor:
         """Loader thread (numba warm-up is slow): a warm model of the artifact; raises on failure."""
         from anvil_executor.artifact import load_artifact
 
+        self._set_compute_threads()  # a loader thread: numba's thread count is per thread
         if not _ARTIFACT_ID.fullmatch(artifact):  # a name from Redis, joined to a path: ids only
             raise ValueError(f"artifact id {artifact[:80]!r} is not a content hash (hex)")
         gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
@@ -297,6 +306,7 @@ class Executor:
 
     # ---- compute thread -----------------------------------------------------------------------
     def _compute_loop(self) -> None:
+        self._set_compute_threads()
         done_tx = self.ctx.socket(zmq.PAIR)
         done_tx.connect(f"inproc://done-{id(self)}")
         try:
