@@ -30,7 +30,7 @@ __all__ = ["f32_linear"]
 MIN_BLOCK, MAX_BLOCK = 16, 256  # rows per task: enough for sgemm to reach its speed, small for balance
 
 
-@njit(fastmath=_jit.REDUCE, cache=True, error_model="numpy")
+@njit(fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
 def _ln_row(
     y: np.ndarray,
     bias: np.ndarray,
@@ -61,7 +61,7 @@ def _ln_row(
         o[i] = (y[i] - mu) * rstd * gamma[i] + beta[i]
 
 
-@njit(fastmath=_jit.ELEMENTWISE, cache=True, error_model="numpy")
+@njit(fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
 def _act_row(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no cover (numba)
     half, inv_sqrt2 = np.float32(0.5), np.float32(0.7071067811865476)
     use_bias = bias.size > 0
@@ -80,7 +80,7 @@ def _act_row(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no c
         y[i] = t
 
 
-@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
 def _linear_blocks(
     sgemm: Any,
     x: np.ndarray,  # (M, K) f32

@@ -58,7 +58,7 @@ P0, P1, P2, P3, P4, P5, P6 = (np.float32(c) for c in _P)
 Q0, Q1, Q2, Q3, Q4, Q5 = (np.float32(c) for c in _Q)
 
 
-@njit(fastmath=_jit.ELEMENTWISE, cache=True, inline="always", error_model="numpy")
+@njit(fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, inline="always", error_model="numpy")
 def erf_fast(x: float) -> float:  # pragma: no cover (numba)
     """erf of a float32 value, branch-free (vectorizable)."""
     c = min(max(np.float32(x), np.float32(-4.0)), np.float32(4.0))
@@ -68,7 +68,7 @@ def erf_fast(x: float) -> float:  # pragma: no cover (numba)
     return c * p / q
 
 
-@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
 def _bias_act(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no cover (numba)
     rows, n = y.shape
     use_bias = bias.size > 0
@@ -103,7 +103,7 @@ def bias_act(y: np.ndarray, bias: np.ndarray | None, act: str) -> np.ndarray:
     return y
 
 
-@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
 def _bias_res_ln(
     y: np.ndarray,  # (R, H) f32, GEMM output (overwritten with y + bias + residual)
     bias: np.ndarray,  # (H,) f32 or (0,)
@@ -183,7 +183,7 @@ def _check_cu(cu: np.ndarray, rows: int) -> int:
     return int(cu.size - 1)
 
 
-@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
 def _embed_ln(
     ids: np.ndarray,  # (N,) int
     cu: np.ndarray,  # (S+1,) int64
@@ -248,7 +248,7 @@ def embed_ln_varlen(
     return out
 
 
-@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
 def _attention_varlen(
     qkv: np.ndarray,  # (N, C) f32: q, k, v of every head at column offsets q0, k0, v0
     cu: np.ndarray,  # (S+1,) int64
@@ -325,7 +325,7 @@ def attention_varlen(
     return out
 
 
-@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
 def _mean_pool_varlen(x: np.ndarray, cu: np.ndarray, normalize: bool, out: np.ndarray) -> None:
     n_seq = cu.size - 1
     h = x.shape[1]
