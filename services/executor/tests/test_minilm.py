@@ -117,3 +117,19 @@ def test_minilm_is_a_cached_artifact_served_under_both_names(tmp_path: Path) -> 
         len(served.tokenizer.encode(s).ids)
         for s in SENTENCES  # type: ignore[attr-defined]
     ]
+
+
+def test_a_reloaded_name_of_minilm_shares_the_served_model(tmp_path: Path) -> None:
+    """The loader's hook (an unloaded built-in loaded again): while the other name is served, the
+    reloaded one is the same model object, not a second copy of the encoder."""
+    from anvil_executor.models.builtin import IdentityModel
+
+    inner = IdentityModel(8)  # stands in for the served encoder: only its identity matters here
+    ex = Executor.__new__(Executor)
+    ex.s = ExecutorSettings(artifact_dir=str(tmp_path), max_batch=8)
+    ex.device = parse_device("cpu")
+    ex.models = {minilm.SERVED_ID: inner}
+    alias = ex._reload_builtin("minilm")
+    assert isinstance(alias, minilm.AliasModel) and alias.inner is inner and alias.spec.name == "minilm"
+    ex.models = {"minilm": alias}
+    assert ex._reload_builtin(minilm.SERVED_ID) is inner
