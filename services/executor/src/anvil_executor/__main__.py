@@ -1,5 +1,6 @@
 """`python -m anvil_executor`: run one executor process."""
 
+from anvil_core.logs import setup_logging
 from anvil_core.runtime import run_sync_service
 from anvil_executor.service import Executor
 from anvil_executor.settings import ExecutorSettings
@@ -7,6 +8,9 @@ from anvil_executor.settings import ExecutorSettings
 
 def main() -> None:
     settings = ExecutorSettings()
+    # before the models load: their compile progress, warm-up times and "not served" reasons are
+    # logged while Executor() runs (run_sync_service sets the same logging up again, idempotently)
+    setup_logging("executor", settings.log_level)
     run_sync_service("executor", settings, Executor(settings).run)
 
 

@@ -5,8 +5,9 @@ of a sentence encoder that carries its tokenizer (``tokenizer.json``, written by
 the deployed HF directory) and whose plan has ``input_ids``/``attention_mask`` inputs and a
 ``sentence_embedding`` output is served as text: a ``TextEmbeddingModel`` (TEXT BYTES in, EMBEDDING
 FP32 and TOKENS out) over the plan, so ``/v1/embeddings`` and KServe BYTES inputs work for it like
-for the built-in ``minilm``. Sequences are padded to the plan runtime's buckets, so a GPU plan meets
-its captured CUDA graphs.
+for the built-in ``minilm`` (which is itself such an artifact, models/minilm.py). On the CPU the
+encoder runs packed (no padding: plan_runtime/packed.py); on a GPU sequences are padded to the plan
+runtime's buckets, so the plan meets its captured CUDA graphs.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import numpy as np
 
 from anvil_executor.device import DeviceSpec
 from anvil_executor.models.base import Model
-from anvil_executor.models.text_embedding import Encoder, TextEmbeddingModel
+from anvil_executor.models.text_embedding import Encoder, PackedEncoder, TextEmbeddingModel
 from anvil_executor.plan_runtime.buckets import seq_buckets
 from anvil_executor.plan_runtime.io import PlanIO
+from anvil_executor.plan_runtime.packed import PackedRunner
 
-__all__ = ["load_artifact", "plan_encoder"]
+__all__ = ["load_artifact", "packed_encoder", "plan_encoder"]
 
 TEXT_INPUTS = ("input_ids", "attention_mask")
 EMBEDDING_OUTPUT = "sentence_embedding"
@@ -38,6 +40,15 @@ def plan_encoder(plan: PlanIO, output: str = EMBEDDING_OUTPUT) -> Encoder:
             for s in range(0, len(ids), step)
         ]
         return np.concatenate([o[output] for o in plan.run(reqs)], axis=0).astype(np.float32, copy=False)
+
+    return encode
+
+
+def packed_encoder(runner: PackedRunner, output: str = EMBEDDING_OUTPUT) -> PackedEncoder:
+    """(ids (N,), cu (S+1,)) -> (S, D) through a CPU plan's packed runner (a copy out of the arena)."""
+
+    def encode(ids: np.ndarray, cu: np.ndarray) -> np.ndarray:
+        return np.array(runner.run(ids, cu)[output], np.float32)
 
     return encode
 
@@ -82,6 +93,7 @@ def load_artifact(
     if not is_text_encoder(plan, path):
         return plan, plan
     dim = next(int(d[-1]) for n, _, _, d in plan.outputs if n == EMBEDDING_OUTPUT)
+    runner: PackedRunner | None = getattr(plan, "packed", None)  # CPU plans that run packed
     model = TextEmbeddingModel(
         name,
         path / "tokenizer.json",
@@ -91,5 +103,7 @@ def load_artifact(
         max_tokens=plan.max_seq,
         buckets=seq_buckets(plan.max_seq),
         encoder_rows=plan.max_batch,  # one plan run (one graph replay on a GPU) per chunk
+        packed=packed_encoder(runner) if runner is not None else None,
+        packed_tokens=plan.max_batch * plan.max_seq,  # the arena's planned token rows
     )
     return model, plan

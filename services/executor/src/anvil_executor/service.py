@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numba
 import redis.asyncio as aioredis
 import zmq
 
@@ -28,7 +29,7 @@ from anvil_executor import metrics as m
 from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.loader import ModelLoader
-from anvil_executor.models import Model, load_builtin
+from anvil_executor.models import Model, load_builtin, minilm
 from anvil_executor.models.builtin import BusyModel
 from anvil_executor.settings import ExecutorSettings
 from anvil_executor.warmup import warm_up
@@ -50,14 +51,18 @@ class Executor:
         self.fault: BaseException | None = None  # a CUDA fault ends the process (the launcher restarts it)
         if settings.blas_threads > 0 and not set_blas_threads(settings.blas_threads):
             log.info("numpy does not use OpenBLAS here: blas_threads not applied")
+        self._set_compute_threads()  # this thread loads and warms up the built-ins
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
         self.bg = Background("executor-redis")
         # warmed up before the registry starts: nothing is advertised cold (warmup.py)
+        builtins: dict[str, Model] = {}
+        for n in dict.fromkeys(minilm.SERVED_ID if n in minilm.NAMES else n for n in names):
+            builtins.update(self._load(n))
         self.loader = ModelLoader(
             settings.service_id,
             str(self.device),
-            {n: self._warm(self._load(n)) for n in names},
-            lambda n: self._warm(self._load(n)),
+            builtins,
+            self._reload_builtin,
             self._load_artifact,
             on_change=lambda: self.bg.post(self._register),  # the scheduler learns the served set
             retry_base_s=settings.load_retry_base_ms / 1000,
@@ -89,10 +94,44 @@ class Executor:
             on_beat=self._on_beat,
         )
 
-    def _load(self, name: str) -> Model:
+    def _set_compute_threads(self) -> None:
+        """numba's thread count is per calling thread: each thread that runs models sets it."""
+        if self.s.compute_threads > 0:
+            numba.set_num_threads(min(self.s.compute_threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+
+    def _load(self, name: str) -> dict[str, Model]:
+        """A built-in, warmed up, under each of its served names ({} when it cannot load here)."""
+        if name == minilm.SERVED_ID:
+            try:
+                art = Path(self.s.artifact_dir)
+                gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
+                models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
+            except minilm.MiniLMUnavailable as exc:  # said once; the executor serves the others
+                log.warning("built-in model not served", extra={"model": name, "reason": str(exc)})
+                return {}
+            self._warm(models[name])  # the aliases share its model object
+            return models
         if name == "busy":
-            return BusyModel(self.s.max_batch, self.s.busy_base_us, self.s.busy_per_row_us)
-        return load_builtin(name, self.s.max_batch)
+            return {
+                name: self._warm(BusyModel(self.s.max_batch, self.s.busy_base_us, self.s.busy_per_row_us))
+            }
+        return {name: self._warm(load_builtin(name, self.s.max_batch))}
+
+    def _reload_builtin(self, name: str) -> Model:
+        """The loader's hook for a built-in that was unloaded and is loaded again (one served name;
+        raises when it cannot load). MiniLM's other name, when still served, lends its model object."""
+        self._set_compute_threads()  # a loader thread
+        if name in minilm.NAMES:
+            twin = next((self.models[n] for n in minilm.NAMES if n != name and n in self.models), None)
+            if twin is not None:
+                inner = twin.inner if isinstance(twin, minilm.AliasModel) else twin
+                return inner if name == minilm.SERVED_ID else minilm.AliasModel(inner, name)
+            art, gpu = Path(self.s.artifact_dir), {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
+            models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
+            self._warm(models[minilm.SERVED_ID])
+            return models[name]
+        (model,) = self._load(name).values()
+        return model
 
     def _warm(self, model: Model) -> Model:
         warm_up(model, self.s.max_batch)
@@ -124,6 +163,7 @@ class Executor:
         """Loader thread (numba warm-up is slow): a warm model of the artifact; raises on failure."""
         from anvil_executor.artifact import load_artifact
 
+        self._set_compute_threads()  # a loader thread: numba's thread count is per thread
         if not _ARTIFACT_ID.fullmatch(artifact):  # a name from Redis, joined to a path: ids only
             raise ValueError(f"artifact id {artifact[:80]!r} is not a content hash (hex)")
         gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
@@ -266,6 +306,7 @@ class Executor:
 
     # ---- compute thread -----------------------------------------------------------------------
     def _compute_loop(self) -> None:
+        self._set_compute_threads()
         done_tx = self.ctx.socket(zmq.PAIR)
         done_tx.connect(f"inproc://done-{id(self)}")
         try:

@@ -17,8 +17,10 @@ class ExecutorSettings(ServiceSettings):
     # Batches in flight at once (flow-control credits): 2 keeps the device busy while the next
     # batch is received, without queueing work here that the scheduler could still re-order.
     credits: int = 2
-    # Comma-separated built-in models to load at start-up.
-    models: str = "identity,mlp"
+    # Comma-separated built-in models to load at start-up. `minilm` (or `all-MiniLM-L6-v2`): the
+    # compiled all-MiniLM-L6-v2 artifact, served under both names (models/minilm.py); skipped with
+    # one log line saying why where its package or the compiler is missing.
+    models: str = "identity,mlp,minilm"
     # The `busy` stand-in device: t(B) = base + per_row x rows, sleeping (tests and simulations).
     busy_base_us: int = 4000
     busy_per_row_us: int = 500
@@ -29,6 +31,12 @@ class ExecutorSettings(ServiceSettings):
     # that the gateway and scheduler on the same host need (mlp4x1024 at 64 clients on 2 cores:
     # 660-860 req/s at the default, 1,360-1,460 at 1; bench/serving_peers.py).
     blas_threads: int = 1
+    # numba threads for models' CPU kernels (the plan runtime, anvil_kernels), set in every thread
+    # that runs a model; 0 keeps numba's default (all cores). 1 by default for the same reason as
+    # blas_threads: a parallel region waits at its barrier for every worker, and with the gateway
+    # and scheduler on the same 2 cores a worker is often descheduled (all-MiniLM-L6-v2, 160-token
+    # fp32 linear on a busy 2-core machine: 13-16 ms at 2 threads, 1.8 ms at 1).
+    compute_threads: int = 1
     # GPU plans (ANVIL_DEVICE=cuda:N): "cublas" runs fp32 linears on cuBLAS with the plan's epilogue
     # fused after it; "plan" runs every op with the compiler's kernels (CUDA cores only).
     gpu_gemm: Literal["cublas", "plan"] = "cublas"

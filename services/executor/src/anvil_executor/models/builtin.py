@@ -154,14 +154,11 @@ BUILTIN: dict[str, Callable[[int], Model]] = {
 
 
 def load_builtin(name: str, max_batch: int) -> Model:
-    if name == "minilm":
-        from anvil_executor.models.text_embedding import load_minilm
-
-        return load_minilm(max_batch)
+    """The numpy built-ins; `minilm` (all-MiniLM-L6-v2) is a compiled artifact (models/minilm.py)."""
     try:
         cls = BUILTIN[name]
     except KeyError:
         raise ValueError(
-            f"unknown built-in model {name!r}; built-ins: {sorted([*BUILTIN, 'minilm'])}"
+            f"unknown built-in model {name!r}; built-ins: {sorted([*BUILTIN, 'minilm', 'all-MiniLM-L6-v2'])}"
         ) from None
     return cls(max_batch)

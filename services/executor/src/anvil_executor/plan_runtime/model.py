@@ -5,6 +5,9 @@ compiler's offset, size the activation bank from the plan. Run: copy each input 
 run the ops in order on views at the batch's (B, T), copy the outputs out (the bank is reused by
 the next batch). Requests of one batch are stacked along B; a model with an attention mask also
 takes requests of different lengths (padded to the longest, mask 0 on padding).
+
+An encoder plan whose ops all run on token rows (packed.py says which) also gets ``packed``: the
+same ops on the sequences back to back, no padding at all; the text-embedding front end uses it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from anvil_executor.models.base import RequestInputs
 from anvil_executor.plan_runtime.arena import HostArena
 from anvil_executor.plan_runtime.io import PlanIO, _l
 from anvil_executor.plan_runtime.ops import CPU_OPS, OpState
+from anvil_executor.plan_runtime.packed import PackedRunner, packable
 from anvil_executor.plan_runtime.plan import DTYPES, LoadedPlan, _s, attrs_of, load_plan
 from anvil_kernels import Int4Weight, Workspace
 
@@ -41,6 +45,7 @@ class PlanModel(PlanIO):
             bank.append(view)
         self.ops = [self._prepare(op, bank) for op in p.ops]
         self.ws = Workspace()
+        self.packed: PackedRunner | None = PackedRunner(self) if not packable(self) else None
 
     @classmethod
     def load(cls, artifact_dir: str | Path, name: str | None = None) -> PlanModel:

@@ -17,6 +17,7 @@ from numba import njit, prange
 
 from anvil_kernels import Int4Weight, Workspace, attention, embedding, int4_linear, layer_norm, mean_pool_l2
 from anvil_kernels.activations import ACTIVATIONS
+from anvil_kernels.linear_f32 import f32_linear
 
 __all__ = ["ACT_CODES", "CPU_OPS", "OpState"]
 
@@ -69,16 +70,21 @@ _E2 = np.zeros((0, 0), np.float32)
 
 
 def linear(op: OpState, v: Views, ws: Workspace) -> None:
-    """out = LN?(act(x @ W + b) + residual)."""
+    """out = LN?(act(x @ W + b) + residual); any leading shape (padded (B, T) or packed rows)."""
     w = op.weights
     x = v["x"].reshape(-1, v["x"].shape[-1])
     out = v["out"].reshape(-1, v["out"].shape[-1])
     m, n = out.shape
     ln = "gamma" in w
-    target = ws.get("plan.linear", (m, n)) if ln else out
     res = v["residual"].reshape(m, n) if "residual" in v else None
     act = str(op.attrs.get("act", "none"))
     bias = w.get("bias")
+    if not isinstance(w.get("int4"), Int4Weight) and act in ACTIVATIONS and (act == "none" or not ln):
+        # fp32: row blocks of BLAS sgemm with the epilogue (bias+act, or bias+residual+LN) fused
+        norm = (w["gamma"], w["beta"], float(op.attrs["eps"])) if ln else None
+        f32_linear(x, w["weight"], out, bias, act, res, norm, ws)
+        return
+    target = ws.get("plan.linear", (m, n)) if ln else out
     if isinstance(w.get("int4"), Int4Weight) and act in ACTIVATIONS:
         int4_linear(x, w["int4"], target, bias, act, res, ws)
     else:

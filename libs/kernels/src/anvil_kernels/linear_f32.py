@@ -1,0 +1,181 @@
+"""fp32 linear with its epilogue fused: ``out = LN?(act(x @ W + bias) + residual)``.
+
+Design (x (M, K), W (K, N), out (M, N), float32, row-major):
+- M is cut into blocks of rows, one numba task each; a task calls numpy's own OpenBLAS sgemm
+  single-threaded on its rows (``_openblas``), then applies the epilogue to those rows while they
+  are in cache: bias + activation (GELU through ``varlen.erf_fast``), or bias + residual +
+  LayerNorm. One pass over the output instead of three, and one thread pool: numba's threads run
+  the BLAS calls, so OpenBLAS's own spinning workers never compete with numba's (see _openblas).
+- Where numpy uses another BLAS (SGEMM is None): numpy's matmul, then the same epilogue kernels.
+
+Used by the plan runtime's CPU backend for unquantized linears (packed token rows or padded).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from anvil_kernels import _jit, _openblas
+from anvil_kernels import _validate as v
+from anvil_kernels.activations import ACTIVATIONS
+from anvil_kernels.varlen import _bias_act, _bias_res_ln, erf_fast
+from anvil_kernels.workspace import Workspace
+
+__all__ = ["f32_linear"]
+
+MIN_BLOCK, MAX_BLOCK = 16, 256  # rows per task: enough for sgemm to reach its speed, small for balance
+
+
+@njit(fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
+def _ln_row(
+    y: np.ndarray,
+    bias: np.ndarray,
+    res: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    eps: float,
+    o: np.ndarray,
+) -> None:  # pragma: no cover (numba)
+    h = y.size
+    if bias.size:
+        for i in range(h):
+            y[i] += bias[i]
+    if res.size:
+        for i in range(h):
+            y[i] += res[i]
+    mean = 0.0
+    for i in range(h):
+        mean += y[i]
+    mean /= h
+    var = 0.0
+    for i in range(h):
+        d = y[i] - mean
+        var += d * d
+    rstd = np.float32(1.0 / np.sqrt(var / h + eps))
+    mu = np.float32(mean)
+    for i in range(h):
+        o[i] = (y[i] - mu) * rstd * gamma[i] + beta[i]
+
+
+@njit(fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
+def _act_row(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no cover (numba)
+    half, inv_sqrt2 = np.float32(0.5), np.float32(0.7071067811865476)
+    use_bias = bias.size > 0
+    for i in range(y.size):
+        t = y[i]
+        if use_bias:
+            t += bias[i]
+        if act == 1:
+            t = max(t, np.float32(0.0))
+        elif act == 2:
+            t = half * t * (np.float32(1.0) + erf_fast(t * inv_sqrt2))
+        elif act == 3:
+            t = half * t * (np.float32(1.0) + np.tanh(0.7978845608028654 * (t + 0.044715 * t * t * t)))
+        elif act == 4:
+            t = t / (np.float32(1.0) + np.exp(-t))
+        y[i] = t
+
+
+@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
+def _linear_blocks(
+    sgemm: Any,
+    x: np.ndarray,  # (M, K) f32
+    w: np.ndarray,  # (K, N) f32
+    y: np.ndarray,  # (M, N) f32: the GEMM's output (out itself, or scratch when ln)
+    bias: np.ndarray,  # (N,) or (0,)
+    act: int,
+    res: np.ndarray,  # (M, N) or (0, 0)
+    ln: bool,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    eps: float,
+    out: np.ndarray,  # (M, N) f32
+    block: int,
+) -> None:  # pragma: no cover (numba)
+    m_rows, k_dim = x.shape
+    n = w.shape[1]
+    for c in prange((m_rows + block - 1) // block):
+        r0 = c * block
+        r1 = min(m_rows, r0 + block)
+        sgemm(
+            _openblas.ROW_MAJOR, _openblas.NO_TRANS, _openblas.NO_TRANS, r1 - r0, n, k_dim,
+            np.float32(1.0), x[r0:].ctypes.data, k_dim, w.ctypes.data, n,
+            np.float32(0.0), y[r0:].ctypes.data, n,
+        )  # fmt: skip
+        for r in range(r0, r1):
+            if ln and res.size:
+                _ln_row(y[r], bias, res[r], gamma, beta, eps, out[r])
+            elif ln:
+                _ln_row(y[r], bias, bias[0:0], gamma, beta, eps, out[r])
+            else:
+                _act_row(y[r], bias, act)
+                if res.size:
+                    for i in range(n):
+                        y[r, i] += res[r, i]
+
+
+def f32_linear(
+    x: np.ndarray,
+    w: np.ndarray,
+    out: np.ndarray,
+    bias: np.ndarray | None = None,
+    act: str = "none",
+    residual: np.ndarray | None = None,
+    ln: tuple[np.ndarray, np.ndarray, float] | None = None,
+    workspace: Workspace | None = None,
+) -> np.ndarray:
+    """``out = LN(act(x @ w + bias) + residual)`` (LN only when ``ln = (gamma, beta, eps)``).
+    x (M, K), w (K, N), out and residual (M, N), bias/gamma/beta (N,): float32, C-contiguous;
+    out must not alias x or w (it may alias residual only row for row, i.e. be residual itself,
+    when ``ln`` is given). Returns out."""
+    v.array("x", x, np.float32, 2)
+    m, k = x.shape
+    v.array("w", w, np.float32, 2)
+    if w.shape[0] != k:
+        raise ValueError(f"w must have K={k} rows, got shape {w.shape}")
+    n = w.shape[1]
+    v.array("out", out, np.float32, 2, (m, n))
+    v.writable("out", out)
+    v.no_overlap("out", out, x=x, w=w)
+    if act not in ACTIVATIONS:
+        raise ValueError(f"act must be one of {sorted(ACTIVATIONS)}, got {act!r}")
+    if bias is not None:
+        v.array("bias", bias, np.float32, 1, (n,))
+    if residual is not None:
+        v.array("residual", residual, np.float32, 2, (m, n))
+    b = _jit.EMPTY1 if bias is None else bias
+    res = _jit.EMPTY2 if residual is None else residual
+    ws = workspace or Workspace()
+    if ln is not None:
+        gamma, beta, eps = ln
+        v.array("gamma", gamma, np.float32, 1, (n,))
+        v.array("beta", beta, np.float32, 1, (n,))
+        if act != "none":
+            raise ValueError("act must be 'none' when ln is given (LN(x @ w + bias + residual))")
+        y = ws.get("f32_linear.y", (m, n))
+        eps_f = v.finite_scalar("eps", eps, positive=True)
+    else:
+        gamma = beta = _jit.EMPTY1
+        y, eps_f = out, 1.0
+        if residual is not None and np.shares_memory(out, residual):
+            raise ValueError("out must not share memory with residual (without ln)")
+    if _openblas.SGEMM is None:  # another BLAS: its matmul, then the epilogue kernels
+        np.matmul(x, w, out=y)
+        if ln is not None:
+            _bias_res_ln(y, b, res, gamma, beta, eps_f, out)
+        else:
+            _bias_act(y, b, ACTIVATIONS[act])
+            if residual is not None:
+                out += residual
+        return out
+    threads = numba.get_num_threads()
+    block = int(min(MAX_BLOCK, max(MIN_BLOCK, -(-m // (2 * threads)))))
+    with _openblas.single_threaded():
+        _linear_blocks(
+            _openblas.SGEMM, x, w, y, b, ACTIVATIONS[act], res, ln is not None, gamma, beta, eps_f, out, block
+        )
+    return out

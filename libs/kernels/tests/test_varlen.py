@@ -1,0 +1,172 @@
+"""Packed-sequence kernels and the fused fp32 linear against numpy references and against the padded
+kernels they replace, on fresh random inputs with explicit tolerances."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from anvil_kernels import attention, layer_norm, mean_pool_l2
+from anvil_kernels.linear_f32 import f32_linear
+from anvil_kernels.varlen import (
+    attention_varlen,
+    bias_act,
+    bias_residual_layer_norm,
+    embed_ln_varlen,
+    erf_fast,
+    mean_pool_l2_varlen,
+)
+
+RNG = np.random.default_rng(2026)
+LENS = [1, 7, 3, 12, 5]  # sequences of a packed batch (lengths differ, one of a single token)
+
+
+def _cu(lens: list[int]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+
+
+def _ln(y: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    y64 = y.astype(np.float64)
+    mu, var = y64.mean(-1, keepdims=True), y64.var(-1, keepdims=True)
+    return (y64 - mu) / np.sqrt(var + eps) * g + b
+
+
+def _gelu(y: np.ndarray) -> np.ndarray:
+    erf = np.vectorize(math.erf)
+    return 0.5 * y * (1.0 + erf(y.astype(np.float64) / math.sqrt(2)))
+
+
+def test_erf_fast_matches_math_erf_over_the_float32_range() -> None:
+    xs = np.concatenate([np.linspace(-6, 6, 4001), RNG.standard_normal(2000) * 3]).astype(np.float32)
+    got = np.array([erf_fast(float(x)) for x in xs])
+    ref = np.array([math.erf(float(x)) for x in xs])
+    assert np.abs(got - ref).max() < 1e-6
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu_erf", "gelu_tanh", "silu"])
+def test_bias_act_in_place(act: str) -> None:
+    y = RNG.standard_normal((37, 64)).astype(np.float32) * 3
+    bias = RNG.standard_normal(64).astype(np.float32)
+    z = (y + bias).astype(np.float64)
+    ref = {
+        "none": z,
+        "relu": np.maximum(z, 0),
+        "gelu_erf": _gelu(z),
+        "gelu_tanh": 0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))),
+        "silu": z / (1 + np.exp(-z)),
+    }[act]
+    np.testing.assert_allclose(bias_act(y, bias, act), ref, rtol=1e-5, atol=2e-6)
+
+
+def test_bias_residual_layer_norm_matches_the_unfused_ops() -> None:
+    y = RNG.standard_normal((29, 48)).astype(np.float32)
+    bias, g, b = (RNG.standard_normal(48).astype(np.float32) for _ in range(3))
+    res = RNG.standard_normal((29, 48)).astype(np.float32)
+    ref = np.empty_like(y)
+    layer_norm(y + bias, g, b, 1e-12, ref, res)
+    out = np.empty_like(y)
+    bias_residual_layer_norm(y.copy(), bias, res, g, b, 1e-12, out)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 5, 40, 300])
+@pytest.mark.parametrize("epilogue", ["plain", "bias_gelu", "residual_ln", "act_residual"])
+def test_f32_linear_matches_numpy(m: int, epilogue: str) -> None:
+    k, n = 64, 96
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    w = (RNG.standard_normal((k, n)) / 8).astype(np.float32)
+    bias, g, b = (RNG.standard_normal(n).astype(np.float32) for _ in range(3))
+    res = RNG.standard_normal((m, n)).astype(np.float32)
+    y = x.astype(np.float64) @ w + bias
+    out = np.empty((m, n), np.float32)
+    if epilogue == "plain":
+        f32_linear(x, w, out)
+        ref = x.astype(np.float64) @ w
+    elif epilogue == "bias_gelu":
+        f32_linear(x, w, out, bias, "gelu_erf")
+        ref = _gelu(y)
+    elif epilogue == "residual_ln":
+        f32_linear(x, w, out, bias, "none", res, (g, b, 1e-12))
+        ref = _ln(y + res, g, b, 1e-12)
+    else:
+        f32_linear(x, w, out, bias, "relu", res)
+        ref = np.maximum(y, 0) + res
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_f32_linear_refuses_bad_shapes_with_the_constraint() -> None:
+    x = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match="K=8"):
+        f32_linear(x, np.zeros((7, 3), np.float32), np.zeros((4, 3), np.float32))
+    with pytest.raises(ValueError, match="act"):
+        f32_linear(x, np.zeros((8, 3), np.float32), np.zeros((4, 3), np.float32), act="swish")
+
+
+def _padded(packed: np.ndarray, lens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(N, ...) packed rows -> (S, T, ...) zero-padded and the (S, T) mask."""
+    t = max(lens)
+    out = np.zeros((len(lens), t, *packed.shape[1:]), packed.dtype)
+    mask = np.zeros((len(lens), t), np.uint8)
+    for s, (lo, n) in enumerate(zip(_cu(lens)[:-1], lens, strict=True)):
+        out[s, :n] = packed[lo : lo + n]
+        mask[s, :n] = 1
+    return out, mask
+
+
+def test_attention_varlen_matches_padded_attention_from_fused_qkv() -> None:
+    heads, d = 3, 8
+    n = sum(LENS)
+    qkv = RNG.standard_normal((n, 3 * heads * d + 5)).astype(np.float32)  # 5 spare columns: a stride
+    offs = (0, heads * d, 2 * heads * d)
+    out = np.empty((n, heads * d), np.float32)
+    attention_varlen(qkv, _cu(LENS), heads, d, offs, 0.3, out)
+    padded, mask = _padded(qkv, LENS)
+    b, t = mask.shape
+
+    def part(o: int) -> np.ndarray:  # (B, H, T, D)
+        return np.ascontiguousarray(
+            padded[:, :, o : o + heads * d].reshape(b, t, heads, d).transpose(0, 2, 1, 3)
+        )
+
+    ref = np.empty((b, heads, t, d), np.float32)
+    attention(part(offs[0]), part(offs[1]), part(offs[2]), mask, ref, 0.3)
+    ref_rows = ref.transpose(0, 2, 1, 3).reshape(b, t, heads * d)
+    for s, (lo, ln) in enumerate(zip(_cu(LENS)[:-1], LENS, strict=True)):
+        np.testing.assert_allclose(out[lo : lo + ln], ref_rows[s, :ln], rtol=1e-5, atol=1e-5)
+
+
+def test_embed_ln_varlen_restarts_positions_per_sequence() -> None:
+    vocab, h = 50, 16
+    n = sum(LENS)
+    ids = RNG.integers(0, vocab, n).astype(np.int64)
+    table, pos = (
+        RNG.standard_normal((vocab, h)).astype(np.float32),
+        RNG.standard_normal((20, h)).astype(np.float32),
+    )
+    g, b = RNG.standard_normal(h).astype(np.float32), RNG.standard_normal(h).astype(np.float32)
+    out = np.empty((n, h), np.float32)
+    embed_ln_varlen(ids, _cu(LENS), table, pos, g, b, 1e-12, out)
+    positions = np.concatenate([np.arange(ln) for ln in LENS])
+    np.testing.assert_allclose(out, _ln(table[ids] + pos[positions], g, b, 1e-12), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="ids must lie"):
+        embed_ln_varlen(ids + vocab, _cu(LENS), table, pos, g, b, 1e-12, out)
+
+
+def test_mean_pool_varlen_matches_the_masked_padded_pool() -> None:
+    x = RNG.standard_normal((sum(LENS), 24)).astype(np.float32)
+    out = np.empty((len(LENS), 24), np.float32)
+    mean_pool_l2_varlen(x, _cu(LENS), out)
+    padded, mask = _padded(x, LENS)
+    ref = np.empty_like(out)
+    mean_pool_l2(padded, mask, ref)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_cumulative_lengths_are_checked() -> None:
+    x = np.zeros((5, 4), np.float32)
+    out = np.zeros((2, 4), np.float32)
+    for bad in ([0, 3, 3], [0, 2, 4], [1, 5]):  # an empty sequence, a short total, not from 0
+        with pytest.raises(ValueError, match="cu must rise"):
+            mean_pool_l2_varlen(x, np.array(bad, np.int64), out[: len(bad) - 1])
