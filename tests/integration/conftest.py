@@ -17,8 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from anvil_client.launcher import free_ports, private_port_env
+from anvil_core.curve import CurveClient, read_secret_key
+from anvil_core.redis_conn import load_redis_auth, sync_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_TTL_S = 1.5
@@ -92,6 +95,24 @@ class LocalStack:
     def state(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads((Path(self.env["ANVIL_RUN_ROOT"]) / "current.json").read_text())
         return doc
+
+    @property
+    def secrets_dir(self) -> Path:
+        """The stack's secrets (CURVE keys, Redis password), 0600 files in a 0700 directory."""
+        return Path(self.state["secrets_dir"])
+
+    @property
+    def redis_password(self) -> str | None:
+        return load_redis_auth(secrets_dir=self.secrets_dir).password
+
+    def curve(self, role: str) -> CurveClient:
+        """The CURVE keys a trusted `role` peer (gateway or executor) of this stack holds."""
+        server = self.service("scheduler")["env"]["ANVIL_CURVE_SCHEDULER_PUBLIC"].encode()
+        return CurveClient(read_secret_key(self.secrets_dir, role), server)
+
+    def redis(self, **kwargs: Any) -> redis.Redis:
+        """A client of the stack's Redis, with its password."""
+        return sync_redis(self.state["redis_url"], load_redis_auth(secrets_dir=self.secrets_dir), **kwargs)
 
     def service(self, name: str) -> dict[str, Any]:
         for svc in self.state["services"]:

@@ -41,7 +41,7 @@ ROWS = MiB // 4  # one FP32 row of 1 MiB
 def _endpoint(stack: Any) -> str:
     if not hasattr(stack, "service"):
         pytest.skip("ZeroCopy needs the client, gateway and executor on one host (local stack)")
-    client = redis.Redis.from_url(stack.state["redis_url"], decode_responses=True)
+    client = stack.redis(decode_responses=True)
     try:
         for key in client.scan_iter("anvil:svc:gateway:*"):
             endpoint = client.hget(key, "zerocopy_endpoint")

@@ -37,8 +37,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             "host": settings.advertise_host,
             "zerocopy_endpoint": zerocopy.endpoint,
         },
+        auth=settings.redis_auth,
     )
-    link = SchedulerLink(identity=f"gw-{settings.service_id}", bundle_max=settings.bundle_max)
+    link = SchedulerLink(
+        identity=f"gw-{settings.service_id}",
+        bundle_max=settings.bundle_max,
+        curve=settings.curve_client("gateway"),
+    )
     admission = Admission(settings.require_api_key, settings.max_inflight_per_model)
     discovery = Discovery(registry, settings.discovery_interval_ms / 1000, link.follow, admission.load)
     st = GatewayState(

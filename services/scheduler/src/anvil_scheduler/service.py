@@ -29,7 +29,8 @@ from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
-from anvil_core.zmq_sockets import tcp_endpoint
+from anvil_core.zmq_auth import CurveGate
+from anvil_core.zmq_sockets import make_socket, tcp_endpoint
 from anvil_scheduler import metrics as m
 from anvil_scheduler.core import (
     AdmitOutcome,
@@ -83,8 +84,14 @@ class Scheduler:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.s = settings
         self.ctx = zmq.Context()
-        self.gw = self._router(settings.gateway_port)
-        self.ex = self._router(settings.executor_port)
+        # CURVE (issue #18): each port admits its own role's keys only; the gate runs before binding
+        self.gate: CurveGate | None = None
+        if settings.zmq_curve:
+            admitted = {role: settings.curve_admitted(role) for role in ("gateway", "executor")}
+            self.gate = CurveGate(self.ctx, "scheduler", admitted)
+            self.gate.start()
+        self.gw = self._router(settings.gateway_port, "gateway")
+        self.ex = self._router(settings.executor_port, "executor")
         priorities = (
             PriorityClass(1, "interactive", settings.slo_p1_ms),
             PriorityClass(2, "standard", settings.slo_p2_ms),
@@ -107,6 +114,7 @@ class Scheduler:
             settings.heartbeat_ttl_s,
             settings.heartbeat_interval_s,
             fields=self._fields,
+            auth=settings.redis_auth,
         )
         self._snapshot: dict[str, Any] = {"profiles": {}, "slo": {}}
         self._next_snapshot = 0.0
@@ -120,13 +128,13 @@ class Scheduler:
         # each executor's last Register, to apply again when a model it lists is deployed again
         self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
 
-    def _router(self, port: int) -> zmq.Socket[bytes]:
-        sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown identity raises instead of dropping
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.bind(tcp_endpoint(self.s.bind_host, port))
+    def _router(self, port: int, link: str) -> zmq.Socket[bytes]:
+        """A ROUTER for the clients of `link` (gateway or executor); ROUTER_MANDATORY: an unknown
+        identity raises instead of dropping (make_socket)."""
+        endpoint = tcp_endpoint(self.s.link_bind_host, port)
+        sock = make_socket(self.ctx, zmq.ROUTER, bind=endpoint, curve=self.s.curve_server(link))
+        if self.gate is not None:
+            self.gate.watch(sock, link)
         return sock
 
     def _fields(self) -> dict[str, Any]:
@@ -169,6 +177,8 @@ class Scheduler:
         self.bg.stop()
         self.gw.close()
         self.ex.close()
+        if self.gate is not None:
+            self.gate.stop()  # before term: its ZAP socket would hold term() forever
         self.ctx.term()
 
     def _drain(self, sock: zmq.Socket[bytes], handle: Any) -> None:
