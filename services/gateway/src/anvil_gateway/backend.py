@@ -48,8 +48,9 @@ class SchedulerLink:
         self.ctx = zmq.asyncio.Context()
         # curve: the gateway's keypair and the scheduler's key (issue #18); None: plain ZMTP
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=identity, immediate=True, curve=curve)
-        if curve is not None:  # a scheduler with the wrong key is logged once, not per retry
-            watch_handshakes(self.sock, PeerLog(log, "gateway"), "scheduler")
+        self.handshakes = PeerLog(log, "gateway")  # a wrong scheduler key: logged once, not per retry
+        if curve is not None:
+            watch_handshakes(self.sock, self.handshakes, "scheduler")
         self.endpoint: str | None = None
         self.pending: dict[str, asyncio.Future[Reply]] = {}
         self._outbox: list[tuple[str, list[Any]]] = []  # requests of this loop turn, not yet sent
