@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from anvil_client.launcher import free_ports, private_port_env
-from anvil_core.curve import CurveClient, read_secret_key
+from anvil_core.curve import CurveClient, parse_public_keys, read_secret_key
 from anvil_core.redis_conn import load_redis_auth, sync_redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ class LocalStack:
 
     def curve(self, role: str) -> CurveClient:
         """The CURVE keys a trusted `role` peer (gateway or executor) of this stack holds."""
-        server = self.service("scheduler")["env"]["ANVIL_CURVE_SCHEDULER_PUBLIC"].encode()
+        (server,) = parse_public_keys(self.service("scheduler")["env"]["ANVIL_CURVE_SCHEDULER_PUBLIC"], "")
         return CurveClient(read_secret_key(self.secrets_dir, role), server)
 
     def redis(self, **kwargs: Any) -> redis.Redis:

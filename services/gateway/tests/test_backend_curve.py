@@ -49,7 +49,7 @@ def test_the_link_reaches_only_the_scheduler_holding_the_key(server: str) -> Non
                     call = asyncio.ensure_future(link.infer(f"r{i}", _request(f"r{i}"), 10))
                     if await router.poll(50):
                         break
-                ident, *parts = await router.recv_multipart()
+                _ident, *parts = await router.recv_multipart()
                 assert codec.open_request(codec.unbundle(parts)[0][0]).RequestId().startswith(b"r")
                 call.cancel()
                 return

@@ -14,6 +14,7 @@ from typing import Any
 
 from anvil_client.admin import add_admin_commands
 from anvil_client.bench import add_bench_command
+from anvil_client.compose_secrets import add_secrets_command
 from anvil_client.demo import run_demo
 from anvil_client.deploy import add_deploy_commands
 from anvil_client.doctor import add_doctor_command
@@ -153,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploy_commands(sub)
     add_bench_command(sub)
     add_doctor_command(sub)
+    add_secrets_command(sub)
     return parser
 
 

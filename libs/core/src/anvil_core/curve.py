@@ -1,11 +1,13 @@
 """CURVE keys of the internal ZeroMQ links (issue #18): which process holds which key.
 
 The scheduler is the CURVE server of both its ports; gateways and executors are its clients. Each
-role has one keypair. A secret key is a file holding the 40-character Z85 text and nothing else (a
-compose secret written from an environment variable is exactly that), named ``{role}.key_secret``
-in the secrets directory, mode 0600. Public keys are not secret: they travel as settings
-(``ANVIL_CURVE_{ROLE}_PUBLIC``, Z85; for gateway and executor a comma-separated list, every key of
-which is admitted).
+role has one keypair. Keys are written as 64 hex digits (32 bytes): safe unquoted in a shell, an env
+file or YAML, unlike Z85 (whose alphabet has `$` and `#`); in memory they are Z85, as libzmq and
+pyzmq's ZAP want them. A secret key is a file holding the hex and nothing else (a compose secret
+written from an environment variable is exactly that), named ``{role}.key_secret`` in the secrets
+directory, mode 0600. Public keys are not secret: they travel as settings
+(``ANVIL_CURVE_{ROLE}_PUBLIC``; for gateway and executor a comma-separated list, every key of which
+is admitted).
 
 | key                    | held by                                                    |
 |------------------------|------------------------------------------------------------|
@@ -36,6 +38,7 @@ __all__ = [
     "CurveError",
     "CurveServer",
     "generate_role_keys",
+    "key_hex",
     "parse_public_keys",
     "read_secret_key",
     "secret_key_path",
@@ -43,7 +46,7 @@ __all__ = [
 ]
 
 ROLES = ("scheduler", "gateway", "executor")
-_Z85_KEY_CHARS = 40  # a 32-byte Curve25519 key in Z85
+_HEX_KEY_CHARS = 64  # a 32-byte Curve25519 key in hex
 
 
 class CurveError(ValueError):
@@ -71,18 +74,23 @@ def secret_key_path(secrets_dir: str | Path, role: str) -> Path:
 
 
 def _check_key(text: bytes, what: str) -> bytes:
+    """Hex text of a key -> its Z85 form; CurveError names `what` when it is not 64 hex digits."""
     key = text.strip()
-    if len(key) != _Z85_KEY_CHARS:
-        raise CurveError(f"{what}: a CURVE key is {_Z85_KEY_CHARS} Z85 characters, got {len(key)}")
+    if len(key) != _HEX_KEY_CHARS:
+        raise CurveError(f"{what}: a CURVE key is {_HEX_KEY_CHARS} hex digits, got {len(key)} characters")
     try:
-        z85.decode(key)
-    except (ValueError, KeyError, IndexError):  # KeyError: a character outside Z85's alphabet
-        raise CurveError(f"{what}: not Z85 text") from None
-    return key
+        return z85.encode(bytes.fromhex(key.decode("ascii")))
+    except (ValueError, UnicodeDecodeError):
+        raise CurveError(f"{what}: not hex") from None
+
+
+def key_hex(z85_key: bytes) -> str:
+    """The written form (hex) of a key held as Z85."""
+    return z85.decode(z85_key).hex()
 
 
 def read_secret_key(secrets_dir: str | Path, role: str) -> bytes:
-    """The Z85 secret key of `role` from its file; CurveError says which file is missing or bad."""
+    """The secret key of `role` (Z85) from its file; CurveError says which file is missing or bad."""
     if not str(secrets_dir):
         raise CurveError(
             "ZeroMQ CURVE is on (ANVIL_ZMQ_CURVE) but ANVIL_SECRETS_DIR is unset: run under `anvil up`, "
@@ -97,7 +105,7 @@ def read_secret_key(secrets_dir: str | Path, role: str) -> bytes:
 
 
 def parse_public_keys(value: str, setting: str) -> frozenset[bytes]:
-    """Comma-separated Z85 public keys of a setting; empty means none (CurveError on a bad one)."""
+    """Comma-separated hex public keys of a setting, as Z85; empty means none (CurveError on a bad one)."""
     return frozenset(_check_key(k.encode(), setting) for k in value.split(",") if k.strip())
 
 
@@ -112,12 +120,12 @@ def write_secret_file(path: Path, text: str) -> None:
 
 def generate_role_keys(secrets_dir: Path) -> Mapping[str, str]:
     """A fresh keypair per role: secret keys written 0600 under `secrets_dir` (made 0700),
-    returns the public keys as the environment that carries them ({ANVIL_CURVE_ROLE_PUBLIC: z85})."""
+    returns the public keys as the environment that carries them ({ANVIL_CURVE_ROLE_PUBLIC: hex})."""
     secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(secrets_dir, 0o700)
     env: dict[str, str] = {}
     for role in ROLES:
         public, secret = zmq.curve_keypair()
-        write_secret_file(secret_key_path(secrets_dir, role), secret.decode())
-        env[f"ANVIL_CURVE_{role.upper()}_PUBLIC"] = public.decode()
+        write_secret_file(secret_key_path(secrets_dir, role), key_hex(secret))
+        env[f"ANVIL_CURVE_{role.upper()}_PUBLIC"] = key_hex(public)
     return env

@@ -49,7 +49,7 @@ class ServiceSettings(BaseSettings):
     # Secret files: {role}.key_secret and redis_password (`anvil up`: <run dir>/secrets, 0700;
     # compose: /run/secrets, from compose secrets).
     secrets_dir: str = ""
-    # Z85 public keys (not secret): the scheduler's, and the gateways' / executors' that the
+    # Public keys, 64 hex digits (not secret): the scheduler's, and the gateways' / executors' that the
     # scheduler admits (comma-separated: each key listed is admitted).
     curve_scheduler_public: str = ""
     curve_gateway_public: str = ""
@@ -88,7 +88,8 @@ class ServiceSettings(BaseSettings):
         return CurveServer(read_secret_key(self.secrets_dir, "scheduler"), domain)
 
     def curve_admitted(self, role: str) -> frozenset[bytes]:
-        """The Z85 public keys of `role` that the scheduler admits (CurveError when none is set)."""
+        """The public keys of `role` that the scheduler admits (Z85, as ZAP compares them);
+        CurveError when none is set."""
         name = f"ANVIL_CURVE_{role.upper()}_PUBLIC"
         keys = parse_public_keys(getattr(self, f"curve_{role}_public"), name)
         if not keys:
