@@ -144,8 +144,11 @@ def test_redis_refuses_clients_without_the_password(local: Any) -> None:
         client.close()
 
 
-def test_the_scheduler_listens_on_loopback_only(local: Any) -> None:
+def test_the_scheduler_listens_on_loopback_and_a_private_ipc_dir_only(local: Any) -> None:
     env = local.service("scheduler")["env"]
+    links = Path(env["ANVIL_LINK_IPC_DIR"])  # where the gateway and the executors connect
+    assert links.stat().st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in links.iterdir()) == ["executor.sock", "gateway.sock"]
     ports = {int(env["ANVIL_GATEWAY_PORT"]), int(env["ANVIL_EXECUTOR_PORT"])}
     listening = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -155,6 +158,18 @@ def test_the_scheduler_listens_on_loopback_only(local: Any) -> None:
             if state == "0A" and int(port, 16) in ports:  # 0A: LISTEN
                 listening[int(port, 16)] = addr
     assert listening == dict.fromkeys(ports, "0100007F")  # 127.0.0.1, little-endian hex
+
+
+def test_the_links_over_tcp_with_curve_serve_end_to_end(new_local_stack: Callable[..., Any]) -> None:
+    """The compose (and multi-host) path: no ipc, every link tcp with CURVE."""
+    if os.environ.get("ANVIL_STACK", "local") != "local":
+        pytest.skip("starts a local stack")
+    tcp = new_local_stack(env={"ANVIL_LINK_IPC_DIR": ""})
+    assert tcp.service("gateway")["env"]["ANVIL_LINK_IPC_DIR"] == ""
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    r = httpx.post(f"{tcp.url}/v2/models/identity/infer", json=body, timeout=10)
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == [1, 2, 3, 4]
+    assert _refused(tcp, "gateway") == 0 and _refused(tcp, "executor") == 0  # nobody refused
 
 
 def test_secrets_are_private_and_the_password_is_shown_nowhere(local: Any) -> None:

@@ -8,8 +8,10 @@ Ctrl-C (or `anvil down`) stops everything that was started, children first, Redi
 Secrets (issue #18): each start makes fresh CURVE keypairs for the internal ZeroMQ links and, for
 the embedded Redis, a password, as 0600 files in ``<run dir>/secrets`` (0700). Children find them
 through ANVIL_SECRETS_DIR (compose's ``/run/secrets``, mapped there) and the public keys in
-ANVIL_CURVE_*_PUBLIC; the state file records the directory, never a secret. The scheduler's ports
-bind 127.0.0.1 unless ANVIL_LINK_BIND_HOST says otherwise (executors on other hosts).
+ANVIL_CURVE_*_PUBLIC; the state file records the directory, never a secret. The gateway and the
+executors reach the scheduler through ipc sockets in ``<run dir>/links`` (0700; ANVIL_LINK_IPC_DIR,
+set it empty for tcp with CURVE); its CURVE tcp ports bind 127.0.0.1 unless ANVIL_LINK_BIND_HOST
+says otherwise (executors on other hosts).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from anvil_client.gpus import GpuSelectionError, nvidia_smi_gpus, per_gpu_servic
 from anvil_client.procs import spawn, stop_group
 from anvil_core.curve import generate_role_keys, write_secret_file
 from anvil_core.redis_conn import REDIS_PASSWORD_FILE
+from anvil_core.zmq_sockets import ipc_endpoint
 
 __all__ = [
     "Proc",
@@ -176,6 +179,18 @@ def make_secrets(run_dir: Path, env: dict[str, str], redis_password: bool) -> st
     return password
 
 
+def _ipc_dir(run_dir: Path, say: Callable[[str], None]) -> str:
+    """<run dir>/links for the links' ipc sockets, or "" (tcp with CURVE) when the path is too long
+    for a unix socket address."""
+    where = str(run_dir / "links")
+    try:
+        ipc_endpoint(where, "executor")
+    except ValueError as exc:
+        say(f"anvil: {exc}; the links use tcp with CURVE instead")
+        return ""
+    return where
+
+
 def _fresh_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
@@ -218,6 +233,8 @@ class Stack:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         env = dict(self.env)
         env.setdefault("ANVIL_LINK_BIND_HOST", "127.0.0.1")
+        if "ANVIL_LINK_IPC_DIR" not in env:
+            env["ANVIL_LINK_IPC_DIR"] = _ipc_dir(self.run_dir, self.say)
         password = make_secrets(self.run_dir, env, redis_password=not env.get("ANVIL_REDIS_URL"))
         if not env.get("ANVIL_REDIS_URL"):
             self.redis_port = int(env.get("ANVIL_REDIS_PORT", "6379"))

@@ -54,6 +54,10 @@ class ServiceSettings(BaseSettings):
     curve_scheduler_public: str = ""
     curve_gateway_public: str = ""
     curve_executor_public: str = ""
+    # One host (`anvil up` sets it to <run dir>/links): the links use ipc sockets in this directory
+    # (0700: only this user can connect; nothing is encrypted or leaves the host) instead of tcp
+    # with CURVE, which stays open for peers on other hosts. Empty: tcp with CURVE.
+    link_ipc_dir: str = ""
     # Redis credentials: this password, else <secrets_dir>/redis_password, else the URL's own.
     redis_username: str = ""
     redis_password: SecretStr | None = None
@@ -72,9 +76,10 @@ class ServiceSettings(BaseSettings):
         return load_redis_auth(password, self.secrets_dir, self.redis_username)
 
     def curve_client(self, role: str) -> CurveClient | None:
-        """CURVE options of this process's client socket as `role`; None when CURVE is off.
-        Raises CurveError (naming the file or setting) when a key is missing or malformed."""
-        if not self.zmq_curve:
+        """CURVE options of this process's client socket as `role`; None when CURVE is off or the
+        link is an ipc socket. Raises CurveError (naming the file or setting) when a key is missing
+        or malformed."""
+        if not self.zmq_curve or self.link_ipc_dir:
             return None
         servers = parse_public_keys(self.curve_scheduler_public, "ANVIL_CURVE_SCHEDULER_PUBLIC")
         if len(servers) != 1:

@@ -26,7 +26,7 @@ from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
-from anvil_core.zmq_sockets import make_socket
+from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
 from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
@@ -120,6 +120,8 @@ class Executor:
         endpoint = None
         for rec in await self.registry.services("scheduler"):
             endpoint = rec.get("executor_endpoint") or endpoint
+        if endpoint:  # one host: its ipc socket instead (zmq_sockets.link_endpoint)
+            endpoint = link_endpoint(self.s.link_ipc_dir, endpoint, "executor")
         if endpoint and endpoint != self.endpoint:
             self.bg.post(lambda: self._follow(endpoint))
 

@@ -15,9 +15,11 @@ raises while handling one message is caught, counted in ``anvil_dropped_messages
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -30,7 +32,7 @@ from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
 from anvil_core.zmq_auth import CurveGate
-from anvil_core.zmq_sockets import make_socket, tcp_endpoint
+from anvil_core.zmq_sockets import ipc_endpoint, make_socket, tcp_endpoint
 from anvil_scheduler import metrics as m
 from anvil_scheduler.core import (
     AdmitOutcome,
@@ -90,6 +92,9 @@ class Scheduler:
             admitted = {role: settings.curve_admitted(role) for role in ("gateway", "executor")}
             self.gate = CurveGate(self.ctx, "scheduler", admitted)
             self.gate.start()
+        if settings.link_ipc_dir:  # one host: only this user may enter (zmq_sockets)
+            Path(settings.link_ipc_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(settings.link_ipc_dir, 0o700)
         self.gw = self._router(settings.gateway_port, "gateway")
         self.ex = self._router(settings.executor_port, "executor")
         priorities = (
@@ -129,10 +134,13 @@ class Scheduler:
         self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
 
     def _router(self, port: int, link: str) -> zmq.Socket[bytes]:
-        """A ROUTER for the clients of `link` (gateway or executor); ROUTER_MANDATORY: an unknown
-        identity raises instead of dropping (make_socket)."""
+        """A ROUTER for the clients of `link` (gateway or executor): tcp with CURVE, and the ipc
+        socket of one host when configured; ROUTER_MANDATORY: an unknown identity raises instead
+        of dropping (make_socket)."""
         endpoint = tcp_endpoint(self.s.link_bind_host, port)
-        sock = make_socket(self.ctx, zmq.ROUTER, bind=endpoint, curve=self.s.curve_server(link))
+        ipc = ipc_endpoint(self.s.link_ipc_dir, link) if self.s.link_ipc_dir else None
+        curve = self.s.curve_server(link)
+        sock = make_socket(self.ctx, zmq.ROUTER, bind=endpoint, curve=curve, plain_bind=ipc)
         if self.gate is not None:
             self.gate.watch(sock, link)
         return sock
