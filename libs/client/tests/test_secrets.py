@@ -4,6 +4,7 @@ file for compose. Nothing is started here."""
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import zmq
 
 from anvil_client.compose_secrets import cmd_secrets, compose_secrets_env
 from anvil_client.launcher import make_secrets, plan_procs, private_port_env
+from anvil_client.stack_redis import redis_target
 from anvil_core.curve import parse_public_keys, read_secret_key
-from anvil_core.redis_conn import load_redis_auth
+from anvil_core.redis_conn import RedisAuth, load_redis_auth
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = ROOT / "compose.yaml"
@@ -54,3 +56,17 @@ def test_anvil_secrets_writes_a_private_env_file_and_keeps_other_lines(tmp_path:
     assert cmd_secrets(argparse.Namespace(env_file=str(env_file), rotate=True)) == 0
     rotated = env_file.read_text()
     assert rotated.count("ANVIL_SECRET_REDIS_PASSWORD") == 1 and rotated != first
+
+
+def test_the_cli_sends_the_stacks_password_to_the_stacks_redis_only(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    env = {"ANVIL_RUN_ROOT": str(run)}
+    password = make_secrets(run / "now", {}, redis_password=True)
+    run.joinpath("current.json").write_text(
+        json.dumps({"redis_url": "redis://127.0.0.1:7777/0", "secrets_dir": str(run / "now" / "secrets")})
+    )
+    assert redis_target(None, env) == ("redis://127.0.0.1:7777/0", RedisAuth(None, password))
+    assert redis_target("redis://elsewhere:6379/0", env)[1].password is None
+    explicit = {**env, "ANVIL_REDIS_PASSWORD": "given"}
+    assert redis_target(None, explicit)[1].password == "given"
+    assert password not in repr(redis_target(None, env))  # no repr shows it
