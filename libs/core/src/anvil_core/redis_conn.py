@@ -36,8 +36,8 @@ class RedisAuth:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
 
-    def kwargs(self) -> dict[str, str]:
-        out: dict[str, str] = {}
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         if self.username:
             out["username"] = self.username
         if self.password:

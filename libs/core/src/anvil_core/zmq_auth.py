@@ -34,7 +34,7 @@ refused_peers = Counter(
     "anvil_zmq_refused_total", "ZeroMQ peers refused at the handshake", ["service", "link", "reason"]
 )
 
-_FAILURES = {
+_FAILURES: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake_failed",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "not_curve_or_bad_key",  # no CURVE, or a wrong server key
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused_by_zap",
@@ -148,7 +148,7 @@ def watch_handshakes(sock: zmq.Socket[Any], peers: PeerLog, link: str) -> thread
     for event in _FAILURES:
         events |= event
     sock.monitor(endpoint, events)
-    ctx = zmq.Context.shadow(sock.context.underlying)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(sock.context.underlying)
     mon = ctx.socket(zmq.PAIR)
     mon.setsockopt(zmq.LINGER, 0)
     mon.connect(endpoint)
@@ -161,7 +161,8 @@ def watch_handshakes(sock: zmq.Socket[Any], peers: PeerLog, link: str) -> thread
                 event = msg["event"]
                 if event == zmq.EVENT_MONITOR_STOPPED:
                     return
-                far = str(msg.get("endpoint", b"?"), "utf-8", "replace")
+                raw = msg.get("endpoint")
+                far = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "?")
                 peer = "unauthenticated peer" if server else far
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     if not server:  # a server's successes are the ZAP callback's to log
