@@ -244,6 +244,15 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     yield from _stacks(tmp_path_factory, "custom")
 
 
+@pytest.fixture(scope="session")
+def tcp_stack(stack_factory: Callable[..., LocalStack]) -> LocalStack:
+    """A stack whose links are tcp with CURVE (no ipc directory), as in compose and across hosts;
+    for tests that watch or need the tcp links (`anvil up` otherwise links through ipc)."""
+    if os.environ.get("ANVIL_STACK", "local") != "local":
+        pytest.skip("starts a local stack")
+    return stack_factory(env={"ANVIL_LINK_IPC_DIR": ""})
+
+
 @pytest.fixture(scope="module")
 def busy_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """A private stack that also loads `busy` (slow on purpose), for tests that abuse the gateway."""

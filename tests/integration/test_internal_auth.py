@@ -160,11 +160,9 @@ def test_the_scheduler_listens_on_loopback_and_a_private_ipc_dir_only(local: Any
     assert listening == dict.fromkeys(ports, "0100007F")  # 127.0.0.1, little-endian hex
 
 
-def test_the_links_over_tcp_with_curve_serve_end_to_end(new_local_stack: Callable[..., Any]) -> None:
+def test_the_links_over_tcp_with_curve_serve_end_to_end(tcp_stack: Any) -> None:
     """The compose (and multi-host) path: no ipc, every link tcp with CURVE."""
-    if os.environ.get("ANVIL_STACK", "local") != "local":
-        pytest.skip("starts a local stack")
-    tcp = new_local_stack(env={"ANVIL_LINK_IPC_DIR": ""})
+    tcp = tcp_stack
     assert tcp.service("gateway")["env"]["ANVIL_LINK_IPC_DIR"] == ""
     body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
     r = httpx.post(f"{tcp.url}/v2/models/identity/infer", json=body, timeout=10)

@@ -110,11 +110,12 @@ def _http_binary(http: httpx.Client, x: np.ndarray) -> np.ndarray:
     return np.frombuffer(r.content[n:], np.float32).reshape(x.shape)
 
 
-def test_one_mebibyte_inputs_reach_the_executor_without_crossing_a_socket(
-    stack: Any, http: httpx.Client
-) -> None:
+def test_one_mebibyte_inputs_reach_the_executor_without_crossing_a_socket(tcp_stack: Any) -> None:
     """Payloads stay in the client's memory until the executor reads them, with one pread copy each
-    (a mapped read would let a client that shrinks its region SIGBUS the executor)."""
+    (a mapped read would let a client that shrinks its region SIGBUS the executor). On the stack
+    whose links are tcp: the kernel counts a tcp socket's bytes, not an ipc one's."""
+    stack = tcp_stack
+    http = httpx.Client(base_url=stack.url, timeout=10)
     endpoint = _endpoint(stack)
     if shutil.which("ss") is None:
         pytest.skip("`ss` (iproute2) is needed to read the kernel's per-socket byte counters")
