@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 ROLES = ("scheduler", "gateway", "executor")
+HINT = "`anvil up` makes the keys; for compose run `anvil secrets` (docs/security.md)"
 _HEX_KEY_CHARS = 64  # a 32-byte Curve25519 key in hex
 
 
@@ -77,7 +78,9 @@ def _check_key(text: bytes, what: str) -> bytes:
     """Hex text of a key -> its Z85 form; CurveError names `what` when it is not 64 hex digits."""
     key = text.strip()
     if len(key) != _HEX_KEY_CHARS:
-        raise CurveError(f"{what}: a CURVE key is {_HEX_KEY_CHARS} hex digits, got {len(key)} characters")
+        raise CurveError(
+            f"{what}: a CURVE key is {_HEX_KEY_CHARS} hex digits, got {len(key)} characters; {HINT}"
+        )
     try:
         return z85.encode(bytes.fromhex(key.decode("ascii")))
     except (ValueError, UnicodeDecodeError):
@@ -100,7 +103,7 @@ def read_secret_key(secrets_dir: str | Path, role: str) -> bytes:
     try:
         text = path.read_bytes()
     except OSError as exc:
-        raise CurveError(f"cannot read the {role} secret key {path}: {exc.strerror}") from None
+        raise CurveError(f"cannot read the {role} secret key {path}: {exc.strerror}; {HINT}") from None
     return _check_key(text, str(path))
 
 

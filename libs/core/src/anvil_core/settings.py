@@ -13,7 +13,7 @@ import uuid
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from anvil_core.curve import CurveClient, CurveError, CurveServer, parse_public_keys, read_secret_key
+from anvil_core.curve import HINT, CurveClient, CurveError, CurveServer, parse_public_keys, read_secret_key
 from anvil_core.redis_conn import RedisAuth, load_redis_auth
 
 __all__ = ["ServiceSettings", "redact_url"]
@@ -83,7 +83,9 @@ class ServiceSettings(BaseSettings):
             return None
         servers = parse_public_keys(self.curve_scheduler_public, "ANVIL_CURVE_SCHEDULER_PUBLIC")
         if len(servers) != 1:
-            raise CurveError(f"ANVIL_CURVE_SCHEDULER_PUBLIC must hold one key, it holds {len(servers)}")
+            raise CurveError(
+                f"ANVIL_CURVE_SCHEDULER_PUBLIC must hold one key, it holds {len(servers)}; {HINT}"
+            )
         return CurveClient(read_secret_key(self.secrets_dir, role), next(iter(servers)))
 
     def curve_server(self, domain: str) -> CurveServer | None:
@@ -98,7 +100,7 @@ class ServiceSettings(BaseSettings):
         name = f"ANVIL_CURVE_{role.upper()}_PUBLIC"
         keys = parse_public_keys(getattr(self, f"curve_{role}_public"), name)
         if not keys:
-            raise CurveError(f"ZeroMQ CURVE is on but {name} is unset: no {role} could connect")
+            raise CurveError(f"ZeroMQ CURVE is on but {name} is unset: no {role} could connect; {HINT}")
         return keys
 
 
