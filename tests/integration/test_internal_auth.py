@@ -21,11 +21,10 @@ import zmq
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from anvil_core import infer_codec as codec
-from anvil_core import wire
+from anvil_core import codec
+from anvil_core.codec import pb
 from anvil_core.curve import CurveClient
 from anvil_core.tensors import HostTensor
-from anvil_core.wire import pb
 from anvil_core.zmq_sockets import make_socket
 
 pytestmark = pytest.mark.integration
@@ -97,8 +96,8 @@ def test_impostors_get_nothing_from_the_schedulers_gateway_port(
     trusted = _connect(ctx, local, "ANVIL_GATEWAY_PORT", local.curve("gateway"), "trusted-gw")
     trusted.send_multipart(_request("trusted"))
     assert trusted.poll(10_000), "the trusted peer got no answer"
-    resp = codec.open_response(codec.unbundle(trusted.recv_multipart())[0][0])
-    assert resp.RequestId() == b"trusted" and resp.Error() is None
+    resp, _group = codec.unbundle(trusted.recv_multipart())[0]
+    assert resp.requestId == "trusted" and resp.error is None
     # ...while no impostor's request ever reached the scheduler, so none is answered
     assert {name: sock.poll(0) for name, sock in rogues.items()} == dict.fromkeys(rogues, 0)
 
@@ -118,7 +117,7 @@ def test_impostors_cannot_register_as_executors(local: Any, ctx: Any, waiter: Ca
         spec = pb.ModelSpecT()
         spec.name, spec.version, spec.maxBatch = "identity", "1", 64
         reg.models = [spec]
-        sock.send_multipart(wire.pack(reg))
+        sock.send_multipart(codec.pack(reg))
         rogues.append(sock)
     waiter(lambda: _refused(local, "executor") >= before + len(rogues), 15, "every impostor refused")
     # requests keep being served, by the real executors only; no rogue receives a batch

@@ -10,7 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from anvil_core import infer_codec as codec
+from anvil_core import codec
 from anvil_core.curve import CurveClient, CurveServer
 from anvil_core.zmq_auth import CurveGate
 from anvil_core.zmq_sockets import make_socket
@@ -50,7 +50,8 @@ def test_the_link_reaches_only_the_scheduler_holding_the_key(server: str) -> Non
                     if await router.poll(50):
                         break
                 _ident, *parts = await router.recv_multipart()
-                assert codec.open_request(codec.unbundle(parts)[0][0]).RequestId().startswith(b"r")
+                body, _group = codec.unbundle(parts)[0]
+                assert body.requestId.startswith("r")
                 call.cancel()
                 return
             # the handshake never completes: nothing is queued and every request fails at once; the
