@@ -18,7 +18,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import zmq
 
-from anvil_core import codec, keys
+from anvil_core import codec
 from anvil_core.background import Background
 from anvil_core.codec import pb
 from anvil_core.drops import DropLog
