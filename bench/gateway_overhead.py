@@ -247,9 +247,9 @@ def zerocopy(env: dict[str, str], n: int, conns: int, seconds: float) -> dict[st
 
 
 def zerocopy_endpoint(env: dict[str, str]) -> str | None:
-    import redis
+    from anvil_client.stack_redis import open_redis
 
-    r = redis.Redis(port=int(env["ANVIL_REDIS_PORT"]), decode_responses=True)
+    r = open_redis(env=env, decode_responses=True)  # the stack's URL and password, from its state file
     for key in r.scan_iter("anvil:svc:gateway:*"):
         ep = r.hget(key, "zerocopy_endpoint")
         if ep:

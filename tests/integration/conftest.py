@@ -17,8 +17,11 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from anvil_client.launcher import free_ports, private_port_env
+from anvil_core.curve import CurveClient, parse_public_keys, read_secret_key
+from anvil_core.redis_conn import load_redis_auth, sync_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_TTL_S = 1.5
@@ -94,6 +97,24 @@ class LocalStack:
     def state(self) -> dict[str, Any]:
         doc: dict[str, Any] = json.loads((Path(self.env["ANVIL_RUN_ROOT"]) / "current.json").read_text())
         return doc
+
+    @property
+    def secrets_dir(self) -> Path:
+        """The stack's secrets (CURVE keys, Redis password), 0600 files in a 0700 directory."""
+        return Path(self.state["secrets_dir"])
+
+    @property
+    def redis_password(self) -> str | None:
+        return load_redis_auth(secrets_dir=self.secrets_dir).password
+
+    def curve(self, role: str) -> CurveClient:
+        """The CURVE keys a trusted `role` peer (gateway or executor) of this stack holds."""
+        (server,) = parse_public_keys(self.service("scheduler")["env"]["ANVIL_CURVE_SCHEDULER_PUBLIC"], "")
+        return CurveClient(read_secret_key(self.secrets_dir, role), server)
+
+    def redis(self, **kwargs: Any) -> redis.Redis:
+        """A client of the stack's Redis, with its password."""
+        return sync_redis(self.state["redis_url"], load_redis_auth(secrets_dir=self.secrets_dir), **kwargs)
 
     def service(self, name: str) -> dict[str, Any]:
         for svc in self.state["services"]:
@@ -223,6 +244,15 @@ def scaled_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStac
 def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalStack]]:
     """Stacks with their own settings, for module-scoped fixtures; all stopped at session end."""
     yield from _stacks(tmp_path_factory, "custom")
+
+
+@pytest.fixture(scope="session")
+def tcp_stack(stack_factory: Callable[..., LocalStack]) -> LocalStack:
+    """A stack whose links are tcp with CURVE (no ipc directory), as in compose and across hosts;
+    for tests that watch or need the tcp links (`anvil up` otherwise links through ipc)."""
+    if os.environ.get("ANVIL_STACK", "local") != "local":
+        pytest.skip("starts a local stack")
+    return stack_factory(env={"ANVIL_LINK_IPC_DIR": ""})
 
 
 @pytest.fixture(scope="module")

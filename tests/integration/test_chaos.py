@@ -178,17 +178,18 @@ def test_redis_restart(scaled_stack: Any, waiter: Waiter, tmp_path: Path) -> Non
     state = scaled_stack.state
     waiter(lambda: fully_healthy(scaled_stack), RECOVERY_S, "full health before the fault")
     redis_pid = state["redis_pid"]
+    password = scaled_stack.redis_password
     procs = []
     try:
         for _ in range(REPEAT):
             load = Load(scaled_stack.url)
             _wait_load(load, waiter)
             os.kill(redis_pid, signal.SIGKILL)
-            waiter(lambda: not wait_redis(scaled_stack.redis_port, 0.05), 5, "Redis to be gone")
-            proc = start_redis(scaled_stack.redis_port, tmp_path)
+            waiter(lambda: not wait_redis(scaled_stack.redis_port, 0.05, password), 5, "Redis to be gone")
+            proc = start_redis(scaled_stack.redis_port, tmp_path, password)
             procs.append(proc)
             redis_pid = proc.pid
-            assert wait_redis(scaled_stack.redis_port, 10)
+            assert wait_redis(scaled_stack.redis_port, 10, password)
             r = load.finish()
             counts = check_exactly_once(r, "Redis restart")
             # the request path never waits on Redis (the gateway serves from its snapshot)

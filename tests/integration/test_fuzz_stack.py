@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import redis
 import zmq
 
 from anvil_client import ZeroCopyClient
@@ -27,6 +26,7 @@ from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.tensors import HostTensor
 from anvil_core.zerocopy import header as zh
+from anvil_core.zmq_sockets import make_socket
 
 pytestmark = pytest.mark.integration
 
@@ -84,14 +84,12 @@ class Watch:
 def sockets(private_stack: Any) -> Iterator[tuple[Any, zmq.Socket[bytes], zmq.Socket[bytes]]]:
     env = private_stack.service("scheduler")["env"]
     ctx = zmq.Context()
-    gw, ex = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
-    for sock, port, ident in (
-        (gw, env["ANVIL_GATEWAY_PORT"], b"fuzz-gw"),
-        (ex, env["ANVIL_EXECUTOR_PORT"], b"fuzz-ex"),
-    ):
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, ident)
-        sock.connect(f"tcp://127.0.0.1:{port}")
+    # peers holding the stack's CURVE keys: what a compromised gateway or executor could send
+    gw, ex = (
+        make_socket(ctx, zmq.DEALER, identity=f"fuzz-{role[:2]}", curve=private_stack.curve(role),
+                    connect=f"tcp://127.0.0.1:{env[port]}")
+        for role, port in (("gateway", "ANVIL_GATEWAY_PORT"), ("executor", "ANVIL_EXECUTOR_PORT"))
+    )  # fmt: skip
     yield private_stack, gw, ex
     gw.close()
     ex.close()
@@ -247,7 +245,7 @@ def test_fuzz_http_edge(private_stack: Any, fuzz: Any) -> None:
 
 
 def _zc_endpoint(stack: Any) -> str:
-    client = redis.Redis.from_url(stack.state["redis_url"], decode_responses=True)
+    client = stack.redis(decode_responses=True)  # with the stack's password
     try:
         for key in client.scan_iter("anvil:svc:gateway:*"):
             if endpoint := client.hget(key, "zerocopy_endpoint"):

@@ -180,7 +180,7 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
     new_local_stack: Any, waiter: Any, hog_cpu: int
 ) -> None:
     stack = new_local_stack(env=ENV)
-    redis_url = f"redis://127.0.0.1:{stack.redis_port}/0"
+    redis_url = f"redis://:{stack.redis_password}@127.0.0.1:{stack.redis_port}/0"
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     keys = (_cli(stack.env, "tenant", "add", "gold"), _cli(stack.env, "tenant", "add", "bulk"))
     assert (

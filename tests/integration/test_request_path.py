@@ -13,6 +13,7 @@ import zmq
 
 from anvil_core import codec
 from anvil_core.tensors import HostTensor
+from anvil_core.zmq_sockets import make_socket
 from anvil_executor.models.builtin import mlp_reference
 
 pytestmark = pytest.mark.integration
@@ -135,9 +136,8 @@ def test_scheduler_answers_each_request_of_a_bundle_and_skips_a_bad_one(stack: A
     if not hasattr(stack, "env"):
         pytest.skip("needs the local stack's scheduler port")
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(f"tcp://127.0.0.1:{stack.env['ANVIL_SCHEDULER_GATEWAY_PORT']}")
+    endpoint = f"tcp://127.0.0.1:{stack.env['ANVIL_SCHEDULER_GATEWAY_PORT']}"
+    sock = make_socket(ctx, zmq.DEALER, connect=endpoint, curve=stack.curve("gateway"))
     try:
         xs = {f"bundle-{i}": np.full((1, 2), i, np.float32) for i in range(3)}
         groups: list[list[Any]] = [[b"\x00not an envelope"]]

@@ -79,9 +79,9 @@ def test_redis_restart_is_survived_with_no_service_restarted(
     wait_for(lambda: _ready(url), 30, "a ready stack")
     os.kill(state["redis_pid"], 9)
     wait_for(lambda: not _ready(url), 10, "readiness to notice the registry is gone")
-    redis_proc = start_redis(stack.redis_port, tmp_path)
+    redis_proc = start_redis(stack.redis_port, tmp_path, stack.redis_password)
     try:
-        assert wait_redis(stack.redis_port, 10)
+        assert wait_redis(stack.redis_port, 10, stack.redis_password)
         wait_for(lambda: _ready(url), 30, "re-registration after the Redis restart")
         wait_for(lambda: _infer_ok(url), 30, "inference after the Redis restart")
         for name, pid in pids.items():

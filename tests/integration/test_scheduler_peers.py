@@ -17,6 +17,7 @@ import zmq
 from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.tensors import HostTensor
+from anvil_core.zmq_sockets import make_socket
 
 pytestmark = pytest.mark.integration
 
@@ -55,15 +56,12 @@ def _crafted() -> dict[str, list[Any]]:
 def sockets(private_stack: Any) -> Iterator[tuple[Any, zmq.Socket[bytes], zmq.Socket[bytes]]]:
     env = private_stack.service("scheduler")["env"]
     ctx = zmq.Context()
-    gw = ctx.socket(zmq.DEALER)
-    ex = ctx.socket(zmq.DEALER)
-    for sock, port, ident in (
-        (gw, env["ANVIL_GATEWAY_PORT"], b"crafter-gw"),
-        (ex, env["ANVIL_EXECUTOR_PORT"], b"crafter-ex"),
-    ):
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IDENTITY, ident)
-        sock.connect(f"tcp://127.0.0.1:{port}")
+    # a peer holding the stack's keys (CURVE): what a compromised gateway or executor could send
+    gw, ex = (
+        make_socket(ctx, zmq.DEALER, identity=f"crafter-{role[:2]}", curve=private_stack.curve(role),
+                    connect=f"tcp://127.0.0.1:{env[port]}")
+        for role, port in (("gateway", "ANVIL_GATEWAY_PORT"), ("executor", "ANVIL_EXECUTOR_PORT"))
+    )  # fmt: skip
     yield private_stack, gw, ex
     gw.close()
     ex.close()

@@ -18,13 +18,14 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 import zmq
 
 from anvil_core import codec, keys
 from anvil_core.codec import pb
+from anvil_core.curve import CurveClient
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.tensors import HostTensor
+from anvil_core.zmq_sockets import make_socket
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +37,10 @@ class SlowFirstExecutor(threading.Thread):
     """Registers `slowfirst` (INPUT0 -> OUTPUT0, echo); its first batch takes FIRST_BATCH_S, standing
     in for a model whose first run compiles. Heartbeats every 300 ms like the stack's executors."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, curve: CurveClient) -> None:
         super().__init__(daemon=True, name="slowfirst-executor")
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IDENTITY, b"slowfirst-ex")
-        self.sock.connect(endpoint)
+        self.sock = make_socket(self.ctx, zmq.DEALER, identity="slowfirst-ex", connect=endpoint, curve=curve)
         self.stop = threading.Event()
         self.first_done = threading.Event()
         self.batches = 0
@@ -115,12 +113,13 @@ def slow_stack(stack_factory: Any) -> Iterator[tuple[Any, SlowFirstExecutor]]:
         inputs=(TensorSpec("INPUT0", "FP32", (-1,)),),
         outputs=(TensorSpec("OUTPUT0", "FP32", (-1,)),),
     )
-    r = redis.Redis(port=stack.redis_port)
+    r = stack.redis()
     r.hset(keys.model_key(MODEL), mapping={"spec": spec.to_json(), "status": "READY"})
     # its registry record, as an executor's beat writes it (no TTL: the module's stack ends with it)
     r.hset(keys.svc_key("executor", "slowfirst-ex"), mapping={"device": "cpu", "models": f'["{MODEL}"]'})
     r.close()
-    ex = SlowFirstExecutor(f"tcp://127.0.0.1:{stack.service('scheduler')['env']['ANVIL_EXECUTOR_PORT']}")
+    port = stack.service("scheduler")["env"]["ANVIL_EXECUTOR_PORT"]
+    ex = SlowFirstExecutor(f"tcp://127.0.0.1:{port}", stack.curve("executor"))
     ex.start()
     yield stack, ex
     ex.stop.set()

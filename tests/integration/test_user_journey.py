@@ -165,7 +165,7 @@ class Journey:
             "ANVIL_COMPILER_URL": f"http://127.0.0.1:{env['ANVIL_HTTP_PORT']}",
             "ANVIL_ARTIFACT_DIR": env["ANVIL_ARTIFACT_DIR"],
         }
-        self.redis = redis.Redis(port=stack.redis_port, decode_responses=True)
+        self.redis = stack.redis(decode_responses=True)  # with the stack's password
         self.reported: dict[str, float] = {}  # model@version -> max rel error `anvil deploy` printed
         self.refs: dict[str, Any] = {}  # model@version -> reference
         self.wait: Any = None  # conftest's wait_for(predicate, timeout_s, what)
@@ -387,7 +387,7 @@ def test_a_broken_artifact_is_retried_with_back_off_and_reported_once(journey: J
     spec = {"name": "broken", "max_batch": 8, "inputs": [], "outputs": []}
 
     async def register() -> None:
-        r = redis.asyncio.Redis(port=j.stack.redis_port)
+        r = redis.asyncio.Redis(port=j.stack.redis_port, password=j.stack.redis_password)
         try:
             await deployments.deploy(r, "broken", "0123abcd" * 4, spec)  # no such artifact directory
         finally:

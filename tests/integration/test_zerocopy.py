@@ -41,7 +41,7 @@ ROWS = MiB // 4  # one FP32 row of 1 MiB
 def _endpoint(stack: Any) -> str:
     if not hasattr(stack, "service"):
         pytest.skip("ZeroCopy needs the client, gateway and executor on one host (local stack)")
-    client = redis.Redis.from_url(stack.state["redis_url"], decode_responses=True)
+    client = stack.redis(decode_responses=True)
     try:
         for key in client.scan_iter("anvil:svc:gateway:*"):
             endpoint = client.hget(key, "zerocopy_endpoint")
@@ -110,40 +110,41 @@ def _http_binary(http: httpx.Client, x: np.ndarray) -> np.ndarray:
     return np.frombuffer(r.content[n:], np.float32).reshape(x.shape)
 
 
-def test_one_mebibyte_inputs_reach_the_executor_without_crossing_a_socket(
-    stack: Any, http: httpx.Client
-) -> None:
+def test_one_mebibyte_inputs_reach_the_executor_without_crossing_a_socket(tcp_stack: Any) -> None:
     """Payloads stay in the client's memory until the executor reads them, with one pread copy each
-    (a mapped read would let a client that shrinks its region SIGBUS the executor)."""
-    endpoint = _endpoint(stack)
-    if shutil.which("ss") is None:
-        pytest.skip("`ss` (iproute2) is needed to read the kernel's per-socket byte counters")
-    x = np.random.default_rng(1).standard_normal((1, ROWS)).astype(np.float32)
-    n = 8
-    counters = ("inputs", "input_bytes", "bytes_copied")
-    with ZeroCopyClient(endpoint, slots=2, slot_bytes=2 * MiB) as zc:
-        for _ in range(3):  # warm: the executor maps the region, caches fill
-            assert np.array_equal(zc.infer("identity", {"INPUT0": x})["OUTPUT0"], x)
-        before = {k: _metric(stack, f"anvil_executor_shm_{k}_total") for k in counters}
+    (a mapped read would let a client that shrinks its region SIGBUS the executor). On the stack
+    whose links are tcp: the kernel counts a tcp socket's bytes, not an ipc one's."""
+    stack = tcp_stack
+    with httpx.Client(base_url=stack.url, timeout=10) as http:
+        endpoint = _endpoint(stack)
+        if shutil.which("ss") is None:
+            pytest.skip("`ss` (iproute2) is needed to read the kernel's per-socket byte counters")
+        x = np.random.default_rng(1).standard_normal((1, ROWS)).astype(np.float32)
+        n = 8
+        counters = ("inputs", "input_bytes", "bytes_copied")
+        with ZeroCopyClient(endpoint, slots=2, slot_bytes=2 * MiB) as zc:
+            for _ in range(3):  # warm: the executor maps the region, caches fill
+                assert np.array_equal(zc.infer("identity", {"INPUT0": x})["OUTPUT0"], x)
+            before = {k: _metric(stack, f"anvil_executor_shm_{k}_total") for k in counters}
+            wire0 = _wire(stack)
+            for i in range(n):
+                xi = x + i
+                assert np.array_equal(zc.infer("identity", {"INPUT0": xi})["OUTPUT0"], xi)
+            zc_wire = {k: v - wire0[k] for k, v in _wire(stack).items()}
+            after = {k: _metric(stack, f"anvil_executor_shm_{k}_total") for k in counters}
+        assert after["inputs"] - before["inputs"] == n
+        assert after["input_bytes"] - before["input_bytes"] == n * MiB
+        assert after["bytes_copied"] - before["bytes_copied"] == n * MiB  # exactly one copy, in the executor
+
         wire0 = _wire(stack)
-        for i in range(n):
-            xi = x + i
-            assert np.array_equal(zc.infer("identity", {"INPUT0": xi})["OUTPUT0"], xi)
-        zc_wire = {k: v - wire0[k] for k, v in _wire(stack).items()}
-        after = {k: _metric(stack, f"anvil_executor_shm_{k}_total") for k in counters}
-    assert after["inputs"] - before["inputs"] == n
-    assert after["input_bytes"] - before["input_bytes"] == n * MiB
-    assert after["bytes_copied"] - before["bytes_copied"] == n * MiB  # exactly one copy, in the executor
+        for _ in range(n):
+            assert np.array_equal(_http_binary(http, x), x)
+        http_wire = {k: v - wire0[k] for k, v in _wire(stack).items()}
 
-    wire0 = _wire(stack)
-    for _ in range(n):
-        assert np.array_equal(_http_binary(http, x), x)
-    http_wire = {k: v - wire0[k] for k, v in _wire(stack).items()}
-
-    print(f"\nrequest-direction bytes for {n} x 1 MiB: ZeroCopy {zc_wire}, HTTP binary {http_wire}")
-    for link in ("gateway->scheduler", "scheduler->executor"):
-        assert http_wire[link] >= n * MiB  # the control: payloads are visible to this measure
-        assert zc_wire[link] < n * 4096  # ZeroCopy: envelopes only
+        print(f"\nrequest-direction bytes for {n} x 1 MiB: ZeroCopy {zc_wire}, HTTP binary {http_wire}")
+        for link in ("gateway->scheduler", "scheduler->executor"):
+            assert http_wire[link] >= n * MiB  # the control: payloads are visible to this measure
+            assert zc_wire[link] < n * 4096  # ZeroCopy: envelopes only
 
 
 def test_async_client_keeps_many_requests_in_flight(stack: Any) -> None:

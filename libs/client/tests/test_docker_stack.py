@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -95,11 +97,20 @@ def test_container_requests_for_the_real_compose_file(profiles: set[str]) -> Non
     bodies: dict[str, dict[str, Any]] = {}
     api.create_container_from_config = lambda config, name, platform=None: bodies.setdefault(name, config)
 
+    archives: dict[str, dict[str, tarfile.TarInfo]] = {}
+
     class Containers:
-        def run(self, image: str, command: Any = None, **kwargs: Any) -> None:
+        def create(self, image: str, command: Any = None, **kwargs: Any) -> Any:
             api.create_container(
                 **create_args({**kwargs, "image": image, "command": command, "version": "1.44"})
             )
+
+            def put_archive(path: str, data: bytes) -> None:
+                assert path == "/run"
+                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                    archives[kwargs["name"]] = {m.name: m for m in tar.getmembers() if m.isfile()}
+
+            return SimpleNamespace(put_archive=put_archive, start=lambda: None)
 
     stack = DockerStack(ROOT / "compose.yaml", "t", {}, 18000, profiles=profiles, say=lambda _: None)
     stack._client = SimpleNamespace(api=api, containers=Containers())
@@ -117,6 +128,13 @@ def test_container_requests_for_the_real_compose_file(profiles: set[str]) -> Non
     published = [n for n, b in bodies.items() if b["HostConfig"].get("PortBindings")]
     assert published == ["t-gateway-1"]  # nothing else claims a host port
     assert all("RestartPolicy" not in b["HostConfig"] for b in bodies.values())
+    # secrets (issue #18): each container gets its own, 0400 for the services' user, and no other's
+    secrets = {name: sorted(files) for name, files in archives.items()}
+    assert secrets["t-gateway-1"] == ["secrets/gateway.key_secret", "secrets/redis_password"]
+    assert secrets["t-scheduler-1"] == ["secrets/redis_password", "secrets/scheduler.key_secret"]
+    assert secrets["t-redis-1"] == ["secrets/redis.acl"]
+    key = archives["t-gateway-1"]["secrets/gateway.key_secret"]
+    assert (key.uid, key.mode, key.size) == (10001, 0o400, 64)
     if "gpu-x2" in profiles:
         request = bodies["t-executor-gpu1-1"]["HostConfig"]["DeviceRequests"][0]
         assert (request["Driver"], request["DeviceIDs"]) == ("nvidia", ["1"])

@@ -76,6 +76,7 @@ def test_fuzzed_batches_never_stop_the_executor(fuzz: Any, redis_url: str, tmp_p
         artifact_dir=str(tmp_path),
         shm_inputs=False,
         max_batch=8,
+        zmq_curve=False,  # a plain stand-in scheduler: the fuzz is about messages, not admission
     )
     ex = Executor(settings)
     ctx = zmq.Context()

@@ -187,6 +187,7 @@ def executor(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         metrics_port=0,  # an ephemeral port
         heartbeat_interval_ms=100,
         shm_inputs=False,
+        zmq_curve=False,  # no scheduler here: nothing to authenticate
     )
     ex = Executor(settings)
     stop = threading.Event()

@@ -53,7 +53,9 @@ def request(
 
 @pytest.fixture
 def sched() -> Iterator[Any]:
-    s = Scheduler(SchedulerSettings(gateway_port=0, executor_port=0, bind_host="127.0.0.1"))
+    s = Scheduler(
+        SchedulerSettings(gateway_port=0, executor_port=0, link_bind_host="127.0.0.1", zmq_curve=False)
+    )
     s.replies: list[tuple[bytes, list[Any]]] = []  # type: ignore[misc]
     s.sent: list[list[Any]] = []  # type: ignore[misc]
     s._send_to = lambda gw, parts: s.replies.append((gw, parts))  # type: ignore[method-assign]

@@ -65,7 +65,9 @@ def answers(s: Any) -> dict[str, tuple[int, str]]:
 
 @pytest.fixture
 def sched() -> Iterator[Any]:
-    s = Scheduler(SchedulerSettings(gateway_port=0, executor_port=0, bind_host="127.0.0.1"))
+    s = Scheduler(
+        SchedulerSettings(gateway_port=0, executor_port=0, link_bind_host="127.0.0.1", zmq_curve=False)
+    )
     s.replies = []
     s.sent = []
     s._send_to = lambda gw, parts: s.replies.append((gw, parts))

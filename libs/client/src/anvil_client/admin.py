@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import secrets
 import sys
 import time
@@ -13,25 +12,14 @@ from typing import Any
 
 import redis
 
+from anvil_client.stack_redis import open_redis
 from anvil_core import keys
 
 __all__ = ["add_admin_commands"]
 
 
 def _redis(args: argparse.Namespace) -> redis.Redis:
-    url = args.redis_url or os.environ.get("ANVIL_REDIS_URL") or _state_redis() or "redis://127.0.0.1:6379/0"
-    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=2, socket_connect_timeout=2)
-
-
-def _state_redis() -> str | None:
-    from anvil_client.launcher import run_root
-
-    try:
-        doc: dict[str, Any] = json.loads((run_root(os.environ) / "current.json").read_text())
-    except (OSError, ValueError):
-        return None
-    url = doc.get("redis_url")
-    return str(url) if url else None
+    return open_redis(args.redis_url, decode_responses=True, socket_timeout=2, socket_connect_timeout=2)
 
 
 def _guard(fn: Any) -> Any:

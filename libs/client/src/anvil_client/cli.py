@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -15,11 +14,13 @@ from typing import Any
 
 from anvil_client.admin import add_admin_commands
 from anvil_client.bench import add_bench_command
+from anvil_client.compose_secrets import add_secrets_command
 from anvil_client.demo import run_demo
 from anvil_client.deploy import add_deploy_commands
 from anvil_client.doctor import add_doctor_command
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
 from anvil_client.procs import running, stop_group
+from anvil_client.stack_redis import open_redis_async, stack_state
 
 __all__ = ["main"]
 
@@ -77,12 +78,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _state() -> dict[str, Any] | None:
-    path = run_root(os.environ) / "current.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
+    return stack_state(os.environ)
 
 
 def cmd_down(_: argparse.Namespace) -> int:
@@ -109,13 +105,9 @@ def cmd_down(_: argparse.Namespace) -> int:
 
 
 def cmd_status(_: argparse.Namespace) -> int:
-    from anvil_core.registry import connect_redis
-
-    state = _state() or {}
-    url = os.environ.get("ANVIL_REDIS_URL") or state.get("redis_url") or "redis://127.0.0.1:6379/0"
-
     async def show() -> int:
-        redis = connect_redis(str(url))
+        # the stack's password, never printed (redis errors do not carry it)
+        redis = open_redis_async(decode_responses=True, socket_timeout=1.0, socket_connect_timeout=1.0)
         try:
             keys = sorted([k async for k in redis.scan_iter(match="anvil:svc:*", count=200)])
             if not keys:
@@ -162,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_deploy_commands(sub)
     add_bench_command(sub)
     add_doctor_command(sub)
+    add_secrets_command(sub)
     return parser
 
 

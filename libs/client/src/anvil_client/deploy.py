@@ -37,6 +37,7 @@ from typing import Any, cast
 
 import httpx
 
+from anvil_client.stack_redis import open_redis, redis_target
 from anvil_core import keys
 from anvil_core.registry import connect_redis
 
@@ -62,7 +63,7 @@ def hf_bundle(path: Path) -> bytes:
 
 def add_deploy_commands(subparsers: Any) -> None:
     compiler = os.environ.get("ANVIL_COMPILER_URL", "http://127.0.0.1:8010")
-    redis_url = os.environ.get("ANVIL_REDIS_URL", "redis://127.0.0.1:6379/0")
+    redis_url = None  # anvil_client.stack_redis: ANVIL_REDIS_URL, else the running stack's
     d = subparsers.add_parser(
         "deploy", help="compile a model (ONNX file or HF dir) and serve it as a new version"
     )
@@ -229,7 +230,7 @@ def compile_remote(args: argparse.Namespace, on_progress: Any = None) -> dict[st
 
 
 def register(
-    redis_url: str,
+    redis_url: str | None,
     name: str,
     manifest: dict[str, Any],
     artifact_root: str = "",
@@ -243,7 +244,7 @@ def register(
     artifact_dir = str(Path(artifact_root) / manifest["id"]) if artifact_root else ""
 
     async def run() -> str:
-        redis = connect_redis(redis_url)
+        redis = connect_redis(*redis_target(redis_url))
         try:
             return await deployments.deploy(
                 redis, name, manifest["id"], manifest["spec"], artifact_dir, version, placement
@@ -263,14 +264,14 @@ def _placement(args: argparse.Namespace) -> dict[str, list[str]]:
     return out
 
 
-def wait_served(redis_url: str, name: str, version: str | None, timeout_s: float) -> str:
+def wait_served(redis_url: str | None, name: str, version: str | None, timeout_s: float) -> str:
     """Poll the registry until ``name`` (at ``version``; None: gone) is served by an executor (or
     served by none). Returns "" when it is, else why not (a load error an executor reports, or
     the time it waited)."""
     from anvil_core import deployments
 
     async def run() -> str:
-        redis = connect_redis(redis_url)
+        redis = connect_redis(*redis_target(redis_url))
         deadline = time.monotonic() + timeout_s
         try:
             while True:
@@ -367,7 +368,7 @@ def cmd_undeploy(args: argparse.Namespace) -> int:
     from anvil_core import deployments
 
     async def run() -> str:
-        redis = connect_redis(args.redis_url)
+        redis = connect_redis(*redis_target(args.redis_url))
         try:
             return await deployments.undeploy(redis, args.name, args.version)
         finally:
@@ -388,11 +389,10 @@ def cmd_undeploy(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    import redis
     from rich.console import Console
     from rich.table import Table
 
-    r: Any = redis.Redis.from_url(args.redis_url, decode_responses=True)
+    r: Any = open_redis(args.redis_url, decode_responses=True)
     table = Table("model", "version", "status", "artifact", "placement", "versions", "inputs")
     try:
         for key in sorted(r.scan_iter(keys.model_key("*"))):

@@ -6,12 +6,18 @@ started once its dependencies are healthy (Redis first), only the gateway's HTTP
 127.0.0.1:<http_port>). All it creates is labelled `io.anvil.project=<project>`; `stop()` removes it,
 `start()` first removes what a crashed run left. Restart policies stay off unless asked for, so
 `kill(service)` leaves the service dead until `restart(service)`.
+
+Secrets (issue #18): each service's `secrets` are written into its container before it starts, at
+/run/secrets/<target> with the uid and mode compose.yaml asks for, as compose does with secrets
+taken from the environment; a fresh set (`anvil secrets`) is made when the environment has none.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import tarfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
@@ -21,6 +27,7 @@ from typing import Any
 import yaml
 
 from anvil_client.compose_file import ServiceDef, interpolate, load_services
+from anvil_client.compose_secrets import compose_secrets_env
 
 __all__ = ["DockerStack", "DockerStackError", "DockerUnavailable"]
 
@@ -76,6 +83,38 @@ def _gpus(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {"device_requests": requests} if requests else {}
 
 
+def secrets_tar(
+    service: str, entries: Iterable[Any], defined: Mapping[str, Any], env: Mapping[str, str], base: Path
+) -> bytes:
+    """A tar of `service`'s secrets for extraction at /run: `secrets/<target>` with uid and mode.
+
+    `entries` is the service's `secrets` list (short: a name; long: source/target/uid/gid/mode),
+    `defined` the top-level `secrets` map (`environment: VAR` or `file: PATH`)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        folder = tarfile.TarInfo("secrets")
+        folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+        tar.addfile(folder)
+        for entry in entries:
+            spec = {"source": entry} if isinstance(entry, str) else dict(entry)
+            source = str(spec["source"])
+            origin = defined.get(source) or {}
+            if "environment" in origin:
+                if origin["environment"] not in env:
+                    raise DockerStackError(f"{service}: secret {source} needs ${origin['environment']}")
+                data = env[origin["environment"]].encode()
+            elif "file" in origin:
+                data = (base / origin["file"]).read_bytes()
+            else:
+                raise DockerStackError(f"{service}: secret {source} is not defined (environment or file)")
+            info = tarfile.TarInfo(f"secrets/{spec.get('target', source)}")
+            info.size, info.uid, info.gid = len(data), int(spec.get("uid", 0)), int(spec.get("gid", 0))
+            mode = spec.get("mode", 0o444)
+            info.mode = int(mode, 8) if isinstance(mode, str) else int(mode)  # "0o400", "0400" or 256
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def _ordered(services: Mapping[str, ServiceDef]) -> list[ServiceDef]:
     """Dependencies first; a dependency outside the enabled profiles is ignored, as compose does."""
     done: list[str] = []
@@ -106,6 +145,10 @@ class DockerStack:
         self.compose = compose.resolve()
         self.project = project
         self.env = {**os.environ, **env}  # interpolation and DOCKER_HOST, like the compose CLI
+        if not any(k.startswith("ANVIL_SECRET_") for k in self.env):
+            self.env.update(compose_secrets_env())  # a fresh set: what `anvil secrets` writes
+        doc = yaml.safe_load(self.compose.read_text()) or {}
+        self._defined_secrets: dict[str, Any] = doc.get("secrets") or {}
         self.http_port = http_port
         self.profiles = profiles or {"cpu"}
         self.build = build
@@ -208,7 +251,18 @@ class DockerStack:
             kwargs["ports"] = {f"{port}/tcp": ("127.0.0.1", self.http_port)}
         self.say(f"anvil: starting {svc.name} ({svc.image})")
         try:
-            self._containers[svc.name] = self._client.containers.run(svc.image, **kwargs)
+            try:  # create, then secrets in, then start: what containers.run does, plus the secrets
+                container = self._client.containers.create(svc.image, **kwargs)
+            except docker.errors.ImageNotFound:
+                self._client.images.pull(svc.image)
+                container = self._client.containers.create(svc.image, **kwargs)
+            self._containers[svc.name] = container
+            if raw.get("secrets"):
+                tar = secrets_tar(
+                    svc.name, raw["secrets"], self._defined_secrets, self.env, self.compose.parent
+                )
+                container.put_archive("/run", tar)
+            container.start()
         except docker.errors.DockerException as exc:
             raise DockerStackError(f"{svc.name}: could not start a container of {svc.image}: {exc}") from None
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from anvil_core.settings import redact_url
+
 __all__ = ["CHECKS", "Check", "Host", "add_doctor_command", "run_checks"]
 
 BCC_DIST_PACKAGES = "/usr/lib/python3/dist-packages"  # Debian's python3-bpfcc
@@ -143,8 +145,10 @@ class RealHost:
     def redis_ping(self, url: str) -> str | None:
         import redis
 
+        from anvil_client.stack_redis import open_redis
+
         try:
-            redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping()
+            open_redis(url, socket_timeout=1, socket_connect_timeout=1).ping()
         except redis.RedisError as exc:
             return str(exc)
         return None
@@ -315,6 +319,7 @@ def check_ports(h: Host, ports: dict[int, str] | None = None) -> list[Check]:
 def check_redis(h: Host, url: str | None = None) -> Check:
     url = url or h.env("ANVIL_REDIS_URL") or "redis://127.0.0.1:6379/0"
     why = h.redis_ping(url)
+    url = redact_url(url)  # shown below: a password in the URL must not be
     if why is None:
         return Check("redis", "stack", "ok", f"{url} answers PING")
     return Check(

@@ -4,6 +4,14 @@ Same commands and environment as the containers; compose host names become 127.0
 Redis when ANVIL_REDIS_URL is unset. A service marked `x-anvil-per-gpu` runs once per GPU chosen
 by ANVIL_GPUS (`anvil_client.gpus`). Per-service logs and a state file live in a run directory;
 Ctrl-C (or `anvil down`) stops everything that was started, children first, Redis last.
+
+Secrets (issue #18): each start makes fresh CURVE keypairs for the internal ZeroMQ links and, for
+the embedded Redis, a password, as 0600 files in ``<run dir>/secrets`` (0700). Children find them
+through ANVIL_SECRETS_DIR (compose's ``/run/secrets``, mapped there) and the public keys in
+ANVIL_CURVE_*_PUBLIC; the state file records the directory, never a secret. The gateway and the
+executors reach the scheduler through ipc sockets in ``<run dir>/links`` (0700; ANVIL_LINK_IPC_DIR,
+set it empty for tcp with CURVE); its CURVE tcp ports bind 127.0.0.1 unless ANVIL_LINK_BIND_HOST
+says otherwise (executors on other hosts).
 """
 
 from __future__ import annotations
@@ -11,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +37,9 @@ from anvil_client.compose_file import ServiceDef, load_services
 from anvil_client.embedded_redis import start_redis, wait_redis
 from anvil_client.gpus import GpuSelectionError, nvidia_smi_gpus, per_gpu_services
 from anvil_client.procs import spawn, stop_group
+from anvil_core.curve import generate_role_keys, write_secret_file
+from anvil_core.redis_conn import REDIS_PASSWORD_FILE
+from anvil_core.zmq_sockets import ipc_endpoint
 
 __all__ = [
     "Proc",
@@ -43,6 +56,7 @@ EMBEDDED = "redis"  # the compose service replaced by the embedded server
 # Replicas and per-GPU executors share this host's ports: copy n listens on metrics port + 100 x n,
 # clear of compose's 8000-8010 block (+ n would put GPU 1's executor on the compiler's 8005).
 PORT_STRIDE = 100
+CONTAINER_SECRETS = "/run/secrets"  # where compose mounts secrets; the run's secrets dir here
 
 
 class StackError(RuntimeError):
@@ -67,8 +81,10 @@ def free_ports(n: int) -> list[int]:
 
 def private_port_env(compose: Path) -> dict[str, str]:
     """A free port for every `${ANVIL_*PORT}` that compose.yaml reads: set them to run a second
-    stack beside another one (tests, benchmarks). compose.yaml stays the one list of ports."""
-    names = sorted(set(re.findall(r"\$\{(ANVIL_[A-Z0-9_]*PORT)\b", compose.read_text())))
+    stack beside another one (tests, benchmarks). compose.yaml stays the one list of ports, plus
+    ANVIL_REDIS_PORT: the embedded Redis's, which compose never publishes."""
+    found = set(re.findall(r"\$\{(ANVIL_[A-Z0-9_]*PORT)\b", compose.read_text()))
+    names = sorted(found | {"ANVIL_REDIS_PORT"})
     return dict(zip(names, map(str, free_ports(len(names))), strict=True))
 
 
@@ -138,11 +154,41 @@ def _proc(svc: ServiceDef, replica: int, base_env: Mapping[str, str], hosts: set
     name = svc.name if replica == 0 else f"{svc.name}.{replica}"
     if env.get("ANVIL_ARTIFACT_DIR", "").startswith("/var/lib/"):  # the container volume
         env["ANVIL_ARTIFACT_DIR"] = str(run_dir / "artifacts")
+    if env.get("ANVIL_SECRETS_DIR") == CONTAINER_SECRETS:
+        env["ANVIL_SECRETS_DIR"] = str(secrets_dir(run_dir))
     proc = Proc(name, svc, _local_argv(svc.command), env, run_dir / f"{name}.log")
     if svc.per_gpu:
         proc.id_prefix = f"{socket.gethostname()}-{name}"
         env["ANVIL_SERVICE_ID"] = _fresh_id(proc.id_prefix)
     return proc
+
+
+def secrets_dir(run_dir: Path) -> Path:
+    return run_dir / "secrets"
+
+
+def make_secrets(run_dir: Path, env: dict[str, str], redis_password: bool) -> str | None:
+    """Fresh CURVE keys (public keys into `env`) and, if asked, a Redis password, as 0600 files
+    under the run's secrets directory; returns the password for the embedded Redis (or None)."""
+    where = secrets_dir(run_dir)
+    env.update(generate_role_keys(where))
+    if not redis_password:
+        return None
+    password = secrets.token_hex(32)  # 256 bits, hex: nothing to escape in any client or file
+    write_secret_file(where / REDIS_PASSWORD_FILE, password)
+    return password
+
+
+def _ipc_dir(run_dir: Path, say: Callable[[str], None]) -> str:
+    """<run dir>/links for the links' ipc sockets, or "" (tcp with CURVE) when the path is too long
+    for a unix socket address."""
+    where = str(run_dir / "links")
+    try:
+        ipc_endpoint(where, "executor")
+    except ValueError as exc:
+        say(f"anvil: {exc}; the links use tcp with CURVE instead")
+        return ""
+    return where
 
 
 def _fresh_id(prefix: str) -> str:
@@ -186,16 +232,21 @@ class Stack:
         self.run_dir = self.run_dir or root / time.strftime("%Y%m%d-%H%M%S")
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         env = dict(self.env)
+        env.setdefault("ANVIL_LINK_BIND_HOST", "127.0.0.1")
+        if "ANVIL_LINK_IPC_DIR" not in env:
+            env["ANVIL_LINK_IPC_DIR"] = _ipc_dir(self.run_dir, self.say)
+        password = make_secrets(self.run_dir, env, redis_password=not env.get("ANVIL_REDIS_URL"))
         if not env.get("ANVIL_REDIS_URL"):
             self.redis_port = int(env.get("ANVIL_REDIS_PORT", "6379"))
-            self.redis = start_redis(self.redis_port, self.run_dir)
-            if not wait_redis(self.redis_port, 10):
+            self.redis = start_redis(self.redis_port, self.run_dir, password)
+            if not wait_redis(self.redis_port, 10, password):
                 self.stop()
                 raise StackError(
                     f"embedded redis did not answer on port {self.redis_port}; see {self.run_dir}/redis.log"
                 )
             env["ANVIL_REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
-            self.say(f"anvil: embedded redis on 127.0.0.1:{self.redis_port}")
+            where = secrets_dir(self.run_dir)
+            self.say(f"anvil: embedded redis on 127.0.0.1:{self.redis_port}, password in {where}")
         try:
             profiles = self.profiles or default_profiles(env)
             self.procs = plan_procs(self.compose, env, profiles, self.scale, self.run_dir, self.say)
@@ -289,6 +340,8 @@ class Stack:
             if self.redis is not None and self.redis.poll() is None:
                 stop_group(self.redis.pid)
                 self.redis.wait()
+        if self.run_dir is not None:  # the keys and password of a stopped stack open nothing
+            shutil.rmtree(secrets_dir(self.run_dir), ignore_errors=True)
         self.say("anvil: stopped")
         state = run_root(self.env) / "current.json"
         if state.exists():
@@ -308,6 +361,7 @@ class Stack:
                 else self.env.get("ANVIL_REDIS_URL")
             ),
             "redis_pid": self.redis.pid if self.redis else None,
+            "secrets_dir": str(secrets_dir(self.run_dir)),
             "services": [
                 {
                     "name": p.name,

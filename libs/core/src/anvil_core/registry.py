@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from anvil_core import keys
 from anvil_core.logs import get_logger
+from anvil_core.redis_conn import RedisAuth, async_redis
 from anvil_core.settings import redact_url
 
 __all__ = ["Registry", "ServiceRecord", "connect_redis"]
@@ -29,10 +30,11 @@ log = get_logger("anvil.registry")
 ServiceRecord = dict[str, str]
 
 
-def connect_redis(url: str) -> aioredis.Redis:
+def connect_redis(url: str, auth: RedisAuth | None = None) -> aioredis.Redis:
     """An asyncio client that fails fast (1 s) so callers can fall back and retry on their own beat."""
-    return aioredis.Redis.from_url(
+    return async_redis(
         url,
+        auth,
         decode_responses=True,
         socket_timeout=1.0,
         socket_connect_timeout=1.0,
@@ -57,8 +59,9 @@ class Registry:
         interval_s: float,
         fields: Callable[[], Mapping[str, Any]] | None = None,
         on_beat: Callable[[aioredis.Redis], Any] | None = None,
+        auth: RedisAuth | None = None,
     ) -> None:
-        self.redis = connect_redis(redis_url)
+        self.redis = connect_redis(redis_url, auth)
         self.kind = kind
         self.service_id = service_id
         self._url = redact_url(redis_url)

@@ -10,8 +10,11 @@ import os
 import socket
 import uuid
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from anvil_core.curve import HINT, CurveClient, CurveError, CurveServer, parse_public_keys, read_secret_key
+from anvil_core.redis_conn import RedisAuth, load_redis_auth
 
 __all__ = ["ServiceSettings", "redact_url"]
 
@@ -39,6 +42,25 @@ class ServiceSettings(BaseSettings):
     # Interface to bind sockets on, and the host name other services use to reach this one.
     bind_host: str = "0.0.0.0"
     advertise_host: str = "127.0.0.1"
+    # ZeroMQ CURVE on the internal links (gateway <-> scheduler <-> executor): every message
+    # encrypted, and the scheduler admits only peers holding the stack's keys (anvil_core.curve,
+    # docs/security.md). Off only to measure what it costs (bench/gateway_overhead.py).
+    zmq_curve: bool = True
+    # Secret files: {role}.key_secret and redis_password (`anvil up`: <run dir>/secrets, 0700;
+    # compose: /run/secrets, from compose secrets).
+    secrets_dir: str = ""
+    # Public keys, 64 hex digits (not secret): the scheduler's, and the gateways' / executors' that the
+    # scheduler admits (comma-separated: each key listed is admitted).
+    curve_scheduler_public: str = ""
+    curve_gateway_public: str = ""
+    curve_executor_public: str = ""
+    # One host (`anvil up` sets it to <run dir>/links): the links use ipc sockets in this directory
+    # (0700: only this user can connect; nothing is encrypted or leaves the host) instead of tcp
+    # with CURVE, which stays open for peers on other hosts. Empty: tcp with CURVE.
+    link_ipc_dir: str = ""
+    # Redis credentials: this password, else <secrets_dir>/redis_password, else the URL's own.
+    redis_username: str = ""
+    redis_password: SecretStr | None = None
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -47,6 +69,39 @@ class ServiceSettings(BaseSettings):
     @property
     def heartbeat_ttl_s(self) -> float:
         return self.heartbeat_ttl_ms / 1000.0
+
+    @property
+    def redis_auth(self) -> RedisAuth:
+        password = self.redis_password.get_secret_value() if self.redis_password else None
+        return load_redis_auth(password, self.secrets_dir, self.redis_username)
+
+    def curve_client(self, role: str) -> CurveClient | None:
+        """CURVE options of this process's client socket as `role`; None when CURVE is off or the
+        link is an ipc socket. Raises CurveError (naming the file or setting) when a key is missing
+        or malformed."""
+        if not self.zmq_curve or self.link_ipc_dir:
+            return None
+        servers = parse_public_keys(self.curve_scheduler_public, "ANVIL_CURVE_SCHEDULER_PUBLIC")
+        if len(servers) != 1:
+            raise CurveError(
+                f"ANVIL_CURVE_SCHEDULER_PUBLIC must hold one key, it holds {len(servers)}; {HINT}"
+            )
+        return CurveClient(read_secret_key(self.secrets_dir, role), next(iter(servers)))
+
+    def curve_server(self, domain: str) -> CurveServer | None:
+        """CURVE options of the scheduler's port for clients of `domain` (gateway, executor)."""
+        if not self.zmq_curve:
+            return None
+        return CurveServer(read_secret_key(self.secrets_dir, "scheduler"), domain)
+
+    def curve_admitted(self, role: str) -> frozenset[bytes]:
+        """The public keys of `role` that the scheduler admits (Z85, as ZAP compares them);
+        CurveError when none is set."""
+        name = f"ANVIL_CURVE_{role.upper()}_PUBLIC"
+        keys = parse_public_keys(getattr(self, f"curve_{role}_public"), name)
+        if not keys:
+            raise CurveError(f"ZeroMQ CURVE is on but {name} is unset: no {role} could connect; {HINT}")
+        return keys
 
 
 def redact_url(url: str) -> str:

@@ -55,8 +55,9 @@ def create_app(settings: CompilerSettings) -> FastAPI:
         settings.heartbeat_ttl_s,
         settings.heartbeat_interval_s,
         fields=lambda: {"http_port": settings.http_port, "host": settings.advertise_host},
+        auth=settings.redis_auth,
     )
-    cache = ArtifactCache(settings.redis_url, artifacts)
+    cache = ArtifactCache(settings.redis_url, artifacts, settings.redis_auth)
     jobs = JobManager(cache, settings.max_concurrent_jobs, settings.job_timeout_s)
 
     @asynccontextmanager

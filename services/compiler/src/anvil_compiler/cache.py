@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from anvil_compiler.artifacts import read_manifest
+from anvil_core.redis_conn import RedisAuth, sync_redis
 
 __all__ = ["ArtifactCache", "artifact_index_key"]
 
@@ -26,9 +27,9 @@ def artifact_index_key(artifact_id: str) -> str:
 
 
 class ArtifactCache:
-    def __init__(self, redis_url: str, root: Path) -> None:
+    def __init__(self, redis_url: str, root: Path, auth: RedisAuth | None = None) -> None:
         self.root = root
-        self.r = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+        self.r = sync_redis(redis_url, auth, socket_timeout=2, socket_connect_timeout=2)
         self.token = uuid.uuid4().hex
 
     def path(self, artifact_id: str) -> Path:

@@ -25,6 +25,8 @@ from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
+from anvil_core.zmq_auth import PeerLog, watch_handshakes
+from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
 from anvil_executor.batch_runner import ShmResolver, run_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
@@ -70,11 +72,11 @@ class Executor:
         )
         self.models: dict[str, Model] = self.loader.models  # the loader swaps entries; one dict
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.IDENTITY, settings.service_id.encode())
-        self.sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        # CURVE (issue #18): the executor's keypair, and the scheduler's key it must meet
+        curve = settings.curve_client("executor")
+        self.sock = make_socket(self.ctx, zmq.DEALER, identity=settings.service_id, curve=curve)
+        if curve is not None:  # a scheduler with the wrong key is logged once, not per retry
+            watch_handshakes(self.sock, PeerLog(log, "executor"), "scheduler")
         self.done_rx = self.ctx.socket(zmq.PAIR)
         self.done_rx.bind(f"inproc://done-{id(self)}")
         self.work = BatchQueue()  # most urgent batch first (work_queue.py)
@@ -92,6 +94,7 @@ class Executor:
             settings.heartbeat_interval_s,
             fields=self._fields,
             on_beat=self._on_beat,
+            auth=settings.redis_auth,
         )
 
     def _set_compute_threads(self) -> None:
@@ -156,6 +159,8 @@ class Executor:
         endpoint = None
         for rec in await self.registry.services("scheduler"):
             endpoint = rec.get("executor_endpoint") or endpoint
+        if endpoint:  # one host: its ipc socket instead (zmq_sockets.link_endpoint)
+            endpoint = link_endpoint(self.s.link_ipc_dir, endpoint, "executor")
         if endpoint and endpoint != self.endpoint:
             self.bg.post(lambda: self._follow(endpoint))
 
@@ -349,7 +354,7 @@ class Executor:
             from anvil_executor.shm_inputs import ShmInputs
         except ImportError:
             return None
-        shm = ShmInputs(self.s.redis_url)
+        shm = ShmInputs(self.s.redis_url, auth=self.s.redis_auth)
         start = getattr(shm, "start", None)
         if callable(start):
             start()

@@ -19,12 +19,12 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-import redis
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from anvil_core.codec import DTYPE_NAMES, pb
 from anvil_core.logs import get_logger
+from anvil_core.redis_conn import RedisAuth, sync_redis
 from anvil_core.tensors import HostTensor, TensorError
 from anvil_core.zerocopy import Region, ZeroCopyError, shm_key
 
@@ -44,9 +44,9 @@ shm_regions = Gauge("anvil_executor_shm_regions_mapped", "Shared-memory regions 
 class ShmInputs:
     """Map cache + checks. `resolve` runs on the compute thread; the sweeper on its own thread."""
 
-    def __init__(self, redis_url: str, recheck_s: float = 1.0) -> None:
-        self._redis = redis.Redis.from_url(
-            redis_url, decode_responses=True, socket_timeout=1.0, socket_connect_timeout=1.0
+    def __init__(self, redis_url: str, recheck_s: float = 1.0, auth: RedisAuth | None = None) -> None:
+        self._redis = sync_redis(
+            redis_url, auth, decode_responses=True, socket_timeout=1.0, socket_connect_timeout=1.0
         )
         self._recheck_s = recheck_s
         self._regions: dict[str, Region] = {}

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from anvil_core.registry import Registry
+from anvil_core.zmq_sockets import link_endpoint
 from anvil_gateway import embeddings, infer, routes_meta, routes_shm
 from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink
@@ -37,11 +38,21 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             "host": settings.advertise_host,
             "zerocopy_endpoint": zerocopy.endpoint,
         },
+        auth=settings.redis_auth,
     )
-    link = SchedulerLink(identity=f"gw-{settings.service_id}", bundle_max=settings.bundle_max)
+    link = SchedulerLink(
+        identity=f"gw-{settings.service_id}",
+        bundle_max=settings.bundle_max,
+        curve=settings.curve_client("gateway"),
+    )
     shed_ms = {2: settings.shed_delay_ms_p2, 3: settings.shed_delay_ms_p3}
     admission = Admission(settings.require_api_key, settings.max_inflight_per_model, shed_ms)
-    discovery = Discovery(registry, settings.discovery_interval_ms / 1000, link.follow, admission.load)
+    discovery = Discovery(
+        registry,
+        settings.discovery_interval_ms / 1000,
+        lambda advertised: link.follow(link_endpoint(settings.link_ipc_dir, advertised, "gateway")),
+        admission.load,
+    )
     st = GatewayState(
         settings, registry, link, discovery, SystemShm(settings.allow_client_shm), admission, Stats()
     )

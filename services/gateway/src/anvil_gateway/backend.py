@@ -17,8 +17,10 @@ import zmq.asyncio
 
 from anvil_core import codec
 from anvil_core.codec import pb
+from anvil_core.curve import CurveClient
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
+from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import make_socket
 
 __all__ = ["BackendUnavailable", "SchedulerLink"]
@@ -39,12 +41,16 @@ class SchedulerLink:
     when the scheduler's endpoint appears or moves.
     """
 
-    def __init__(self, identity: str, bundle_max: int = 8) -> None:
+    def __init__(self, identity: str, bundle_max: int = 8, curve: CurveClient | None = None) -> None:
         if bundle_max < 1:
             raise ValueError(f"bundle_max must be >= 1, got {bundle_max}")
         self.bundle_max = bundle_max
         self.ctx = zmq.asyncio.Context()
-        self.sock = make_socket(self.ctx, zmq.DEALER, identity=identity, immediate=True)
+        # curve: the gateway's keypair and the scheduler's key (issue #18); None: plain ZMTP
+        self.sock = make_socket(self.ctx, zmq.DEALER, identity=identity, immediate=True, curve=curve)
+        self.handshakes = PeerLog(log, "gateway")  # a wrong scheduler key: logged once, not per retry
+        if curve is not None:
+            watch_handshakes(self.sock, self.handshakes, "scheduler")
         self.endpoint: str | None = None
         self.pending: dict[str, asyncio.Future[Reply]] = {}
         self._outbox: list[tuple[str, list[Any]]] = []  # requests of this loop turn, not yet sent

@@ -19,6 +19,7 @@ import sys
 import redis
 
 from anvil_core import keys
+from anvil_core.redis_conn import env_redis_auth, sync_redis
 from anvil_qos.rates import BASE_KEY, parse_bases, parse_key
 
 __all__ = ["main"]
@@ -26,7 +27,9 @@ __all__ = ["main"]
 
 def _redis(url: str | None) -> redis.Redis:
     url = url or os.environ.get("ANVIL_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=2, socket_connect_timeout=2)
+    return sync_redis(
+        url, env_redis_auth(), decode_responses=True, socket_timeout=2, socket_connect_timeout=2
+    )
 
 
 def _set(r: redis.Redis, args: argparse.Namespace) -> int:

@@ -56,6 +56,7 @@ class Qos:
             settings.heartbeat_ttl_s,
             settings.heartbeat_interval_s,
             fields=self._fields,
+            auth=settings.redis_auth,
         )
 
     def _fields(self) -> dict[str, object]:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -30,7 +32,8 @@ from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
-from anvil_core.zmq_sockets import tcp_endpoint
+from anvil_core.zmq_auth import CurveGate
+from anvil_core.zmq_sockets import ipc_endpoint, make_socket, tcp_endpoint
 from anvil_scheduler import metrics as m
 from anvil_scheduler.core import (
     AdmitOutcome,
@@ -84,8 +87,17 @@ class Scheduler:
     def __init__(self, settings: SchedulerSettings) -> None:
         self.s = settings
         self.ctx = zmq.Context()
-        self.gw = self._router(settings.gateway_port)
-        self.ex = self._router(settings.executor_port)
+        # CURVE (issue #18): each port admits its own role's keys only; the gate runs before binding
+        self.gate: CurveGate | None = None
+        if settings.zmq_curve:
+            admitted = {role: settings.curve_admitted(role) for role in ("gateway", "executor")}
+            self.gate = CurveGate(self.ctx, "scheduler", admitted)
+            self.gate.start()
+        if settings.link_ipc_dir:  # one host: only this user may enter (zmq_sockets)
+            Path(settings.link_ipc_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(settings.link_ipc_dir, 0o700)
+        self.gw = self._router(settings.gateway_port, "gateway")
+        self.ex = self._router(settings.executor_port, "executor")
         priorities = (
             PriorityClass(1, "interactive", settings.slo_p1_ms),
             PriorityClass(2, "standard", settings.slo_p2_ms),
@@ -108,6 +120,7 @@ class Scheduler:
             settings.heartbeat_ttl_s,
             settings.heartbeat_interval_s,
             fields=self._fields,
+            auth=settings.redis_auth,
         )
         self._snapshot: dict[str, Any] = {"profiles": {}, "slo": {}}
         self._next_snapshot = 0.0
@@ -122,13 +135,16 @@ class Scheduler:
         self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
         self._hop_series: dict[tuple[str, int], Any] = {}
 
-    def _router(self, port: int) -> zmq.Socket[bytes]:
-        sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an unknown identity raises instead of dropping
-        sock.setsockopt(zmq.SNDHWM, 10_000)
-        sock.setsockopt(zmq.RCVHWM, 10_000)
-        sock.bind(tcp_endpoint(self.s.bind_host, port))
+    def _router(self, port: int, link: str) -> zmq.Socket[bytes]:
+        """A ROUTER for the clients of `link` (gateway or executor): tcp with CURVE, and the ipc
+        socket of one host when configured; ROUTER_MANDATORY: an unknown identity raises instead
+        of dropping (make_socket)."""
+        endpoint = tcp_endpoint(self.s.link_bind_host, port)
+        ipc = ipc_endpoint(self.s.link_ipc_dir, link) if self.s.link_ipc_dir else None
+        curve = self.s.curve_server(link)
+        sock = make_socket(self.ctx, zmq.ROUTER, bind=endpoint, curve=curve, plain_bind=ipc)
+        if self.gate is not None:
+            self.gate.watch(sock, link)
         return sock
 
     def _fields(self) -> dict[str, Any]:
@@ -174,6 +190,8 @@ class Scheduler:
         self.bg.stop()
         self.gw.close()
         self.ex.close()
+        if self.gate is not None:
+            self.gate.stop()  # before term: its ZAP socket would hold term() forever
         self.ctx.term()
 
     def _drain(self, sock: zmq.Socket[bytes], handle: Any) -> None:

@@ -13,6 +13,9 @@ class SchedulerSettings(ServiceSettings):
     # ROUTER that gateways connect to, and ROUTER that executors connect to.
     gateway_port: int = 5555
     executor_port: int = 5556
+    # Interface of both ROUTERs: every interface in a container (the compose network, never
+    # published); `anvil up` sets 127.0.0.1 unless ANVIL_LINK_BIND_HOST says otherwise.
+    link_bind_host: str = "0.0.0.0"
     metrics_port: int = 8003
     # Batching policy: ours (EDF + PID), or the peers it is compared with.
     policy: Literal["edf_pid", "fixed_delay", "aimd"] = "edf_pid"

@@ -21,9 +21,10 @@ def discover_endpoint(redis_url: str) -> str | None:
     """The ZeroCopy endpoint a running gateway registered, or None."""
     import redis
 
+    from anvil_client.stack_redis import open_redis
     from anvil_core import keys
 
-    r = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=2)
+    r = open_redis(redis_url, decode_responses=True, socket_timeout=2)
     try:
         for key in r.scan_iter(keys.svc_pattern("gateway")):
             endpoint = r.hget(key, "zerocopy_endpoint")
