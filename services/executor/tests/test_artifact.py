@@ -105,3 +105,19 @@ def test_a_plan_serves_only_the_outputs_it_is_asked_for(tmp_path: Path) -> None:
     assert [t.name for t in only.spec.outputs] == ["sentence_embedding"]
     with pytest.raises(ValueError, match="no output"):
         Names()._init_io(load_plan(art / "plan.bin"), "tiny", ["logits"])
+
+
+def test_sorted_rows_are_cut_where_the_length_bucket_grows_once_a_chunk_is_big_enough() -> None:
+    from anvil_executor.models.text_embedding import MIN_CHUNK_ROWS, padded_chunks
+
+    def bucket(n: int) -> int:
+        return -(-n // 8) * 8
+
+    counts = np.array([10] * 100 + [30] * 100 + [70] * 10, np.int32)  # sorted lengths
+    chunks = padded_chunks(counts, 512, bucket)
+    assert chunks == [(0, 100), (100, 200), (200, 210)]  # the 10 long rows do not pad 100 others to 72
+    assert padded_chunks(counts, 64, bucket)[0] == (0, 64)  # never more than max_rows
+    few = np.array([5] * (MIN_CHUNK_ROWS - 1) + [60], np.int32)
+    assert padded_chunks(few, 512, bucket) == [(0, MIN_CHUNK_ROWS)]  # too few rows to be worth a cut
+    covered = [i for s, e in padded_chunks(counts, 48, bucket) for i in range(s, e)]
+    assert covered == list(range(len(counts)))

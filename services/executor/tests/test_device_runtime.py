@@ -41,6 +41,7 @@ def test_a_cuda_device_without_cupy_refuses_to_start(monkeypatch: pytest.MonkeyP
 def test_buckets_cover_every_shape_with_bounded_padding() -> None:
     assert batch_buckets(64) == (1, 2, 4, 8, 16, 32, 64)
     assert batch_buckets(48) == (1, 2, 4, 8, 16, 32, 48)
+    assert batch_buckets(300) == (1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 300)  # steps of 64 above 64
     assert seq_buckets(1) == (1,)
     seq = seq_buckets(512)
     assert seq[0] == 8 and seq[-1] == 512 and list(seq) == sorted(set(seq))
