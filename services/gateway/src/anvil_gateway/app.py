@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -42,7 +43,18 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     admission = Admission(settings.require_api_key, settings.max_inflight_per_model)
     discovery = Discovery(registry, settings.discovery_interval_ms / 1000, link.follow, admission.load)
     st = GatewayState(
-        settings, registry, link, discovery, SystemShm(settings.allow_client_shm), admission, Stats()
+        settings,
+        registry,
+        link,
+        discovery,
+        SystemShm(
+            settings.allow_client_shm,
+            client_uid=settings.shm_client_uid,
+            allow_group=settings.shm_allow_group,
+        ),
+        admission,
+        Stats(),
+        ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="anvil-parse"),
     )
     zerocopy = ZeroCopyServer(st, settings.zerocopy_dir)
 
@@ -57,6 +69,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         await zerocopy.stop()  # before the registry: it uses the registry's Redis client
         await registry.stop()
         await link.stop()
+        st.parse_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="Anvil gateway", version=SERVER_VERSION, lifespan=lifespan)
     app.state.gw = st
