@@ -72,7 +72,7 @@ def measure(port: int, body: bytes, repeats: int) -> list[dict[str, float]]:
             done = threading.Event()
             took: list[float] = []
 
-            def post() -> None:
+            def post(done: threading.Event = done, took: list[float] = took) -> None:
                 t0 = time.perf_counter()
                 r = big.post("/v2/models/big/infer", content=body)
                 took.append(time.perf_counter() - t0)
@@ -145,7 +145,8 @@ def main() -> None:
     doc = {
         "command": " ".join(["uv run python bench/json_stall.py", *sys.argv[1:]]),
         "commit": commit,
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()} {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
+        f"load average {os.getloadavg()[0]:.1f} at the end (other work shared the machine)",
         "body_mib": round(len(body) / 2**20, 2),
         "runs": results,
         "medians": summary,
@@ -162,7 +163,8 @@ def main() -> None:
     ]
     for label, s in summary.items():
         lines.append(
-            f"| {label} | {s['request_ms']:.0f} | {s['probe_max_ms']:.1f} | {s['probe_p99_ms']:.1f} | {s['probe_median_ms']:.2f} |"
+            f"| {label} | {s['request_ms']:.0f} | {s['probe_max_ms']:.1f} | {s['probe_p99_ms']:.1f} "
+            f"| {s['probe_median_ms']:.2f} |"
         )
     ratio = summary["inline"]["probe_max_ms"] / max(summary["offloaded"]["probe_max_ms"], 1e-3)
     lines += ["", f"worst probe, inline / offloaded: {ratio:.1f}x"]

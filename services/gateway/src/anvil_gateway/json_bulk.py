@@ -173,10 +173,10 @@ def _array_end(body: bytes | bytearray, start: int) -> tuple[int | None, bool]:
         levels = np.cumsum(_DEPTH[window]) + depth
         closed = np.flatnonzero(levels == 0)
         bad = np.flatnonzero(~_ALLOWED[window])
-        close = int(closed[0]) if closed.size else None
-        if bad.size and (close is None or bad[0] < close):
+        first_close = int(closed[0]) if closed.size else None
+        if bad.size and (first_close is None or bad[0] < first_close):
             return None, True
-        if close is not None:
-            return pos + close + 1, True
+        if first_close is not None:
+            return pos + first_close + 1, True
         depth, pos = int(levels[-1]), pos + len(window)
     return None, True
