@@ -107,12 +107,26 @@ async def read_body(
     return buf
 
 
-async def parse_off_loop(st: GatewayState, size: int, fn: Callable[..., _T], *args: Any) -> _T:
+async def parse_off_loop(
+    st: GatewayState,
+    size: int,
+    fn: Callable[..., _T],
+    *args: Any,
+    orphan: Callable[[_T], None] | None = None,
+) -> _T:
     """`fn(*args)`, a parse of a body of `size` bytes: inline when small, else on a parse thread,
-    with `bulk=True` (json_bulk: steps short enough that the loop gets the GIL between them)."""
+    with `bulk=True` (json_bulk: steps short enough that the loop gets the GIL between them).
+    `orphan` gets the result of a parse whose caller was cancelled meanwhile (to release what the
+    parse took, e.g. pinned shm regions)."""
     if size < st.settings.parse_offload_bytes:
         return fn(*args)
-    return await asyncio.get_running_loop().run_in_executor(st.parse_pool, partial(fn, *args, bulk=True))
+    fut = asyncio.get_running_loop().run_in_executor(st.parse_pool, partial(fn, *args, bulk=True))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        if orphan is not None:
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or orphan(f.result()))
+        raise
 
 
 async def encode_off_loop(st: GatewayState, size: int, fn: Callable[..., _T], *args: Any) -> _T:
@@ -182,7 +196,14 @@ async def _infer(
     shm = st.shm if st.shm.enabled else None
     try:
         parsed = await parse_off_loop(
-            st, len(body), parse_request, body, request.headers.get(HEADER_LENGTH), shm, tenant
+            st,
+            len(body),
+            parse_request,
+            body,
+            request.headers.get(HEADER_LENGTH),
+            shm,
+            tenant,
+            orphan=lambda p: release_all(p, shm),
         )
     except ShmError as exc:
         raise Failed(exc.status, str(exc), "shm") from None
