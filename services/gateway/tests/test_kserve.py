@@ -182,10 +182,10 @@ def test_shared_memory_is_refused_where_not_enabled() -> None:
 
 
 def test_cuda_shared_memory_is_declined_cleanly() -> None:
+    from types import SimpleNamespace
+
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
-
-    from types import SimpleNamespace
 
     from anvil_gateway import routes_shm
     from anvil_gateway.admission import Admission
