@@ -182,13 +182,17 @@ def test_shared_memory_is_refused_where_not_enabled() -> None:
 
 
 def test_cuda_shared_memory_is_declined_cleanly() -> None:
+    from types import SimpleNamespace
+
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
     from anvil_gateway import routes_shm
+    from anvil_gateway.admission import Admission
 
     app = FastAPI()
     app.include_router(routes_shm.router)
+    app.state.gw = SimpleNamespace(admission=Admission(False, 1))  # the routes take the API key
     with TestClient(app) as client:
         assert client.get("/v2/cudasharedmemory/status").json() == []
         assert client.post("/v2/cudasharedmemory/unregister").status_code == 200

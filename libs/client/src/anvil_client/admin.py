@@ -1,4 +1,5 @@
-"""`anvil qos ...` and `anvil tenant ...`: operator commands that write Anvil's Redis keys."""
+"""`anvil qos ...`, `anvil tenant ...` and `anvil keys ...`: operator commands that write Anvil's Redis
+keys."""
 
 from __future__ import annotations
 
@@ -125,6 +126,20 @@ def tenant_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def keys_revoke(args: argparse.Namespace) -> int:
+    """Remove one API key, whoever's it is (the key as printed by `tenant add`; only its hash is
+    stored, so the key itself is what names it). Gateways and the compiler refuse it at their next
+    registry refresh (a few seconds)."""
+    h = hashlib.sha256(args.key.encode()).hexdigest()
+    r = _redis(args)
+    tenant = r.hget(keys.tenants_key(), h)
+    if tenant is None or not r.hdel(keys.tenants_key(), h):
+        print("anvil: no such API key", file=sys.stderr)
+        return 1
+    print(f"revoked one API key of tenant {tenant!r}")
+    return 0
+
+
 def tenant_list(args: argparse.Namespace) -> int:
     names = sorted({str(v) for v in _redis(args).hgetall(keys.tenants_key()).values()})
     print("\n".join(names) if names else "no tenants")
@@ -159,3 +174,10 @@ def add_admin_commands(sub: Any) -> None:
     rv.add_argument("--key", default=None, help="revoke only this key (as printed by `tenant add`)")
     rv.set_defaults(fn=_guard(tenant_revoke))
     tsub.add_parser("list", help="list tenant names").set_defaults(fn=_guard(tenant_list))
+
+    ks = sub.add_parser("keys", help="API keys (anvil:tenants)")
+    ks.add_argument("--redis-url", default=None)
+    ksub = ks.add_subparsers(dest="keys_cmd", required=True)
+    kr = ksub.add_parser("revoke", help="revoke one API key, whichever tenant holds it")
+    kr.add_argument("key", help="the key as printed by `anvil tenant add`")
+    kr.set_defaults(fn=_guard(keys_revoke))

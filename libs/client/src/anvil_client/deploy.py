@@ -122,6 +122,11 @@ def add_deploy_commands(subparsers: Any) -> None:
     )
     d.add_argument("--wait", action="store_true", help="return once an executor serves the new version")
     d.add_argument("--compiler", default=compiler, help="compiler URL (env ANVIL_COMPILER_URL)")
+    d.add_argument(
+        "--api-key",
+        default=None,
+        help="the compiler's API key (default: env ANVIL_COMPILER_API_KEY, else ANVIL_API_KEY)",
+    )
     d.add_argument("--redis-url", default=redis_url, help="env ANVIL_REDIS_URL")
     d.add_argument("--timeout-s", type=float, default=900.0, help="for the compile, and for --wait")
     d.set_defaults(fn=cmd_deploy)
@@ -203,7 +208,13 @@ def compile_remote(args: argparse.Namespace, on_progress: Any = None) -> dict[st
     """Upload, follow the job to its end; returns the final job document."""
     path: Path = args.model
     fmt, data = ("hf", hf_bundle(path)) if path.is_dir() else ("onnx", path.read_bytes())
-    with httpx.Client(base_url=args.compiler, timeout=60) as http:
+    key = (
+        getattr(args, "api_key", None)
+        or os.environ.get("ANVIL_COMPILER_API_KEY")
+        or os.environ.get("ANVIL_API_KEY")
+    )
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    with httpx.Client(base_url=args.compiler, timeout=60, headers=headers) as http:
         files = {"file": (path.name, data)}
         calib: Path | None = getattr(args, "calibration_data", None)
         if calib is not None:

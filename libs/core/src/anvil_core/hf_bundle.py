@@ -17,7 +17,16 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-__all__ = ["MAGIC_V1", "MAGIC_V2", "OPTIONAL", "REQUIRED", "BundleError", "pack_dir", "unpack"]
+__all__ = [
+    "MAGIC_V1",
+    "MAGIC_V2",
+    "OPTIONAL",
+    "REQUIRED",
+    "BundleError",
+    "pack_dir",
+    "pack_files",
+    "unpack",
+]
 
 MAGIC_V1 = b"ANVILHF1"
 MAGIC_V2 = b"ANVILHF2"
@@ -42,9 +51,18 @@ def pack_dir(path: Path) -> bytes:
     if missing:
         raise BundleError(f"{path} must contain {' and '.join(REQUIRED)} (missing {', '.join(missing)})")
     names = [*REQUIRED, *(n for n in OPTIONAL if (path / n).is_file())]
+    return pack_files({name: (path / name).read_bytes() for name in names})
+
+
+def pack_files(files: dict[str, bytes]) -> bytes:
+    """The bundle of checkpoint files already read (names from REQUIRED and OPTIONAL)."""
+    missing = [n for n in REQUIRED if n not in files]
+    if missing:
+        raise BundleError(f"a bundle needs {' and '.join(REQUIRED)} (missing {', '.join(missing)})")
+    names = [*REQUIRED, *(n for n in OPTIONAL if n in files)]
     parts = [MAGIC_V2, struct.pack("<I", len(names))]
     for name in names:
-        data = (path / name).read_bytes()
+        data = files[name]
         if name != "model.safetensors" and len(data) > MAX_ASSET_BYTES:
             raise BundleError(f"{name}: {len(data)} bytes exceeds {MAX_ASSET_BYTES}")
         raw = name.encode()

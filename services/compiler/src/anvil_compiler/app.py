@@ -9,41 +9,91 @@
 | GET | /v1/artifacts/{id}/files/{name} | one file of the artifact (names from the manifest) |
 
 A bad model fails its job (the error names the op/node); the service keeps serving.
+
+Boundaries (docs/security.md): every route but health takes an API key when one is configured
+(`compiler_api_key`, and the tenants' keys with `require_api_key`); a server-side `path` is read
+only from beneath `model_root` (model_paths.py); an upload is refused from its Content-Length, and
+cut off as soon as its stream passes the cap, before anything is buffered past it; the job table is
+bounded (jobs.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, File, Form, HTTPException, UploadFile
+import redis
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.types import Message
 
 from anvil_compiler.cache import ArtifactCache
 from anvil_compiler.errors import CompileError
-from anvil_compiler.frontends.hf import bundle_from_dir
-from anvil_compiler.jobs import JobManager
+from anvil_compiler.jobs import JobManager, JobsFull
+from anvil_compiler.model_paths import PathRefused, read_model
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.settings import CompilerSettings
+from anvil_core import keys
 from anvil_core.registry import Registry
 
 __all__ = ["create_app"]
 
+FORM_OVERHEAD_BYTES = 1 << 20  # multipart boundaries, part headers, the small fields
+
+
+class _TooLarge(Exception):
+    pass
+
 
 def _read_path(settings: CompilerSettings, path: str, fmt: str) -> bytes:
-    p = Path(path).resolve()
-    root = Path(settings.model_root).resolve() if settings.model_root else None
-    if root is None or not p.is_relative_to(root):
-        raise HTTPException(400, f"path {path!r} is not under the compiler's model_root")
-    if fmt == "hf" and p.is_dir():
-        return bundle_from_dir(p)
-    if not p.is_file():
-        raise HTTPException(400, f"path {path!r} is not a readable file")
-    return p.read_bytes()
+    try:
+        return read_model(settings.model_root_path, path, fmt, settings.max_model_bytes)
+    except PathRefused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+
+
+def _presented_key(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    return auth[7:].strip() if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+
+
+async def _form(request: Request, cap: int) -> Any:
+    """The multipart form, its stream cut off (413) as soon as it passes `cap` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise HTTPException(413, f"request body of {declared} bytes exceeds the cap of {cap} bytes")
+    seen = 0
+
+    async def receive() -> Message:
+        nonlocal seen
+        msg = await request.receive()
+        seen += len(msg.get("body", b""))
+        if seen > cap:
+            raise _TooLarge
+        return msg
+
+    try:
+        return await Request(request.scope, receive).form(max_files=2, max_fields=8)
+    except _TooLarge:
+        raise HTTPException(413, f"request body exceeds the cap of {cap} bytes (cut off)") from None
+
+
+async def _upload(form: Any, field: str, cap: int, what: str) -> bytes | None:
+    item = form.get(field)
+    if item is None or isinstance(item, str):
+        return None
+    assert isinstance(item, UploadFile)
+    data = await item.read(cap + 1)
+    if len(data) > cap:
+        raise HTTPException(413, f"{what} larger than max_model_mib={cap >> 20}")
+    return data
 
 
 def create_app(settings: CompilerSettings) -> FastAPI:
@@ -58,11 +108,42 @@ def create_app(settings: CompilerSettings) -> FastAPI:
         auth=settings.redis_auth,
     )
     cache = ArtifactCache(settings.redis_url, artifacts, settings.redis_auth)
-    jobs = JobManager(cache, settings.max_concurrent_jobs, settings.job_timeout_s)
+    jobs = JobManager(
+        cache,
+        settings.max_concurrent_jobs,
+        settings.job_timeout_s,
+        settings.finished_job_ttl_s,
+        settings.max_finished_jobs,
+        settings.max_pending_jobs,
+    )
+    auth_on = bool(settings.compiler_api_key) or settings.require_api_key
+
+    def _tenant_key(key: str) -> bool:
+        try:
+            return bool(cache.r.hexists(keys.tenants_key(), hashlib.sha256(key.encode()).hexdigest()))
+        except redis.RedisError:
+            raise HTTPException(503, "the API key cannot be checked: registry unreachable") from None
+
+    async def authorized(request: Request) -> None:
+        """401 unless the request carries an accepted key (when keys are configured)."""
+        if not auth_on:
+            return
+        key = _presented_key(request)
+        if key and settings.compiler_api_key and hmac.compare_digest(key, settings.compiler_api_key):
+            return
+        if key and settings.require_api_key and await run_in_threadpool(_tenant_key, key):
+            return
+        raise HTTPException(
+            401,
+            "an API key is required (Authorization: Bearer <key> or x-api-key)"
+            if not key
+            else "unknown API key",
+        )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         artifacts.mkdir(parents=True, exist_ok=True)
+        settings.model_root_path.mkdir(mode=0o700, parents=True, exist_ok=True)
         await registry.start()
         yield
         await registry.stop()
@@ -74,55 +155,53 @@ def create_app(settings: CompilerSettings) -> FastAPI:
     async def health() -> dict[str, Any]:
         return {"live": True, "registry": registry.connected, "artifact_dir_writable": artifacts.is_dir()}
 
-    @app.post("/v1/compile")
-    async def compile_(
-        file: UploadFile | None = File(None),  # noqa: B008 (FastAPI's idiom)
-        calibration: UploadFile | None = File(None),  # noqa: B008 (.npz: inputs for the accuracy report)
-        path: str = Form(""),
-        name: str = Form("model"),
-        format: str = Form(""),
-        options: str = Form("{}"),
-    ) -> dict[str, Any]:
-        fmt = format or ("hf" if (path and Path(path).is_dir()) else "onnx")
-        if fmt not in ("onnx", "hf"):
-            raise HTTPException(400, f"format must be onnx or hf, got {fmt!r}")
+    @app.post("/v1/compile", dependencies=[Depends(authorized)])
+    async def compile_(request: Request) -> dict[str, Any]:
+        """multipart: `file` or `path`, `name`, `format`, `options` (JSON), optional `calibration`."""
+        cap = settings.max_model_bytes
+        form = await _form(request, 2 * cap + FORM_OVERHEAD_BYTES)
         try:
-            opts = CompileOptions.from_dict(json.loads(options))
-        except (CompileError, json.JSONDecodeError) as exc:
-            raise HTTPException(400, f"bad options: {exc}") from exc
-        if file is not None:
-            data = await file.read(settings.max_model_mib * 2**20 + 1)
-            if len(data) > settings.max_model_mib * 2**20:
-                raise HTTPException(413, f"model larger than max_model_mib={settings.max_model_mib}")
-        elif path:
-            data = await run_in_threadpool(_read_path, settings, path, fmt)
-        else:
-            raise HTTPException(400, "send the model as `file` or name a server-side `path`")
-        calib = b""
-        if calibration is not None:
-            calib = await calibration.read(settings.max_model_mib * 2**20 + 1)
-            if len(calib) > settings.max_model_mib * 2**20:
-                raise HTTPException(
-                    413, f"calibration data larger than max_model_mib={settings.max_model_mib}"
-                )
-        job = await run_in_threadpool(jobs.submit, fmt, data, name, opts, calib)
+            fields = {k: form.get(k) for k in ("path", "name", "format", "options")}
+            if any(v is not None and not isinstance(v, str) for v in fields.values()):
+                raise HTTPException(400, "path, name, format and options must be form fields, not files")
+            path, name = fields["path"] or "", fields["name"] or "model"
+            fmt, options = fields["format"] or "", fields["options"] or "{}"
+            fmt = fmt or ("hf" if (path and (settings.model_root_path / path).is_dir()) else "onnx")
+            if fmt not in ("onnx", "hf"):
+                raise HTTPException(400, f"format must be onnx or hf, got {fmt!r}")
+            try:
+                opts = CompileOptions.from_dict(json.loads(options))
+            except (CompileError, json.JSONDecodeError) as exc:
+                raise HTTPException(400, f"bad options: {exc}") from exc
+            data = await _upload(form, "file", cap, "model")
+            if data is None and path:
+                data = await run_in_threadpool(_read_path, settings, path, fmt)
+            elif data is None:
+                raise HTTPException(400, "send the model as `file` or name a server-side `path`")
+            calib = await _upload(form, "calibration", cap, "calibration data") or b""
+        finally:
+            await form.close()
+        try:
+            job = await run_in_threadpool(jobs.submit, fmt, data, name, opts, calib)
+        except JobsFull as exc:
+            raise HTTPException(429, str(exc), headers={"Retry-After": "5"}) from None
         return job.to_dict()
 
-    @app.get("/v1/jobs/{job_id}")
+    @app.get("/v1/jobs/{job_id}", dependencies=[Depends(authorized)])
     async def job(job_id: str) -> dict[str, Any]:
         j = jobs.jobs.get(job_id)
         if j is None:
             raise HTTPException(404, f"no job {job_id!r}")
         return j.to_dict()
 
-    @app.get("/v1/artifacts/{artifact_id}")
+    @app.get("/v1/artifacts/{artifact_id}", dependencies=[Depends(authorized)])
     async def artifact(artifact_id: str) -> dict[str, Any]:
         manifest = await run_in_threadpool(cache.lookup, artifact_id) if artifact_id.isalnum() else None
         if manifest is None:
             raise HTTPException(404, f"no artifact {artifact_id!r}")
         return manifest
 
-    @app.get("/v1/artifacts/{artifact_id}/files/{name}")
+    @app.get("/v1/artifacts/{artifact_id}/files/{name}", dependencies=[Depends(authorized)])
     async def artifact_file(artifact_id: str, name: str) -> FileResponse:
         manifest = await run_in_threadpool(cache.lookup, artifact_id) if artifact_id.isalnum() else None
         if manifest is None or name not in manifest["files"]:

@@ -1,7 +1,9 @@
 """Compile jobs: single-flight per artifact key, a concurrency limit, a timeout, one worker
 process per compile (`worker.py`).
 
-Job lifecycle: QUEUED -> RUNNING -> DONE | FAILED. A request whose key is already built gets a
+Job lifecycle: QUEUED -> RUNNING -> DONE | FAILED. The table is bounded: finished jobs are dropped
+after `finished_ttl_s` and beyond `max_finished` (oldest first), and a submission while
+`max_pending` jobs are queued or running is refused (`JobsFull`). A request whose key is already built gets a
 job that is DONE at once (``cached``); one whose key is being built in this process gets the
 running job; one whose key another compiler process holds the lock for waits for its result.
 """
@@ -23,7 +25,11 @@ from anvil_compiler.cache import ArtifactCache
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.worker import worker_main
 
-__all__ = ["Job", "JobManager", "JobStatus"]
+__all__ = ["Job", "JobManager", "JobStatus", "JobsFull"]
+
+
+class JobsFull(RuntimeError):
+    """Too many jobs queued or running; retry later (429)."""
 
 
 class JobStatus(enum.StrEnum):
@@ -65,9 +71,20 @@ class Job:
 
 
 class JobManager:
-    def __init__(self, cache: ArtifactCache, max_jobs: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        cache: ArtifactCache,
+        max_jobs: int,
+        timeout_s: float,
+        finished_ttl_s: float = 3600.0,
+        max_finished: int = 256,
+        max_pending: int = 16,
+    ) -> None:
         self.cache = cache
         self.timeout_s = timeout_s
+        self.finished_ttl_s = finished_ttl_s
+        self.max_finished = max_finished
+        self.max_pending = max_pending
         self.jobs: dict[str, Job] = {}
         self.inflight: dict[str, Job] = {}  # artifact key -> running job
         self.lock = threading.Lock()
@@ -80,6 +97,11 @@ class JobManager:
         with self.lock:
             if (running := self.inflight.get(key)) is not None:
                 return running
+            self._prune(time.time())
+            if len(self.inflight) >= self.max_pending:
+                raise JobsFull(
+                    f"{len(self.inflight)} compile jobs queued or running (the bound); retry later"
+                )
             job = Job(uuid.uuid4().hex[:16], key, name)
             self.jobs[job.id] = job
             if self.cache.lookup(key) is not None:
@@ -95,6 +117,17 @@ class JobManager:
             target=self._run, args=(job, fmt, spool, opts), name=f"job-{job.id}", daemon=True
         ).start()
         return job
+
+    def _prune(self, now: float) -> None:
+        """Drop finished jobs past their TTL, then the oldest beyond `max_finished` (under the lock)."""
+        finished = sorted(
+            (j for j in self.jobs.values() if j.status in (JobStatus.DONE, JobStatus.FAILED)),
+            key=lambda j: j.finished,
+        )
+        excess = len(finished) - self.max_finished + 1  # room for the job being added
+        for i, j in enumerate(finished):
+            if i < excess or now - j.finished > self.finished_ttl_s:
+                del self.jobs[j.id]
 
     def _finish(self, job: Job, cached: bool = False) -> None:
         job.status, job.stage, job.percent, job.cached, job.finished = (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from anvil_core.settings import ServiceSettings
 
 __all__ = ["CompilerSettings"]
@@ -16,7 +18,28 @@ class CompilerSettings(ServiceSettings):
     max_concurrent_jobs: int = 1
     # A job still running after this is killed and reported failed (nvcc on a large model is ~1 min).
     job_timeout_s: float = 600.0
-    # Largest upload accepted, in MiB (all-MiniLM-L6-v2 is 87 MiB of fp32 safetensors).
+    # Largest model (upload or server-side file), and largest calibration upload, in MiB
+    # (all-MiniLM-L6-v2 is 87 MiB of fp32 safetensors). An upload stream is cut off at 2x this.
     max_model_mib: int = 2048
-    # A server-side `path` must lie under this directory ("" disables paths: uploads only).
-    model_root: str = "/"
+    # The directory a server-side `path` must lie under (symlinks resolved, then opened without
+    # following any). "": `<artifact_dir>/models`, made at start.
+    model_root: str = ""
+    # The API key every route but /v1/health requires when set (`anvil deploy` sends
+    # ANVIL_COMPILER_API_KEY). With require_api_key (the gateway's ANVIL_REQUIRE_API_KEY), the
+    # tenants' API keys (`anvil tenant add`, anvil:tenants) are accepted too, and a key is
+    # required even when compiler_api_key is empty.
+    compiler_api_key: str = ""
+    require_api_key: bool = False
+    # Jobs kept for GET /v1/jobs/{id}: finished ones for this long, at most this many (oldest
+    # dropped first); submissions beyond max_pending_jobs queued or running get 429.
+    finished_job_ttl_s: float = 3600.0
+    max_finished_jobs: int = 256
+    max_pending_jobs: int = 16
+
+    @property
+    def model_root_path(self) -> Path:
+        return Path(self.model_root) if self.model_root else Path(self.artifact_dir) / "models"
+
+    @property
+    def max_model_bytes(self) -> int:
+        return self.max_model_mib << 20

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -54,7 +55,18 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         admission.load,
     )
     st = GatewayState(
-        settings, registry, link, discovery, SystemShm(settings.allow_client_shm), admission, Stats()
+        settings,
+        registry,
+        link,
+        discovery,
+        SystemShm(
+            settings.allow_client_shm,
+            client_uid=settings.shm_client_uid,
+            allow_group=settings.shm_allow_group,
+        ),
+        admission,
+        Stats(),
+        ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="anvil-parse"),
     )
     zerocopy = ZeroCopyServer(st, settings.zerocopy_dir)
 
@@ -69,6 +81,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         await zerocopy.stop()  # before the registry: it uses the registry's Redis client
         await registry.stop()
         await link.stop()
+        st.parse_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="Anvil gateway", version=SERVER_VERSION, lifespan=lifespan)
     app.state.gw = st

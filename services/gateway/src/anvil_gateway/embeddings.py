@@ -21,7 +21,7 @@ from anvil_core.tensors import HostTensor
 from anvil_gateway import json_codec
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
-from anvil_gateway.infer import TRACE_HEADER, Failed, forward, read_body, trace_id
+from anvil_gateway.infer import TRACE_HEADER, Failed, forward, parse_off_loop, read_body, trace_id
 from anvil_gateway.kserve import BadRequest, parse_json_document
 from anvil_gateway.state import GatewayState, state_of
 
@@ -79,7 +79,9 @@ async def embeddings(request: Request) -> Response:
     except Rejected as exc:
         return _oa_error(exc.status, str(exc), "authentication_error", hdr)
     try:
-        doc = parse_json_document(await read_body(request, st.settings.max_body_bytes))
+        # The model is named in the body: the global cap bounds it; a large one is parsed off the loop.
+        raw = await read_body(request, st.settings.max_body_bytes, large=st.settings.parse_offload_bytes)
+        doc = await parse_off_loop(st, len(raw), parse_json_document, raw)
         name = doc.get("model")
         if not isinstance(name, str) or name not in st.discovery.models:
             return _oa_error(

@@ -5,11 +5,14 @@ Bad input is a 4xx with `{"error": ...}` stating the constraint; the gateway nev
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -22,6 +25,7 @@ from anvil_core.tensors import HostTensor, TensorError
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.backend import BackendUnavailable
+from anvil_gateway.body_limits import model_body_limit
 from anvil_gateway.hops import HOPS_HEADER, Hops
 from anvil_gateway.json_tensors import BadRequest
 from anvil_gateway.kserve import ParsedRequest, parse_request, release_all
@@ -35,6 +39,7 @@ __all__ = [
     "Failed",
     "forward",
     "handle_infer",
+    "parse_off_loop",
     "qos_params",
     "read_body",
     "router",
@@ -42,6 +47,7 @@ __all__ = [
 ]
 
 router = APIRouter()
+_T = TypeVar("_T")
 TRACE_HEADER = "x-anvil-trace-id"
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
@@ -63,23 +69,71 @@ def trace_id(headers: Any) -> str:
     return given if re.fullmatch(r"[0-9A-Za-z-]{8,64}", given) else uuid.uuid4().hex
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """Read the body, refusing (413) as soon as it exceeds `limit` bytes."""
+async def read_body(
+    request: Request, limit: int, why: str = "the server's max_body_bytes", large: int = 64 << 10
+) -> bytes | bytearray:
+    """Read the body, refusing (413) before reading when Content-Length exceeds `limit` bytes, and
+    as soon as a body without one (chunked) does; `why` names where the limit comes from.
+
+    A body of `large` bytes or more is gathered into one bytearray as it arrives (sized from
+    Content-Length when given): joining tens of MB at the end is one long copy on the event loop.
+    """
     declared = request.headers.get("content-length")
-    too_big = Failed(413, f"request body exceeds the limit of {limit} bytes", "too_large")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    too_big = Failed(413, f"request body exceeds the limit of {limit} bytes ({why})", "too_large")
+    size_hint = int(declared) if declared is not None and declared.isdigit() else -1
+    if size_hint > limit:
         raise too_big
     chunks: list[bytes] = []
+    buf: bytearray | None = None
     size = 0
     try:
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
+            if size + len(chunk) > limit:
                 raise too_big
-            chunks.append(chunk)
+            if buf is None and size + len(chunk) >= large:
+                buf = bytearray(max(size_hint, size + len(chunk)))  # zero pages: faulted in as filled
+                buf[:size] = b"".join(chunks)
+                chunks = []
+            if buf is not None:
+                buf[size : size + len(chunk)] = chunk  # grows the array if the hint was short
+            else:
+                chunks.append(chunk)
+            size += len(chunk)
     except ClientDisconnect:  # the client hung up mid-body: nobody to answer, nothing to log loudly
         raise Failed(499, "client disconnected before sending the whole body", "client_disconnect") from None
-    return b"".join(chunks)
+    if buf is None:
+        return b"".join(chunks)
+    del buf[size:]  # a Content-Length larger than what came
+    return buf
+
+
+async def parse_off_loop(
+    st: GatewayState,
+    size: int,
+    fn: Callable[..., _T],
+    *args: Any,
+    orphan: Callable[[_T], None] | None = None,
+) -> _T:
+    """`fn(*args)`, a parse of a body of `size` bytes: inline when small, else on a parse thread,
+    with `bulk=True` (json_bulk: steps short enough that the loop gets the GIL between them).
+    `orphan` gets the result of a parse whose caller was cancelled meanwhile (to release what the
+    parse took, e.g. pinned shm regions)."""
+    if size < st.settings.parse_offload_bytes:
+        return fn(*args)
+    fut = asyncio.get_running_loop().run_in_executor(st.parse_pool, partial(fn, *args, bulk=True))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        if orphan is not None:
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or orphan(f.result()))
+        raise
+
+
+async def encode_off_loop(st: GatewayState, size: int, fn: Callable[..., _T], *args: Any) -> _T:
+    """`fn(*args)`, an answer of about `size` bytes: inline when small, else on a parse thread."""
+    if size < st.settings.parse_offload_bytes:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(st.parse_pool, partial(fn, *args))
 
 
 def qos_params(parsed: ParsedRequest, settings: GatewaySettings) -> tuple[int, float]:
@@ -133,14 +187,24 @@ async def _infer(
         tenant = st.admission.tenant(request.headers)
     except Rejected as exc:
         raise Failed(exc.status, str(exc), exc.reason) from None
-    body = await read_body(request, st.settings.max_body_bytes)
     try:
         spec = st.lookup(name, version)
     except NotFound as exc:
         raise Failed(404, str(exc), "not_found") from None
+    limit, why = model_body_limit(spec, st.settings.max_body_bytes)
+    body = await read_body(request, limit, why, st.settings.parse_offload_bytes)
     shm = st.shm if st.shm.enabled else None
     try:
-        parsed = parse_request(body, request.headers.get(HEADER_LENGTH), shm)
+        parsed = await parse_off_loop(
+            st,
+            len(body),
+            parse_request,
+            body,
+            request.headers.get(HEADER_LENGTH),
+            shm,
+            tenant,
+            orphan=lambda p: release_all(p, shm),
+        )
     except ShmError as exc:
         raise Failed(exc.status, str(exc), "shm") from None
     except BadRequest as exc:
@@ -185,8 +249,12 @@ async def _run(
     )
     served = resp.modelVersion or spec.version  # what answered
     hdr[HOPS_HEADER] = hops.header(resp)
+    # JSON text of the outputs: ~20 bytes per number; large answers are written on a parse thread.
+    text_bytes = 20 * sum(t.data.size for t in outputs)
     try:
-        response = infer_response(name, served, parsed, outputs, st.shm, hdr)
+        response = await encode_off_loop(
+            st, text_bytes, infer_response, name, served, parsed, outputs, st.shm, hdr
+        )
     except (BadRequest, ShmError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
     hops.record(resp, priority)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from anvil_core.tensors import DATATYPES, HostTensor, element_count
+from anvil_gateway.json_bulk import NumberArray
 
 __all__ = ["MAX_RANK", "BadRequest", "json_data_to_tensor", "tensor_to_json"]
 
@@ -22,6 +24,8 @@ def json_data_to_tensor(
     name: str, datatype: str, shape: tuple[int, ...], data: Any, where: str
 ) -> HostTensor:
     """Turn a JSON 'data' list (flat or nested, row-major) into a tensor of `shape`."""
+    if isinstance(data, NumberArray):
+        return _bulk_to_tensor(name, datatype, shape, data, where)
     count = element_count(shape)
     flat, types = _flatten(data, where)
     if len(flat) != count:
@@ -56,6 +60,32 @@ def json_data_to_tensor(
             raise
         raise BadRequest(f"{where} ({name}): data does not convert to {datatype}: {exc}") from None
     return HostTensor(name, datatype, shape, arr)
+
+
+def _bulk_to_tensor(
+    name: str, datatype: str, shape: tuple[int, ...], data: NumberArray, where: str
+) -> HostTensor:
+    """A large array cut out of the body (json_bulk): converted a step at a time, each step checked
+    as a whole `data` list is; more values than the shape holds stop it at once."""
+    count = element_count(shape)
+    parts: list[np.ndarray] = []
+    given = 0
+    try:
+        for values in data.steps():
+            given += len(values)
+            if given > count:
+                raise BadRequest(
+                    f"{where} ({name}): more than {count} values given, shape {list(shape)} needs {count}"
+                )
+            parts.append(json_data_to_tensor(name, datatype, (len(values),), values, where).data)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {where}.data: {exc}") from None
+    if given != count:
+        raise BadRequest(f"{where} ({name}): {given} values given, shape {list(shape)} needs {count}")
+    if not parts:  # an empty shape: the plain path makes its (0,) array
+        return json_data_to_tensor(name, datatype, shape, [], where)
+    arr = parts[0] if len(parts) == 1 else np.concatenate(parts)  # (count,) of the carrier dtype
+    return HostTensor(name, datatype, shape, arr.reshape(shape))
 
 
 def _ints_within(flat: list[Any], types: set[type], info: np.iinfo) -> bool:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anvil_core.tensors import DATATYPES, HostTensor, TensorError
-from anvil_gateway import json_codec
+from anvil_gateway import json_bulk, json_codec
 from anvil_gateway.json_tensors import MAX_RANK, BadRequest, json_data_to_tensor
 from anvil_gateway.sysshm import Region, SystemShm
 
@@ -45,15 +45,28 @@ class ParsedRequest:
     outputs: list[OutputRequest]
     parameters: dict[str, Any] = field(default_factory=dict)
     regions: list[Region] = field(default_factory=list)  # pinned; release after the answer
+    tenant: str = "default"  # whose shared-memory regions the request may name
+
+    def region(self, name: str) -> Region:
+        """A region this request pinned (so still registered)."""
+        return next(r for r in self.regions if r.name == name)
 
     @property
     def binary_output(self) -> bool:
         return self.parameters.get("binary_data_output") is True
 
 
-def parse_json_document(body: bytes | memoryview) -> dict[str, Any]:
+def parse_json_document(body: bytes | bytearray | memoryview, bulk: bool = False) -> dict[str, Any]:
+    """The body's JSON object. `bulk` (large bodies, on a parse thread): large number arrays that
+    are the `data` of an input are left as `json_bulk.NumberArray`s, converted later in steps."""
+    raw = body if isinstance(body, bytes | bytearray) else bytes(body)  # no copy of a whole body
     try:
-        doc = json_codec.loads(bytes(body))
+        if bulk:
+            doc = json_bulk.loads(raw)
+            if isinstance(doc, dict):
+                doc = _materialize_but_inputs_data(doc)
+        else:
+            doc = json_codec.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -63,11 +76,30 @@ def parse_json_document(body: bytes | memoryview) -> dict[str, Any]:
     return doc
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[memoryview, memoryview]:
+def _materialize_but_inputs_data(doc: dict[str, Any]) -> dict[str, Any]:
+    out = {k: json_bulk.materialize(v) for k, v in doc.items() if k != "inputs"}
+    if "inputs" in doc:
+        inputs = doc["inputs"]
+        out["inputs"] = (
+            [
+                {k: v if k == "data" else json_bulk.materialize(v) for k, v in i.items()}
+                if isinstance(i, dict)
+                else json_bulk.materialize(i)
+                for i in inputs
+            ]
+            if isinstance(inputs, list)
+            else json_bulk.materialize(inputs)
+        )
+    return out
+
+
+def split_body(
+    body: bytes | bytearray, header_length: str | None
+) -> tuple[bytes | bytearray | memoryview, memoryview]:
     """The JSON header and the binary section, per `Inference-Header-Content-Length`."""
     view = memoryview(body)
     if header_length is None:
-        return view, view[len(view) :]
+        return body, view[len(view) :]
     text = header_length.strip()
     if not text.isdigit() or int(text) > len(body):
         raise BadRequest(
@@ -83,9 +115,17 @@ def parse_json_request(body: bytes) -> ParsedRequest:
     return parse_request(body, None, None)
 
 
-def parse_request(body: bytes, header_length: str | None, shm: SystemShm | None) -> ParsedRequest:
+def parse_request(
+    body: bytes | bytearray,
+    header_length: str | None,
+    shm: SystemShm | None,
+    tenant: str = "default",
+    bulk: bool = False,
+) -> ParsedRequest:
+    """Parse and check a request. `tenant` owns the shared-memory regions it may name; `bulk`: a
+    large body on a parse thread (`parse_json_document`). Thread-safe."""
     head, binary = split_body(body, header_length)
-    doc = parse_json_document(head)
+    doc = parse_json_document(head, bulk)
     req_id = doc.get("id")
     if req_id is not None and not isinstance(req_id, str):
         raise BadRequest("'id' must be a string")
@@ -94,7 +134,7 @@ def parse_request(body: bytes, header_length: str | None, shm: SystemShm | None)
         raise BadRequest("'inputs' must be a non-empty list")
     if len(raw_inputs) > MAX_TENSORS:
         raise BadRequest(f"at most {MAX_TENSORS} inputs per request")
-    parsed = ParsedRequest(req_id, [], [], _params(doc.get("parameters"), "parameters"))
+    parsed = ParsedRequest(req_id, [], [], _params(doc.get("parameters"), "parameters"), tenant=tenant)
     try:
         pos = 0
         for i, raw in enumerate(raw_inputs):
@@ -215,7 +255,7 @@ def _shm_ref(
         raise BadRequest(
             f"{where}: shared_memory_byte_size and shared_memory_offset must be non-negative integers"
         )
-    region = shm.acquire(region_name)
+    region = shm.acquire(parsed.tenant, region_name)
     parsed.regions.append(region)
     region.check(int(offset), int(size), where)  # bounds check now, before anything is queued
     return region_name, int(offset), int(size)

@@ -46,7 +46,7 @@ def infer_response(
                 raise BadRequest(
                     f"output {t.name!r} needs {len(raw)} bytes; shared_memory_byte_size is {size}"
                 )
-            region = shm.regions[region_name]  # pinned by the request, so still registered
+            region = parsed.region(region_name)  # pinned by the request, so still registered
             region.write(offset, raw, f"output {t.name!r}")
             # As Triton answers: no data and no parameters (its C++ client reads binary_data_size
             # from any output that has parameters); the bytes are in the client's region.

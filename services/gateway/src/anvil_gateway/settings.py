@@ -14,8 +14,14 @@ class GatewaySettings(ServiceSettings):
     # more than a few hundred such requests per second needs several (__main__.py).
     http_workers: int = 1
     metrics_port: int = 8002  # Prometheus, Triton's default
-    # Largest request body accepted; larger ones get 413 before being read whole.
+    # Largest request body accepted; larger ones get 413 before being read whole. A model whose
+    # inputs have fixed sizes gets a tighter limit from its spec (body_limits.py).
     max_body_bytes: int = 64 * 1024 * 1024
+    # Bodies of at least this many bytes are parsed on a parse thread, large number arrays a step
+    # (~1 MiB) at a time, so the event loop keeps serving (~1.5 ms of parsing per 64 KiB inline).
+    parse_offload_bytes: int = 64 * 1024
+    # Parse threads: large bodies parsed at once (each holds its body and its tensors in memory).
+    parse_threads: int = 2
     # Priority classes: deadline = arrival + SLO of the class (a request's timeout may only tighten it).
     slo_p1_ms: int = 50  # interactive
     slo_p2_ms: int = 200  # standard (the default class)
@@ -26,6 +32,11 @@ class GatewaySettings(ServiceSettings):
     # KServe system shared memory maps client-named /dev/shm objects into the gateway: off unless
     # the operator opts in (ANVIL_ALLOW_CLIENT_SHM=1).
     allow_client_shm: bool = False
+    # Owners accepted for registered shm objects besides the gateway's own uid (-1: none), and
+    # whether an object may grant its group access (a client of another uid in a shared group).
+    # Objects that grant others any access are always refused.
+    shm_client_uid: int = -1
+    shm_allow_group: bool = False
     # Refuse requests without a known API key (tenants: `anvil tenant add`).
     require_api_key: bool = False
     # ZeroCopy ingress: directory of its ipc doorbell socket (anvil-zc.sock, mode 0600). Empty: a

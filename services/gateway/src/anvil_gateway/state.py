@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -39,6 +40,10 @@ class GatewayState:
     shm: SystemShm
     admission: Admission
     stats: Stats
+    # Large bodies are parsed here, off the event loop (infer.py, embeddings.py).
+    parse_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="anvil-parse")
+    )
 
     def lookup(self, name: str, version: str | None) -> ModelSpec:
         spec = self.discovery.models.get(name)
