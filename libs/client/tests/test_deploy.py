@@ -40,7 +40,7 @@ def test_deploy_registers_model_and_publishes_event(
     with TestClient(create_app(settings)) as app_client:
 
         class Borrowed:  # route deploy's httpx.Client to the in-process app, without closing it
-            def __init__(self, base_url: str, timeout: float) -> None: ...
+            def __init__(self, base_url: str, timeout: float, **kw: Any) -> None: ...
             def __enter__(self) -> Any:
                 return app_client
 
@@ -140,7 +140,7 @@ def deploy_cli(redis_url: str, tmp_path: Path, monkeypatch: Any) -> Any:
     with TestClient(create_app(settings)) as app_client:
 
         class Borrowed:
-            def __init__(self, base_url: str, timeout: float) -> None: ...
+            def __init__(self, base_url: str, timeout: float, **kw: Any) -> None: ...
             def __enter__(self) -> Any:
                 return app_client
 

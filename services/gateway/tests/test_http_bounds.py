@@ -34,7 +34,10 @@ _APPS: list[FastAPI] = []
 
 def _app(**settings: Any) -> FastAPI:
     s = GatewaySettings(
-        redis_url="redis://127.0.0.1:1/0", service_id=f"gw-{uuid.uuid4().hex[:6]}", **settings
+        redis_url="redis://127.0.0.1:1/0",
+        service_id=f"gw-{uuid.uuid4().hex[:6]}",
+        zmq_curve=False,
+        **settings,
     )
     app = create_app(s)  # no lifespan: no scheduler, no registry; the models are set by hand
     app.state.gw.discovery.models = {"fixed": FIXED, "big": BIG}
