@@ -74,3 +74,40 @@ def test_the_gateway_is_ready_only_once_it_can_route_every_model_the_scheduler_s
     finally:
         r.delete(key, *svc)
         r.close()
+
+
+def test_a_model_served_since_the_last_refresh_is_learned_at_its_first_request(redis_server: str) -> None:
+    """`anvil deploy --wait` returns once the executor wrote READY; the next request must not meet the
+    snapshot of the last refresh (404 'unknown model', seen in CI). Unknown names are asked at most
+    once per interval."""
+    r = redis.Redis.from_url(redis_server)
+    key = keys.model_key("enc")
+
+    async def run() -> None:
+        d = Discovery(Registry(redis_server, "gateway", "g1", 3.0, 1.0), 60.0, lambda _: None)
+        reads = 0
+        served = d._served_spec
+
+        async def counted(model: str) -> bool:
+            nonlocal reads
+            reads += 1
+            return await served(model)
+
+        d._served_spec = counted  # type: ignore[method-assign]
+        try:
+            await d.refresh()
+            assert "enc" not in d.models
+            assert not await d.learn("enc") and reads == 1
+            r.hset(key, mapping={"spec": TEXT.to_json(), "status": "READY"})
+            assert not await d.learn("enc") and reads == 1  # asked a moment ago: not again this interval
+            d._misses.clear()  # the interval has passed
+            assert await d.learn("enc") and d.models["enc"] == TEXT and reads == 2
+            assert not await d.learn("x" * 300) and reads == 2  # not a model name: no registry read
+        finally:
+            await d.registry.redis.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        r.delete(key)
+        r.close()

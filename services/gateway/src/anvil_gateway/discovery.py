@@ -24,6 +24,9 @@ from anvil_core.registry import Registry
 
 __all__ = ["Discovery"]
 
+MAX_MODEL_NAME = 256  # bytes; the wire's limit on a model name
+MISS_CACHE = 1024  # unknown names remembered between registry reads
+
 log = get_logger("anvil.gateway.discovery")
 
 
@@ -46,6 +49,7 @@ class Discovery:
         # come back with the executors' next beats, and requests must not 404 meanwhile.
         self.forget_after_s = 10.0
         self._task: asyncio.Task[None] | None = None
+        self._misses: dict[str, float] = {}  # name -> monotonic time the registry last lacked it
 
     async def start(self) -> None:
         await self.refresh()
@@ -107,6 +111,27 @@ class Discovery:
                     continue
                 out[spec.name] = spec
         return out
+
+    async def learn(self, model: str) -> bool:
+        """Whether ``model``, missing from the snapshot, is served now (read from the registry at once).
+
+        A request sent right after `anvil deploy --wait` returned READY would otherwise meet the
+        snapshot of up to one refresh interval ago and get 404. A name the registry lacks is asked
+        again at most once per interval, and at most MISS_CACHE names are remembered, so random
+        names from clients cost a bounded number of Redis reads and no unbounded memory."""
+        if not model or len(model) > MAX_MODEL_NAME:
+            return False
+        now = time.monotonic()
+        last = self._misses.get(model)
+        if last is not None and now - last < self.interval_s:
+            return False
+        if await self._served_spec(model):
+            self._misses.pop(model, None)
+            return True
+        if len(self._misses) >= MISS_CACHE:
+            self._misses.clear()
+        self._misses[model] = now
+        return False
 
     async def _served_spec(self, model: str) -> bool:
         """Whether an executor has published ``model`` (status READY, written with the spec it serves;

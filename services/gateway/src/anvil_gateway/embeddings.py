@@ -83,6 +83,8 @@ async def embeddings(request: Request) -> Response:
         raw = await read_body(request, st.settings.max_body_bytes, large=st.settings.parse_offload_bytes)
         doc = await parse_off_loop(st, len(raw), parse_json_document, raw)
         name = doc.get("model")
+        if isinstance(name, str) and name not in st.discovery.models:
+            await st.discovery.learn(name)  # deployed a moment ago: not in the snapshot yet
         if not isinstance(name, str) or name not in st.discovery.models:
             return _oa_error(
                 404, f"unknown model {name!r}; known: {sorted(st.discovery.models)}", headers=hdr

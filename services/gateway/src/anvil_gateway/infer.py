@@ -188,7 +188,7 @@ async def _infer(
     except Rejected as exc:
         raise Failed(exc.status, str(exc), exc.reason) from None
     try:
-        spec = st.lookup(name, version)
+        spec = await st.resolve(name, version)
     except NotFound as exc:
         raise Failed(404, str(exc), "not_found") from None
     limit, why = model_body_limit(spec, st.settings.max_body_bytes)

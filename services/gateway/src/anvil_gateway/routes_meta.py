@@ -59,7 +59,7 @@ def _tensors(spec: ModelSpec, which: str) -> list[dict[str, Any]]:
 @router.get("/v2/models/{name}")
 @router.get("/v2/models/{name}/versions/{version}")
 async def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
-    spec = state_of(request).lookup(name, version)
+    spec = await state_of(request).resolve(name, version)
     return {
         "name": spec.name,
         "versions": [spec.version],
@@ -73,7 +73,7 @@ async def model_metadata(request: Request, name: str, version: str | None = None
 @router.get("/v2/models/{name}/versions/{version}/ready", response_model=None)
 async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
     st = state_of(request)
-    st.lookup(name, version)
+    await st.resolve(name, version)
     ok, why = await st.discovery.ready(name)
     return JSONResponse({"name": name, "ready": True}) if ok else error(503, f"not ready: {why}")
 
@@ -83,7 +83,7 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
 async def model_config(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     """Triton's model configuration shape (perf_analyzer reads max_batch_size and the tensors)."""
     st = state_of(request)
-    spec = st.lookup(name, version)
+    spec = await st.resolve(name, version)
 
     def cfg(t: Any) -> dict[str, Any]:
         return {
@@ -124,7 +124,7 @@ async def all_stats(request: Request) -> dict[str, Any]:
 @router.get("/v2/models/{name}/versions/{version}/stats")
 async def model_stats(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     st = state_of(request)
-    spec = st.lookup(name, version)
+    spec = await st.resolve(name, version)
     return st.stats.doc([(spec.name, spec.version)])
 
 

@@ -45,6 +45,12 @@ class GatewayState:
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="anvil-parse")
     )
 
+    async def resolve(self, name: str, version: str | None) -> ModelSpec:
+        """``lookup``, after asking the registry at once about a model the snapshot lacks."""
+        if name not in self.discovery.models:
+            await self.discovery.learn(name)
+        return self.lookup(name, version)
+
     def lookup(self, name: str, version: str | None) -> ModelSpec:
         spec = self.discovery.models.get(name)
         if spec is None:
