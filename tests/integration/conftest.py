@@ -18,10 +18,12 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import zmq
 
 from anvil_client.launcher import free_ports, private_port_env
 from anvil_core.curve import CurveClient, parse_public_keys, read_secret_key
 from anvil_core.redis_conn import load_redis_auth, sync_redis
+from anvil_core.zmq_sockets import make_socket
 
 ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_TTL_S = 1.5
@@ -311,3 +313,20 @@ def assert_idle_means_zero(stack: Any, timeout_s: float = 10.0) -> None:
 def idle_means_zero() -> Callable[..., None]:
     """`idle_means_zero(stack)`: assert the scheduler's accounting is back to zero (see above)."""
     return assert_idle_means_zero
+
+
+@pytest.fixture(scope="module")
+def sockets(private_stack: Any) -> Iterator[tuple[Any, zmq.Socket[bytes], zmq.Socket[bytes]]]:
+    """(stack, gateway-side DEALER, executor-side DEALER) on the private stack's scheduler ports, each
+    holding the stack's CURVE keys of its role: what a compromised gateway or executor could send."""
+    env = private_stack.service("scheduler")["env"]
+    ctx = zmq.Context()
+    gw, ex = (
+        make_socket(ctx, zmq.DEALER, identity=f"peer-{role[:2]}", curve=private_stack.curve(role),
+                    connect=f"tcp://127.0.0.1:{env[port]}")
+        for role, port in (("gateway", "ANVIL_GATEWAY_PORT"), ("executor", "ANVIL_EXECUTOR_PORT"))
+    )  # fmt: skip
+    yield private_stack, gw, ex
+    gw.close()
+    ex.close()
+    ctx.term()

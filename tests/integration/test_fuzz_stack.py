@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -26,7 +25,6 @@ from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.tensors import HostTensor
 from anvil_core.zerocopy import header as zh
-from anvil_core.zmq_sockets import make_socket
 
 pytestmark = pytest.mark.integration
 
@@ -78,22 +76,6 @@ class Watch:
             "metric_lines_growth": lines - self.lines,
             "dropped_counted": int(drops),
         }
-
-
-@pytest.fixture(scope="module")
-def sockets(private_stack: Any) -> Iterator[tuple[Any, zmq.Socket[bytes], zmq.Socket[bytes]]]:
-    env = private_stack.service("scheduler")["env"]
-    ctx = zmq.Context()
-    # peers holding the stack's CURVE keys: what a compromised gateway or executor could send
-    gw, ex = (
-        make_socket(ctx, zmq.DEALER, identity=f"fuzz-{role[:2]}", curve=private_stack.curve(role),
-                    connect=f"tcp://127.0.0.1:{env[port]}")
-        for role, port in (("gateway", "ANVIL_GATEWAY_PORT"), ("executor", "ANVIL_EXECUTOR_PORT"))
-    )  # fmt: skip
-    yield private_stack, gw, ex
-    gw.close()
-    ex.close()
-    ctx.term()
 
 
 def _request(rid: str, **kw: Any) -> list[bytes]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -17,7 +16,6 @@ import zmq
 from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.tensors import HostTensor
-from anvil_core.zmq_sockets import make_socket
 
 pytestmark = pytest.mark.integration
 
@@ -50,22 +48,6 @@ def _crafted() -> dict[str, list[Any]]:
         "huge declared size": _request("c-huge", inputs=[(huge, 0)]),
         "empty frame": [b""],
     }
-
-
-@pytest.fixture(scope="module")
-def sockets(private_stack: Any) -> Iterator[tuple[Any, zmq.Socket[bytes], zmq.Socket[bytes]]]:
-    env = private_stack.service("scheduler")["env"]
-    ctx = zmq.Context()
-    # a peer holding the stack's keys (CURVE): what a compromised gateway or executor could send
-    gw, ex = (
-        make_socket(ctx, zmq.DEALER, identity=f"crafter-{role[:2]}", curve=private_stack.curve(role),
-                    connect=f"tcp://127.0.0.1:{env[port]}")
-        for role, port in (("gateway", "ANVIL_GATEWAY_PORT"), ("executor", "ANVIL_EXECUTOR_PORT"))
-    )  # fmt: skip
-    yield private_stack, gw, ex
-    gw.close()
-    ex.close()
-    ctx.term()
 
 
 def _answers(sock: zmq.Socket[bytes], want: set[str], timeout_s: float = 10) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from numba import njit, prange
 from anvil_kernels import _jit, _openblas
 from anvil_kernels import _validate as v
 from anvil_kernels.activations import ACTIVATIONS
-from anvil_kernels.varlen import _bias_act, _bias_res_ln, erf_fast
+from anvil_kernels.varlen import _act_row, _bias_act, _bias_res_ln
 from anvil_kernels.workspace import Workspace
 
 __all__ = ["f32_linear"]
@@ -59,25 +59,6 @@ def _ln_row(
     mu = np.float32(mean)
     for i in range(h):
         o[i] = (y[i] - mu) * rstd * gamma[i] + beta[i]
-
-
-@njit(fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
-def _act_row(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no cover (numba)
-    half, inv_sqrt2 = np.float32(0.5), np.float32(0.7071067811865476)
-    use_bias = bias.size > 0
-    for i in range(y.size):
-        t = y[i]
-        if use_bias:
-            t += bias[i]
-        if act == 1:
-            t = max(t, np.float32(0.0))
-        elif act == 2:
-            t = half * t * (np.float32(1.0) + erf_fast(t * inv_sqrt2))
-        elif act == 3:
-            t = half * t * (np.float32(1.0) + np.tanh(0.7978845608028654 * (t + 0.044715 * t * t * t)))
-        elif act == 4:
-            t = t / (np.float32(1.0) + np.exp(-t))
-        y[i] = t
 
 
 @njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")

@@ -68,26 +68,30 @@ def erf_fast(x: float) -> float:  # pragma: no cover (numba)
     return c * p / q
 
 
+@njit(fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
+def _act_row(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no cover (numba)
+    """One row in place: act(y + bias) (bias of size 0: none); codes as anvil_kernels.activations."""
+    half, inv_sqrt2 = np.float32(0.5), np.float32(0.7071067811865476)
+    use_bias = bias.size > 0
+    for i in range(y.size):
+        t = y[i]
+        if use_bias:
+            t += bias[i]
+        if act == 1:
+            t = max(t, np.float32(0.0))
+        elif act == 2:
+            t = half * t * (np.float32(1.0) + erf_fast(t * inv_sqrt2))
+        elif act == 3:
+            t = half * t * (np.float32(1.0) + math.tanh(0.7978845608028654 * (t + 0.044715 * t * t * t)))
+        elif act == 4:
+            t = t / (np.float32(1.0) + math.exp(-t))
+        y[i] = t
+
+
 @njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
 def _bias_act(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no cover (numba)
-    rows, n = y.shape
-    use_bias = bias.size > 0
-    half, inv_sqrt2 = np.float32(0.5), np.float32(0.7071067811865476)
-    for r in prange(rows):
-        yr = y[r]
-        for i in range(n):
-            t = yr[i]
-            if use_bias:
-                t += bias[i]
-            if act == 1:
-                t = max(t, np.float32(0.0))
-            elif act == 2:
-                t = half * t * (np.float32(1.0) + erf_fast(t * inv_sqrt2))
-            elif act == 3:
-                t = half * t * (np.float32(1.0) + math.tanh(0.7978845608028654 * (t + 0.044715 * t * t * t)))
-            elif act == 4:
-                t = t / (np.float32(1.0) + math.exp(-t))
-            yr[i] = t
+    for r in prange(y.shape[0]):
+        _act_row(y[r], bias, act)
 
 
 def bias_act(y: np.ndarray, bias: np.ndarray | None, act: str) -> np.ndarray:
