@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -203,10 +204,31 @@ def start_infinity(model_dir: Path, port: int, batch: int, timeout_s: float = 24
     raise RuntimeError(f"infinity-emb did not serve (exit {proc.poll()}): {tail}")
 
 
-def c1_hops(url: str, name: str, texts: list[str], n: int = 300) -> dict[str, Any]:
+HOP_METRIC = re.compile(r'^(anvil_\w+_hop_us)_(sum|count)\{hop="(\w+)",priority="(\d)"\} (\S+)$')
+
+
+def scrape_hops(ports: list[int]) -> dict[str, list[float]]:
+    """{"<metric>/<hop>/p<priority>": [sum µs, count]} from the services' per-hop histograms."""
+    out: dict[str, list[float]] = {}
+    for port in ports:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        for line in text.splitlines():
+            if mm := HOP_METRIC.match(line):
+                key = f"{mm[1]}/{mm[3]}/p{mm[4]}"
+                out.setdefault(key, [0.0, 0.0])[0 if mm[2] == "sum" else 1] += float(mm[5])
+    return out
+
+
+def c1_hops(
+    url: str, name: str, texts: list[str], n: int = 300, ports: tuple[int, ...] = (8003, 8004)
+) -> dict[str, Any]:
     """Where a lone single-sentence request spends its time: n sequential KServe infer requests (one
     BYTES row) and the gateway's per-hop header (``x-anvil-hops-us``, µs); medians per hop and of the
     client's round trip (ms). /v1/embeddings answers carry no hop header."""
+    before = scrape_hops(list(ports))
     with httpx.Client(base_url=url, timeout=30) as cli:
         meta = cli.get(f"/v2/models/{name}").json()
         inp = meta["inputs"][0]["name"]
@@ -226,6 +248,12 @@ def c1_hops(url: str, name: str, texts: list[str], n: int = 300) -> dict[str, An
                     hops.setdefault(k, []).append(int(v))
     out: dict[str, Any] = {"requests": n, "client_p50_ms": round(float(np.median(lat[n // 10 :])), 3)}
     out.update({f"{k}_p50_us": int(np.median(v[n // 10 :])) for k, v in hops.items()})
+    # the scheduler's and executor's own hops over the same requests (means, µs): where "transit" goes
+    after = scrape_hops(list(ports))
+    for key, (total, count) in after.items():
+        s0, c0 = before.get(key, [0.0, 0.0])
+        if count > c0:
+            out[f"{key}_mean_us"] = round((total - s0) / (count - c0))
     return out
 
 
