@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from anvil_core import codec
@@ -19,10 +20,13 @@ from anvil_executor import metrics as m
 from anvil_executor.device import is_device_fault
 from anvil_executor.models import Model, RequestInputs
 
-__all__ = ["ShmResolver", "run_batch"]
+__all__ = ["Pending", "ShmResolver", "finish_batch", "prepare_batch", "run_batch"]
 
 # Resolves a Tensor whose bytes live in shared memory (frame = -1) into a HostTensor view.
 ShmResolver = Callable[[pb.TensorT], HostTensor]
+
+
+_UNPREPARED: Any = object()  # Pending.prepared before (or without) the model's prepare
 
 
 def _no_shm(t: pb.TensorT) -> HostTensor:
@@ -35,6 +39,23 @@ def _inputs(req: pb.InferRequestT, payloads: Sequence[Any], shm: ShmResolver) ->
     except codec.ProtocolError as exc:
         raise TensorError(str(exc)) from None
     return [shm(t) if t.frame < 0 else codec.request_tensor(t, payloads) for t in req.inputs or ()]
+
+
+@dataclass(slots=True)
+class Pending:
+    """A batch decoded and verified (and, for a model that `prepares`, prepared), waiting for the
+    compute thread. It keeps the received frames alive: its inputs are views of them."""
+
+    result: pb.BatchResultT
+    model: Model | None
+    requests: list[Any] = field(default_factory=list)
+    answers: list[tuple[bytes, list[Any]] | None] = field(default_factory=list)
+    runnable: list[tuple[int, RequestInputs]] = field(default_factory=list)
+    queue_us: list[int] = field(default_factory=list)
+    frames: list[Any] = field(default_factory=list)
+    prepared: Any = _UNPREPARED
+    busy_s: float = 0.0  # host time spent on it so far (decode, prepare), not waits between threads
+    priority: int = 0  # the most urgent priority among its runnable requests (0: none)
 
 
 def run_batch(
@@ -50,20 +71,33 @@ def run_batch(
     A request whose tensors do not decode or fit the spec, or whose deadline has passed, gets its
     own error; the rest of the batch still runs. A model failure fails the whole batch.
     """
+    return finish_batch(prepare_batch(models, batch, frames, executor_id, device, shm))
+
+
+def prepare_batch(
+    models: dict[str, Model],
+    batch: pb.BatchT,
+    frames: list[Any],
+    executor_id: str,
+    device: str,
+    shm: ShmResolver = _no_shm,
+    prepare: bool = False,
+) -> Pending:
+    """Decode and verify every request of `batch` (its own error for each that fails); with
+    `prepare`, also run the model's host-side `prepare` on the runnable ones (the prep thread)."""
     t0 = time.perf_counter()
     result = pb.BatchResultT(batchId=batch.batchId, executorId=executor_id, device=device)
     model_name = batch.model or ""
     model = models.get(model_name)
     if model is None:
         result.error = codec.error(pb.ErrorCode.NOT_FOUND, f"model {model_name!r} is not loaded here")
-        return result, []
+        return Pending(result, None)
     try:
         groups = list(codec.split_groups(frames, batch.frameCounts or ()))
     except codec.ProtocolError as exc:
         result.error = codec.error(pb.ErrorCode.PROTOCOL, f"malformed batch: {exc}")
-        return result, []
-    queue_us = list(batch.queueUs or ())
-
+        return Pending(result, None)
+    pending = Pending(result, model, queue_us=list(batch.queueUs or ()), frames=frames)
     answers: list[tuple[bytes, list[Any]] | None] = [None] * len(groups)
     requests: list[Any] = []
     for i, group in enumerate(groups):
@@ -99,16 +133,41 @@ def run_batch(
             answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, str(exc)), [])
             continue
         runnable.append((i, inputs))
+    pending.requests, pending.answers, pending.runnable = requests, answers, runnable
+    pending.priority = min((int(requests[i].priority) for i, _ in runnable), default=0)
+    if prepare and runnable:
+        try:
+            pending.prepared = model.prepare([inputs for _, inputs in runnable])
+        except Exception as exc:  # a model bug: the whole batch hears it, as a failure of run would
+            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
+    pending.busy_s = time.perf_counter() - t0
+    return pending
 
+
+def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
+    """Run the model on a pending batch (the compute thread) and frame every answer."""
+    t0 = time.perf_counter()
+    result, model = pending.result, pending.model
+    if model is None or result.error is not None:
+        return result, []
+    requests, answers, runnable, queue_us = (
+        pending.requests,
+        pending.answers,
+        pending.runnable,
+        pending.queue_us,
+    )
     if runnable:
         try:
-            produced_all = model.run([inputs for _, inputs in runnable])
+            if pending.prepared is _UNPREPARED:
+                produced_all = model.run([inputs for _, inputs in runnable])
+            else:
+                produced_all = model.run_prepared(pending.prepared)
         except Exception as exc:  # a model bug must not kill the executor; every request hears it
             if is_device_fault(exc):
                 raise  # the compute loop answers the batch, then the executor restarts clean
-            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
+            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model.spec.name!r} failed: {exc}")
             return result, []
-        compute_us = int((time.perf_counter() - t0) * 1e6)
+        compute_us = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
         specs = {s.name: s for s in model.spec.outputs}
         for (i, _), produced in zip(runnable, produced_all, strict=True):
             req = requests[i]
@@ -138,7 +197,7 @@ def run_batch(
             out.extend(answer[1])
             counts.append(1 + len(answer[1]))
     result.frameCounts = counts
-    result.computeUs = int((time.perf_counter() - t0) * 1e6)
+    result.computeUs = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
     for i, _ in runnable:  # the hop "compute", once per request that ran, by its priority
         m.hop_us.labels(hop="compute", priority=m.priority_label(int(requests[i].priority))).observe(
             result.computeUs
