@@ -1,7 +1,8 @@
 """The executor's prep stage (service.py): a model that `prepares` (a text model: tokenization) has
 its next batch prepared on the prep thread while the compute thread runs the batch before it; other
-models go straight to compute. Checked with events, not timings: the first batch's compute waits
-until the second batch's `prepare` has run, which can only happen if the two overlap."""
+models, and a batch that finds the executor idle, go straight to compute. Checked with events, not
+timings: the first batch's compute waits until the second batch's `prepare` has run, which can only
+happen if the two overlap."""
 
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def test_next_batch_is_prepared_while_the_previous_computes(redis_url: str, tmp_
             assert result.error is None
             assert np.array_equal(_outputs(result, frames)[0], np.full((1, 4), want, np.float32))
         assert prepper.overlapped == [True]  # batch 2 was prepared while batch 1 computed
-        assert prepper.prepared_on == ["prep", "prep"] and prepper.computed_on == ["compute", "compute"]
+        # batch 1 found the executor idle: prepared inline on the compute thread (no hop to overlap)
+        assert prepper.prepared_on == ["compute", "prep"] and prepper.computed_on == ["compute", "compute"]
         assert ex.inflight == 0
     finally:
         stop.set()

@@ -3,8 +3,9 @@ thread that runs batches (STYLE rule 5: sockets belong to the I/O loop, compute 
 
 A batch of a model that `prepares` (a text model: tokenization) goes first to the prep thread,
 which decodes it and runs the model's host-side `prepare` while the compute thread runs the batch
-before it, then queues it for compute with its rank; other batches go straight to compute (no extra
-thread hop for a lone request). Both queues serve the most urgent batch first (work_queue.py).
+before it, then queues it for compute with its rank. Other batches, and a batch that arrives with
+nothing queued or running (a lone request: nothing to overlap with), go straight to compute. Both
+queues serve the most urgent batch first (work_queue.py).
 
 The compute thread hands results back over an inproc PAIR socket, so the I/O loop wakes on them
 like on any other message. Redis chores (registry beat, model specs, finding the scheduler) run on
@@ -299,10 +300,13 @@ class Executor:
                 if isinstance(body, pb.ErrorT):  # the scheduler does not know us (it restarted)
                     self._register()
                 elif isinstance(body, pb.BatchT):
+                    # prepared on the prep thread only behind other work: a lone batch (nothing
+                    # queued or running) goes straight to compute, one thread hop fewer
+                    model = self.models.get(body.model or "")
+                    prep = model is not None and model.prepares and self.inflight > 0
                     self.inflight += 1
                     m.inflight.set(self.inflight)
-                    model = self.models.get(body.model or "")
-                    (self.prep if model is not None and model.prepares else self.work).put((body, frames))
+                    (self.prep if prep else self.work).put((body, frames))
                 else:
                     raise codec.ProtocolError(f"the scheduler sent a {type(body).__name__}", "unexpected")
             except codec.ProtocolError as exc:
