@@ -118,6 +118,18 @@ class LocalStack:
         """A client of the stack's Redis, with its password."""
         return sync_redis(self.state["redis_url"], load_redis_auth(secrets_dir=self.secrets_dir), **kwargs)
 
+    def zerocopy_endpoint(self) -> str:
+        """The ZeroCopy endpoint the gateway advertises in its registry record (clients find it so)."""
+        client = self.redis(decode_responses=True)
+        try:
+            for key in client.scan_iter("anvil:svc:gateway:*"):
+                if endpoint := client.hget(key, "zerocopy_endpoint"):
+                    return str(endpoint)
+        finally:
+            client.close()
+        # The gateway always serves ZeroCopy on a local stack: a record without it is a bug.
+        raise AssertionError("the gateway advertises no zerocopy_endpoint (ZeroCopyServer not wired)")
+
     def service(self, name: str) -> dict[str, Any]:
         for svc in self.state["services"]:
             if svc["name"] == name:
