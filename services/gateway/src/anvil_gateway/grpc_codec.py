@@ -48,7 +48,8 @@ _WIDE: dict[str, Any] = {
     "fp32_contents": np.float32,
     "fp64_contents": np.float64,
 }
-# datatype -> (typed contents field, numpy dtype of the carrier array); FP16/BF16: raw only
+# datatype -> (typed contents field, numpy dtype of the carrier array), for the datatypes the gateway
+# serves (anvil_core.tensors.DATATYPES); FP16/BF16: raw only
 _TYPED: dict[str, tuple[str, Any]] = {
     "BOOL": ("bool_contents", np.bool_),
     "INT8": ("int_contents", np.int8),
@@ -56,9 +57,6 @@ _TYPED: dict[str, tuple[str, Any]] = {
     "INT32": ("int_contents", np.int32),
     "INT64": ("int64_contents", np.int64),
     "UINT8": ("uint_contents", np.uint8),
-    "UINT16": ("uint_contents", np.uint16),
-    "UINT32": ("uint_contents", np.uint32),
-    "UINT64": ("uint64_contents", np.uint64),
     "FP32": ("fp32_contents", np.float32),
     "FP64": ("fp64_contents", np.float64),
     "BYTES": ("bytes_contents", None),
