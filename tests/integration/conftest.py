@@ -255,6 +255,13 @@ def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
 
 
 @pytest.fixture(scope="session")
+def strict_stack(stack_factory: Callable[..., LocalStack]) -> LocalStack:
+    """A stack that refuses requests without a known API key (ANVIL_REQUIRE_API_KEY=1), shared by the
+    HTTP and gRPC suites that check it."""
+    return stack_factory(env={"ANVIL_REQUIRE_API_KEY": "1"})
+
+
+@pytest.fixture(scope="session")
 def tcp_stack(stack_factory: Callable[..., LocalStack]) -> LocalStack:
     """A stack whose links are tcp with CURVE (no ipc directory), as in compose and across hosts;
     for tests that watch or need the tcp links (`anvil up` otherwise links through ipc)."""
