@@ -93,14 +93,13 @@ async def model_config(st: GatewayState, req: pb.ModelConfigRequest) -> pb.Model
 
 
 async def model_statistics(st: GatewayState, req: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
-    """stats.py's document (what GET /v2/models[/{m}]/stats answers); an empty name: every model.
+    """What GET /v2/models[/{m}]/stats answers (model_docs.statistics); an empty name: every model.
     Fields a later stats.py adds that this protocol lacks are left out, not an error."""
     if req.name:
-        spec = await _resolve(st, req.name, req.version)
-        models = [(spec.name, spec.version)]
+        specs = [await _resolve(st, req.name, req.version)]
     else:
-        models = [(s.name, s.version) for s in st.discovery.models.values()]
-    doc = st.stats.doc(models)
+        specs = list(st.discovery.models.values())
+    doc = model_docs.statistics(st, specs)
     return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
 

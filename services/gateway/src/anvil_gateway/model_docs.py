@@ -9,7 +9,7 @@ from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import SERVER_NAME, SERVER_VERSION, GatewayState
 
-__all__ = ["EXTENSIONS", "model_config", "model_metadata", "server_metadata", "server_ready"]
+__all__ = ["EXTENSIONS", "model_config", "model_metadata", "server_metadata", "server_ready", "statistics"]
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -78,3 +78,9 @@ def model_config(spec: ModelSpec, s: GatewaySettings) -> dict[str, Any]:
         },
         "instance_group": [{"name": spec.name, "kind": "KIND_AUTO", "count": 1}],
     }
+
+
+def statistics(st: GatewayState, specs: list[ModelSpec]) -> dict[str, Any]:
+    """Triton's statistics document of these models (stats.py): `GET /v2/models[/{m}]/stats` and
+    the ModelStatistics RPC both answer this."""
+    return st.stats.doc([(spec.name, spec.version) for spec in specs])

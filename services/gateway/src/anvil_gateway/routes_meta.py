@@ -61,15 +61,14 @@ async def model_config(request: Request, name: str, version: str | None = None) 
 @router.get("/v2/models/stats")
 async def all_stats(request: Request) -> dict[str, Any]:
     st = state_of(request)
-    return st.stats.doc([(m.name, m.version) for m in st.discovery.models.values()])
+    return model_docs.statistics(st, list(st.discovery.models.values()))
 
 
 @router.get("/v2/models/{name}/stats")
 @router.get("/v2/models/{name}/versions/{version}/stats")
 async def model_stats(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     st = state_of(request)
-    spec = await st.resolve(name, version)
-    return st.stats.doc([(spec.name, spec.version)])
+    return model_docs.statistics(st, [await st.resolve(name, version)])
 
 
 # ---- KServe v2 model repository extension: the registry's deploy/undeploy (repository.py) ----------
