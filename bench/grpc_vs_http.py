@@ -7,7 +7,9 @@ Both clients are Python asyncio in one process and pre-encode their request once
 `anvil_client.rawhttp` (16 keep-alive connections at c16), gRPC on a grpc.aio channel with
 tritonclient's generated messages (one HTTP/2 connection, 16 calls in flight at c16: how
 tritonclient.grpc and perf_analyzer use a channel). The script starts its own stack (`anvil up` on
-free ports) and writes bench/results/grpc_vs_http.{json,md}.
+free ports) and writes bench/results/grpc_vs_http.{json,md}. A second stack with the gRPC endpoint
+off (ANVIL_GRPC_PORT=0) runs beside it, its HTTP measured in the same rounds ("http_nogrpc"): what
+serving gRPC costs the HTTP path (the grpc.aio server shares the gateway's loop and process).
 
     flock /tmp/anvil-timing.lock uv run python bench/grpc_vs_http.py [--seconds 4] [--rounds 3]
 """
@@ -127,32 +129,36 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="anvil-grpc-bench-"))
-    proc, env, url = start_stack(tmp)
+    proc, env, url = start_stack(tmp / "a")
     target = f"127.0.0.1:{env['ANVIL_GRPC_PORT']}"
+    peer, _, peer_url = start_stack(tmp / "b", {"ANVIL_GRPC_PORT": "0"})
+    load = [os.getloadavg()[0]]
     rows: list[dict[str, Any]] = []
     try:
         for rnd in range(args.rounds):
             for c in CONCURRENCY:
-                for transport in ("http", "grpc"):
-                    point = (
-                        http_point(url, c, args.seconds)
-                        if transport == "http"
-                        else grpc_point(target, c, args.seconds)
-                    )
+                for transport in ("http", "grpc", "http_nogrpc"):
+                    if transport == "grpc":
+                        point = grpc_point(target, c, args.seconds)
+                    else:
+                        point = http_point(url if transport == "http" else peer_url, c, args.seconds)
                     r = asyncio.run(point)
                     rows.append({"round": rnd, "transport": transport, "concurrency": c, **r})
                     print(rows[-1], flush=True)
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(30)
-    write(rows, args)
+        for p in (proc, peer):
+            p.send_signal(signal.SIGINT)
+        for p in (proc, peer):
+            p.wait(30)
+    load.append(os.getloadavg()[0])
+    write(rows, args, load)
 
 
 def _median(rows: list[dict[str, Any]], transport: str, c: int, key: str) -> float:
     return float(np.median([r[key] for r in rows if r["transport"] == transport and r["concurrency"] == c]))
 
 
-def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def write(rows: list[dict[str, Any]], args: argparse.Namespace, load: list[float]) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     meta = {
         "command": "flock /tmp/anvil-timing.lock uv run python bench/grpc_vs_http.py "
@@ -161,6 +167,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
+        "load_average_1min_start_end": load,  # other work on the machine (flock serialises benches only)
     }
     summary = []
     for c in CONCURRENCY:
@@ -168,6 +175,8 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         for key in ("p50_ms", "p99_ms", "rps"):
             h, g = _median(rows, "http", c, key), _median(rows, "grpc", c, key)
             s[f"http_{key}"], s[f"grpc_{key}"], s[f"grpc_over_http_{key}"] = h, g, g / h
+            off = _median(rows, "http_nogrpc", c, key)
+            s[f"http_nogrpc_{key}"], s[f"http_over_nogrpc_{key}"] = off, h / off
         summary.append(s)
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "summary": summary, "rows": rows}
@@ -177,7 +186,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "",
         f"{meta['date']}, {meta['machine']}, Python {meta['python']}, commit {meta['commit']}; the stack "
         "and the Python client share these cores. Medians over rounds that alternate the transports.",
-        f"`{meta['command']}`",
+        f"`{meta['command']}`; 1-min load average {load[0]:.1f} at the start, {load[1]:.1f} at the end.",
         "",
         "| conc. | HTTP p50 ms | gRPC p50 ms | gRPC/HTTP p50 | HTTP p99 ms | gRPC p99 ms | HTTP req/s | "
         "gRPC req/s | gRPC/HTTP req/s |",
@@ -188,6 +197,19 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"| {s['concurrency']} | {s['http_p50_ms']:.2f} | {s['grpc_p50_ms']:.2f} | "
             f"{s['grpc_over_http_p50_ms']:.2f} | {s['http_p99_ms']:.2f} | {s['grpc_p99_ms']:.2f} | "
             f"{s['http_rps']:.0f} | {s['grpc_rps']:.0f} | {s['grpc_over_http_rps']:.2f} |"
+        )
+    lines += [
+        "",
+        "HTTP on the stack that also serves gRPC vs HTTP on a stack with it off (ANVIL_GRPC_PORT=0), "
+        "same rounds:",
+        "",
+        "| conc. | HTTP p50 ms (gRPC on) | HTTP p50 ms (gRPC off) | on/off p50 | on/off req/s |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for s in summary:
+        lines.append(
+            f"| {s['concurrency']} | {s['http_p50_ms']:.2f} | {s['http_nogrpc_p50_ms']:.2f} | "
+            f"{s['http_over_nogrpc_p50_ms']:.2f} | {s['http_over_nogrpc_rps']:.2f} |"
         )
     (RESULTS / "grpc_vs_http.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
