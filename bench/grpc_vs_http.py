@@ -96,6 +96,7 @@ async def drive(call: Callable[[], Awaitable[bool]], conns: int, seconds: float)
         "p50_ms": float(np.percentile(a, 50)),
         "p99_ms": float(np.percentile(a, 99)),
         "rps": len(a) / elapsed,
+        "failed": failed,
     }
 
 
