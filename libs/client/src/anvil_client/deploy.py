@@ -84,6 +84,13 @@ def add_deploy_commands(subparsers: Any) -> None:
     d.add_argument("--act-order", action="store_true", help="GPTQ: rows by decreasing input energy")
     d.add_argument("--keep-fp32", action="append", default=[], help="node-name pattern kept fp32, repeatable")
     d.add_argument(
+        "--gpu-precision",
+        choices=("auto", "fp16", "fp32"),
+        default="auto",
+        help="activations on a GPU executor: fp16 (cuBLAS fp16 / W4A16, fp32 accumulation), fp32 (TF32), "
+        "auto = fp16 for encoders, fp32 otherwise; the CPU runs fp32 either way",
+    )
+    d.add_argument(
         "--max-rel-error",
         type=_budget,
         default=None,
@@ -174,6 +181,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "calibration": args.calibration,
         "act_order": args.act_order,
         "keep_fp32": args.keep_fp32,
+        "gpu_precision": getattr(args, "gpu_precision", "auto"),
     }
     budget = getattr(args, "max_rel_error", None)
     if budget is not None:  # absent: the compiler's default budget (declared once, CompileOptions)
