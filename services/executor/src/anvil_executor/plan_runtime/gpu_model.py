@@ -159,6 +159,7 @@ class GpuPlanModel(PlanIO):
                 self._blas = Gemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, tf32, dtype)
             if lin16 is not None:
                 lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module)
+                cp.cuda.Device(device_id).synchronize()  # W4A16Linear uploads on the legacy stream
             self._fns = self._functions(module, p, self._kernels)
             self._slots, pinned_bytes = self._layout_pinned()
             self.pinned = PinnedBank(pinned_bytes)
@@ -179,7 +180,7 @@ class GpuPlanModel(PlanIO):
             extra={
                 "model": self.spec.name,
                 "device": f"cuda:{device_id}",
-                "weights_mib": round(int(p.weightBytes) / 2**20, 2),
+                "weights_mib": round(self.arena.bank_bytes("weights") / 2**20, 2),
                 "activations_mib": round(int(p.activationBytes) / 2**20, 2),
                 "pinned_mib": round(pinned_bytes / 2**20, 2),
                 "graphs": len(self._graphs),
