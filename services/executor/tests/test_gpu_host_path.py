@@ -1,0 +1,135 @@
+"""The GPU runtime's host path without a GPU: ``GpuPlanModel`` loads fp16 and fp32 plans (MLP and an
+HF BERT encoder, unquantized and INT4), lays out its banks, captures every bucket and serves a batch
+with CuPy replaced by ``fake_cupy`` (no kernel runs). Every launch is checked against the CUDA
+signature of the kernel it names (the artifact's kernels.cu, the runtime epilogues): the kernel exists,
+argument count and types match. What the kernels compute is tested on a GPU (test_gpu_fp16.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from anvil_compiler.codegen.build import full_source
+from anvil_compiler.frontends.hf import bundle_from_dir
+from anvil_compiler.options import CompileOptions
+from anvil_compiler.pipeline import compile_graph, import_model
+from anvil_core.proto_gen import plan_generated as pg
+from anvil_executor.plan_runtime import cublas_raw
+from anvil_executor.plan_runtime.cuda_arena import counter
+from anvil_executor.plan_runtime.plan import LoadedPlan, _s, attrs_of
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[2] / "compiler" / "tests"))
+import fake_cupy
+from onnx_models import mlp_bytes
+from tiny_bert import make_tiny_bert
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from anvil_executor.plan_runtime import gpu_model
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.make_module())
+    lib = fake_cupy.FakeCublas()
+    monkeypatch.setattr(cublas_raw, "load_cublas", lambda: lib)
+    monkeypatch.setattr(counter, "_installed", False)
+    monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_module", None)
+    monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_f16_module", None)
+    fake_cupy.LAUNCHES.calls.clear()
+    return lib
+
+
+def _lowered(tmp_path: Path, kind: str, quantize: bool, precision: str) -> tuple[LoadedPlan, Any, str]:
+    opts = CompileOptions(
+        quantize=quantize, max_batch=8, max_seq=32, gpu_precision=precision, max_rel_error=None, group_size=64
+    )
+    if kind == "mlp":
+        g = import_model("onnx", mlp_bytes(op="Sigmoid"), "mlp")
+    else:
+        g = import_model("hf", bundle_from_dir(make_tiny_bert(tmp_path / "hf", hidden=64)), "tiny")
+    low = compile_graph(g, opts)
+    return LoadedPlan(pg.PlanT.InitFromPackedBuf(low.plan, 0)), low.weights, full_source(low.sources)
+
+
+def _requests(kind: str) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    if kind == "mlp":
+        return [{"x": rng.standard_normal((n, 64)).astype(np.float32)} for n in (3, 2)]
+    return [
+        {
+            "input_ids": rng.integers(4, 19, (1, n)).astype(np.int64),
+            "attention_mask": np.ones((1, n), np.int64),
+        }
+        for n in (5, 13)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["mlp", "bert"])
+@pytest.mark.parametrize("quantize", [False, True])
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_every_launch_matches_its_kernel_signature(
+    tmp_path: Path, fake: Any, kind: str, quantize: bool, precision: str
+) -> None:
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, kind, quantize, precision)
+    module = fake_cupy.RawModule(code=source)
+    w4a16 = fake_cupy.RawModule() if quantize and precision == "fp16" else None  # a fatbin: unchecked
+    gpu = GpuPlanModel(plan, weights, module, 0, nan_fill=True, w4a16_module=w4a16)
+    assert gpu.precision == precision and gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
+    names = {n for n, _ in fake_cupy.LAUNCHES.calls}
+    p = plan.plan
+    linear_kernels = {_s(op.kernel) for op in p.ops if _s(op.kind) == "linear"}
+    other = {i: op for i, op in enumerate(p.ops) if _s(op.kind) != "linear"}
+    if precision == "fp16":
+        assert not names & linear_kernels  # linears run on cuBLAS / W4A16
+        assert {attrs_of(op)["kernel_f16"] for op in other.values()} <= names
+        assert not {_s(op.kernel) for op in other.values()} & names  # no fp32 kernel in an fp16 plan
+        if quantize:
+            assert any(n.startswith("w4a16_fp16_") for n in names)  # rows <= 16 on the W4A16 kernels
+        epilogues = {n for n in names if n.startswith("anvil_f16_epilogue")}
+        assert epilogues, names
+        gemms = fake.calls.count("cublasGemmEx")
+        assert gemms > 0 if (not quantize or kind == "bert") else gemms == 0
+    else:
+        assert {_s(op.kernel) for op in other.values()} <= names
+        if quantize:
+            assert linear_kernels <= names  # the compiler's INT4 linear.cu
+        else:
+            assert fake.calls.count("cublasGemmEx") > 0
+    fake_cupy.LAUNCHES.calls.clear()
+    out = gpu.run(_requests(kind))  # a graph replay each (nothing launched one by one)
+    assert not fake_cupy.LAUNCHES.calls
+    for o in out:
+        assert all(v.dtype == np.float32 for v in o.values())
+    eager = GpuPlanModel(plan, weights, module, 0, graphs=False, w4a16_module=w4a16)
+    fake_cupy.LAUNCHES.calls.clear()
+    eager.run(_requests(kind))  # every kernel launched by the per-batch path, checked again
+    assert fake_cupy.LAUNCHES.calls
+
+
+def test_an_fp16_plan_without_its_w4a16_module_takes_cublas(tmp_path: Path, fake: Any) -> None:
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, "mlp", True, "fp16")
+    gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0)
+    assert {r["backend"] for r in gpu.linear_report()} == {"cublas_f16_dequant"}
+    assert not any(n.startswith("w4a16") for n, _ in fake_cupy.LAUNCHES.calls)
+    assert fake.calls.count("cublasGemmEx") > 0
+
+
+def test_plan_gemm_runs_an_fp16_plan_in_fp32_and_fp16_needs_fp16_kernels(tmp_path: Path, fake: Any) -> None:
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, "bert", False, "fp16")
+    gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, gemm="plan")
+    assert gpu.precision == "fp32"
+    with pytest.raises(ValueError, match="gemm must be 'cublas'"):
+        GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, gemm="plan", precision="fp16")
+    plan32, weights32, source32 = _lowered(tmp_path / "b", "bert", False, "fp32")
+    with pytest.raises(ValueError, match="no fp16 kernels"):
+        GpuPlanModel(plan32, weights32, fake_cupy.RawModule(code=source32), 0, precision="fp16")
