@@ -67,7 +67,7 @@ class _Flags:
     c_contiguous = True
 
 
-class ndarray:  # noqa: N801 - CuPy's name
+class ndarray:  # CuPy's name
     def __init__(self, shape: tuple[int, ...], dtype: Any = np.float32, memptr: Any = None) -> None:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
