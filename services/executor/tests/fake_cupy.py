@@ -208,7 +208,7 @@ def make_module() -> types.ModuleType:
 
 
 class FakeCublas:
-    """libcublas: every call succeeds (status 0) and is recorded."""
+    """libcublas / libcublasLt: every call succeeds (status 0) and is recorded."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -216,6 +216,8 @@ class FakeCublas:
     def __getattr__(self, name: str) -> Any:
         def call(*args: Any) -> int:
             self.calls.append(name)
+            if name == "cublasLtMatmulAlgoGetHeuristic":
+                args[-1]._obj.value = 1  # byref(c_int): one algorithm found
             return 0
 
         return call

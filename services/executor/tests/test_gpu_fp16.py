@@ -107,7 +107,7 @@ def test_fp16_mlp_matches_the_fp32_cpu_plan(tmp_path: Path, quantize: bool, act:
     gpu = _gpu(art, nan_fill=True)
     assert gpu.precision == "fp16" and gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
     kernels = {k for r in gpu.linear_report() for k in r["rows"]}
-    want = {"w4a16_gemv", "w4a16_gemv+epilogue"} if quantize else {"cublas_f16+epilogue"}
+    want = {"w4a16_gemv", "w4a16_gemv+epilogue"} if quantize else {"cublas_f16+epilogue", "cublas_f16"}
     assert kernels and kernels <= want, gpu.linear_report()
     reqs = _mlp_requests(np.random.default_rng(1))
     got = gpu.run(reqs)
@@ -150,6 +150,35 @@ def test_fp16_bert_token_states_match_the_fp32_cpu_plan(tmp_path: Path, quantize
             ids = rng.integers(4, 19, (1, n)).astype(np.int64)
             reqs.append({"input_ids": ids, "attention_mask": np.ones((1, n), np.int64)})
         _check(gpu.run(reqs), cpu.run(reqs))
+
+
+def test_fp16_cublaslt_bias_epilogue_matches_the_fp32_cpu_plan(tmp_path: Path) -> None:
+    """ANVIL_GPU_LT_EPILOGUE: the MLP's bias + ReLU and BERT's QKV bias inside cuBLASLt's epilogue."""
+    from safetensors.numpy import load_file
+
+    mlp = _onnx(tmp_path / "mlp", mlp_bytes(op="Relu"), False)
+    gpu = _gpu(mlp, nan_fill=True, lt_epilogue=True)
+    assert "cublaslt_f16_bias" in {k for r in gpu.linear_report() for k in r["rows"]}, gpu.linear_report()
+    assert gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
+    reqs = _mlp_requests(np.random.default_rng(6))
+    got = gpu.run(reqs)
+    _check(got, PlanModel.load(mlp).run(reqs))
+    eager = _gpu(mlp, graphs=False, nan_fill=True, lt_epilogue=True)
+    for g, e in zip(got, eager.run(reqs), strict=True):
+        np.testing.assert_array_equal(g["y"], e["y"])
+    art = _hf(tmp_path / "bert", False, hidden=64, heads=2, std=0.05)
+    plan, weights = load_plan(art / "plan.bin"), load_file(str(art / "weights.safetensors"))
+    bert = GpuPlanModel(plan, weights, load_module(art, 0), 0, nan_fill=True, lt_epilogue=True)
+    assert "cublaslt_f16_bias" in {k for r in bert.linear_report() for k in r["rows"]}
+    rng = np.random.default_rng(7)
+    reqs = [
+        {
+            "input_ids": rng.integers(4, 19, (1, n)).astype(np.int64),
+            "attention_mask": np.ones((1, n), np.int64),
+        }
+        for n in (20, 7, 33, 12)
+    ]
+    _check(bert.run(reqs), PlanModel(plan, weights).run(reqs))
 
 
 TEXTS = [

@@ -18,7 +18,7 @@ from anvil_compiler.frontends.hf import bundle_from_dir
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.pipeline import compile_graph, import_model
 from anvil_core.proto_gen import plan_generated as pg
-from anvil_executor.plan_runtime import cublas_raw
+from anvil_executor.plan_runtime import cublas_raw, cublaslt_raw
 from anvil_executor.plan_runtime.cuda_arena import counter
 from anvil_executor.plan_runtime.plan import LoadedPlan, _s, attrs_of
 
@@ -36,6 +36,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy.make_module())
     lib = fake_cupy.FakeCublas()
     monkeypatch.setattr(cublas_raw, "load_cublas", lambda: lib)
+    monkeypatch.setattr(cublaslt_raw, "load_cublaslt", lambda: lib)
     monkeypatch.setattr(counter, "_installed", False)
     monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_module", None)
     monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_f16_module", None)
@@ -133,3 +134,26 @@ def test_plan_gemm_runs_an_fp16_plan_in_fp32_and_fp16_needs_fp16_kernels(tmp_pat
     plan32, weights32, source32 = _lowered(tmp_path / "b", "bert", False, "fp32")
     with pytest.raises(ValueError, match="no fp16 kernels"):
         GpuPlanModel(plan32, weights32, fake_cupy.RawModule(code=source32), 0, precision="fp16")
+
+
+def test_cublaslt_takes_the_linears_whose_bias_it_can_fuse(tmp_path: Path, fake: Any) -> None:
+    """ANVIL_GPU_LT_EPILOGUE: BERT's QKV (bias, no activation, no residual) and an MLP's bias + ReLU
+    go to cuBLASLt with its bias epilogue (no epilogue kernel after them); GELU (erf), residual and
+    LayerNorm linears keep cuBLAS + the fp16 epilogue; a linear with nothing to add, cuBLAS alone."""
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    for kind in ("bert", "mlp"):
+        plan, weights, source = _lowered(tmp_path / kind, kind, False, "fp16")
+        fake.calls.clear()
+        gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, graphs=False, lt_epilogue=True)
+        kinds = {k for r in gpu.linear_report() for k in r["rows"]}
+        fake_cupy.LAUNCHES.calls.clear()
+        fake.calls.clear()
+        gpu.run(_requests(kind))
+        if kind == "bert":
+            assert kinds == {"cublaslt_f16_bias", "cublas_f16+epilogue"}, kinds
+            assert fake.calls.count("cublasLtMatmul") == 2  # one QKV per layer
+        else:  # fc1: bias + sigmoid (not a cuBLASLt epilogue); fc2: no bias
+            assert kinds == {"cublas_f16+epilogue", "cublas_f16"}, kinds
+            assert fake.calls.count("cublasGemmEx") == 2 and "cublasLtMatmul" not in fake.calls
+            assert len(fake_cupy.LAUNCHES.calls) == 1  # fc1's epilogue only

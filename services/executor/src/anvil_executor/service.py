@@ -181,7 +181,12 @@ class Executor:
 
     def _gpu_options(self) -> dict[str, Any]:
         """GpuPlanModel options from the settings (ignored on the CPU)."""
-        return {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32, "precision": self.s.gpu_precision}
+        return {
+            "gemm": self.s.gpu_gemm,
+            "tf32": self.s.gpu_tf32,
+            "precision": self.s.gpu_precision,
+            "lt_epilogue": self.s.gpu_lt_epilogue,
+        }
 
     def _gpu_loaded(self, name: str, plan: Any) -> None:
         from anvil_executor.plan_runtime.cuda_arena import counter

@@ -47,6 +47,9 @@ class ExecutorSettings(ServiceSettings):
     # for encoders unless deployed with --gpu-precision fp32); "fp32" forces fp32 (TF32 GEMMs);
     # "fp16" refuses a plan compiled without fp16 kernels. docs/executor_gpu.md.
     gpu_precision: Literal["auto", "fp16", "fp32"] = "auto"
+    # fp16 plans: linears with a bias and no residual / LayerNorm (e.g. BERT's QKV) on cuBLASLt with the
+    # bias (+ ReLU / tanh-GELU) in its epilogue, one pass less each. Off until measured per shape.
+    gpu_lt_epilogue: bool = False
     # A model whose load fails is retried after load_retry_base_ms, doubling at each failure up to
     # load_retry_max_ms (a broken artifact costs one attempt a minute, not one a beat).
     load_retry_base_ms: int = 1000

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from anvil_executor.plan_runtime.cublas_linear import GemmStep
+from anvil_executor.plan_runtime.cublaslt_raw import LT_EPILOGUES
 from anvil_executor.plan_runtime.io import _l
 from anvil_executor.plan_runtime.ops import ACT_CODES
 from anvil_executor.plan_runtime.plan import _s, attrs_of
@@ -68,6 +69,21 @@ class LinearF16:
     def __post_init__(self) -> None:
         object.__setattr__(self, "fused", self.step.gamma < 0 and self.act_name in ACTIVATIONS)
 
+    @property
+    def plain(self) -> bool:
+        """x @ W alone (no bias, activation, residual or LayerNorm): cuBLAS writes the output itself."""
+        st = self.step
+        return st.bias < 0 and self.act_name == "none" and st.residual < 0 and st.gamma < 0
+
+    @property
+    def lt_epilogue(self) -> int | None:
+        """The cuBLASLt epilogue that does this linear's bias (+ activation), or None (residual,
+        LayerNorm, no bias, or an activation cuBLASLt does not have)."""
+        st = self.step
+        if st.bias < 0 or st.residual >= 0 or st.gamma >= 0:
+            return None
+        return LT_EPILOGUES.get(self.act_name)
+
     def uses_w4a16(self, m: int) -> bool:
         return self.backend == "w4a16" and m <= self.w4a16_max_m
 
@@ -76,10 +92,14 @@ class LinearF16:
         """Whether some row count runs cuBLAS, so the fp16 (K, N) weight must be on the device."""
         return self.backend != "w4a16" or self.max_rows > self.w4a16_max_m
 
-    def kernel_at(self, m: int) -> str:
-        """What runs M = m rows (what ``GpuPlanModel.linear_choices`` reports per bucket)."""
+    def kernel_at(self, m: int, lt: bool = False) -> str:
+        """What runs M = m rows (``F16Linears.report``); ``lt``: cuBLASLt epilogues are on."""
         if self.uses_w4a16(m):
             return "w4a16_gemv" + ("" if self.fused else "+epilogue")
+        if self.plain:
+            return "cublas_f16"
+        if lt and self.lt_epilogue is not None:
+            return "cublaslt_f16_bias"
         return "cublas_f16+epilogue"
 
 
@@ -146,16 +166,16 @@ def linear_weights(
     dense = prepacked = bias16 = None
     if lin.int4 is None:
         dense = np.ascontiguousarray(weights[lin.step.weight], dtype=np.float16)
-        return dense, None, None
-    q = _int4(plan, weights, lin)
-    if lin.needs_dense:
-        dense = dequantize(q).astype(np.float16)
-    if lin.backend == "w4a16":
-        from anvil_kernels.cuda import prepack
+    else:
+        q = _int4(plan, weights, lin)
+        if lin.needs_dense:
+            dense = dequantize(q).astype(np.float16)
+        if lin.backend == "w4a16":
+            from anvil_kernels.cuda import prepack
 
-        prepacked = prepack(q)
-        if lin.fused and lin.step.bias >= 0:
-            bias16 = np.ascontiguousarray(weights[lin.step.bias], dtype=np.float16)
+            prepacked = prepack(q)
+    if lin.fused and lin.step.bias >= 0:  # the W4A16 kernel's or cuBLASLt's fused bias, in the output's dtype
+        bias16 = np.ascontiguousarray(weights[lin.step.bias], dtype=np.float16)
     return dense, prepacked, bias16
 
 
@@ -207,6 +227,7 @@ class F16Linears:
         self.layers: dict[int, Any] = {}
         self._prepacked: dict[int, dict[str, np.ndarray]] = {}
         self._keys: dict[Any, int] = {}
+        self._lt: Any = None
 
     def __contains__(self, op_index: int) -> bool:
         return op_index in self.lins
@@ -241,10 +262,13 @@ class F16Linears:
         self._keys = dict(layout.offsets)
         return layout
 
-    def bind(self, arena: Any, blas: Any, epilogue: dict[str, Any], w4a16_module: Any) -> None:
+    def bind(
+        self, arena: Any, blas: Any, epilogue: dict[str, Any], w4a16_module: Any, lt: Any = None
+    ) -> None:
         """The device side: the arena (banks weights, activations, staging), the fp16 cuBLAS GEMM, the
-        epilogue kernels by name, and one W4A16Linear per INT4 linear the W4A16 kernels run."""
-        self._arena, self._blas, self._epilogue = arena, blas, epilogue
+        epilogue kernels by name, one W4A16Linear per INT4 linear the W4A16 kernels run, and
+        ``lt`` (cublaslt_raw.LtGemm or None): cuBLASLt for the linears whose epilogue it can fuse."""
+        self._arena, self._blas, self._epilogue, self._lt = arena, blas, epilogue, lt
         if self._prepacked:
             from anvil_kernels.cuda import W4A16Linear
 
@@ -286,6 +310,13 @@ class F16Linears:
             self.layers[op_index](x, self._arena.view("staging", 0, (m, st.n), np.float16))
         else:
             w16 = self._arena.ptr("weights", self._keys[("w16", op_index)])
+            if lin.plain:  # nothing to add: cuBLAS writes the output
+                self._blas(self._t(st.x), w16, self._t(st.out), m, st.n, st.k)
+                return
+            if self._lt is not None and lin.lt_epilogue is not None:
+                bias16 = self._arena.ptr("weights", self._keys[("b16", op_index)])
+                self._lt(self._t(st.x), w16, self._t(st.out), m, st.n, st.k, bias16, lin.lt_epilogue)
+                return
             self._blas(self._t(st.x), w16, tmp, m, st.n, st.k)  # fp16 tensor cores, fp32 accumulation
         kernel, grid, block, smem, args = epilogue_f16_launch(st, self._t, self._w, tmp, m)
         self._epilogue[kernel](grid, block, args, shared_mem=smem)
@@ -301,7 +332,7 @@ class F16Linears:
             per: dict[str, list[int]] = {}
             for b, t in buckets:
                 m = lin.step.rows(self.plan, b, t)
-                per.setdefault(lin.kernel_at(m), []).append(m)
+                per.setdefault(lin.kernel_at(m, self._lt is not None), []).append(m)
             name = _s(self.plan.ops[lin.step.op_index].name)
             rows = {k: [min(v), max(v)] for k, v in per.items()}
             out.append({"op": name, "backend": lin.backend, "rows": rows})

@@ -36,6 +36,7 @@ from anvil_executor.plan_runtime.arena import ALIGN
 from anvil_executor.plan_runtime.buckets import Buckets
 from anvil_executor.plan_runtime.cublas_linear import EPILOGUE_SOURCE, GemmStep, epilogue_launch, gemm_ops
 from anvil_executor.plan_runtime.cublas_raw import Gemm
+from anvil_executor.plan_runtime.cublaslt_raw import LtGemm
 from anvil_executor.plan_runtime.cuda_arena import DeviceArena, PinnedBank, counter
 from anvil_executor.plan_runtime.gpu_linear import EPILOGUE_F16_SOURCE, F16Linears
 from anvil_executor.plan_runtime.io import PlanIO, _l
@@ -101,10 +102,12 @@ class GpuPlanModel(PlanIO):
         outputs: Sequence[str] | None = None,
         precision: str = "auto",
         w4a16_module: Any = None,
+        lt_epilogue: bool = False,
     ) -> None:
         """``precision``: "auto" (what the compiler recorded in the plan), "fp16" or "fp32".
         ``w4a16_module``: the artifact's W4A16 kernels (an fp16 plan's INT4 linears); None: those run
-        cuBLAS fp16 on weights dequantized here."""
+        cuBLAS fp16 on weights dequantized here. ``lt_epilogue``: an fp16 plan's linears with a bias
+        and no residual or LayerNorm run on cuBLASLt with the bias (+ ReLU / tanh-GELU) fused."""
         import cupy as cp
 
         t0 = time.perf_counter()
@@ -158,7 +161,10 @@ class GpuPlanModel(PlanIO):
                 dtype = "fp16" if f16 else "fp32"
                 self._blas = Gemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, tf32, dtype)
             if lin16 is not None:
-                lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module)
+                lt = None
+                if lt_epilogue and any(lin.lt_epilogue is not None for lin in lin16.lins.values()):
+                    lt = LtGemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES)  # same stream: may share it
+                lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module, lt)
                 cp.cuda.Device(device_id).synchronize()  # W4A16Linear uploads on the legacy stream
             self._fns = self._functions(module, p, self._kernels)
             self._slots, pinned_bytes = self._layout_pinned()
@@ -202,6 +208,7 @@ class GpuPlanModel(PlanIO):
         tf32: bool = True,
         outputs: Sequence[str] | None = None,
         precision: str = "auto",
+        lt_epilogue: bool = False,
     ) -> GpuPlanModel:
         from safetensors.numpy import load_file
 
@@ -221,6 +228,7 @@ class GpuPlanModel(PlanIO):
         return cls(
             plan, weights, module, device_id, name,
             gemm=gemm, tf32=tf32, outputs=outputs, precision=precision, w4a16_module=w4a16,
+            lt_epilogue=lt_epilogue,
         )  # fmt: skip
 
     # ---- load --------------------------------------------------------------------------------
