@@ -9,8 +9,8 @@ activations, cuBLAS fp16 + fp16 epilogues) and as an fp32 plan (cuBLAS TF32 + th
 (batch, tokens) shape:
   - one CUDA-graph replay of the whole plan (median of 30, µs) and the rate it implies (sequences/s);
   - each launch timed alone (eager, CUDA events), summed per kernel kind (µs and share of the sum);
-  - the same for each variant of --variants (fp16, fp32, fp32-per-row: the previous attention kernel,
-    one block per query row) for an A/B in one run.
+  - the same for each variant of --variants (fp16, fp16-lt: QKV's bias inside cuBLASLt, fp32,
+    fp32-per-row: the previous attention kernel, one block per query row) for an A/B in one run.
 Then the costs of the path around the GPU on this host: the fast tokenizer (one string at a time and
 a batch encode, sentences/s) and the /v1/embeddings body encoding of 32 x 384 floats (µs).
 """
@@ -190,7 +190,11 @@ def main() -> None:
     ap.add_argument("--max-seq", type=int, default=128)
     ap.add_argument("--shapes", default="1x16,32x48,128x48,512x48,512x64")
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--variants", default="fp16,fp32", help="fp16, fp32, fp32-per-row (comma-separated)")
+    ap.add_argument(
+        "--variants",
+        default="fp16,fp16-lt,fp32",
+        help="fp16, fp16-lt (cuBLASLt bias epilogues), fp32, fp32-per-row",
+    )
     args = ap.parse_args()
     import cupy as cp
     from safetensors.numpy import load_file
@@ -211,13 +215,15 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         for label in args.variants.split(","):
-            if label not in ("fp16", "fp32", "fp32-per-row"):
-                raise SystemExit(f"unknown variant {label!r}: fp16, fp32, fp32-per-row")
+            if label not in ("fp16", "fp16-lt", "fp32", "fp32-per-row"):
+                raise SystemExit(f"unknown variant {label!r}: fp16, fp16-lt, fp32, fp32-per-row")
             precision, staged = label[:4], not label.endswith("per-row")
             d = Path(tmp) / label
             compile_variant(args.model_dir, d, staged, args.max_batch, args.max_seq, arch, precision)
             plan, weights = load_plan(d / "plan.bin"), load_file(str(d / "weights.safetensors"))
-            model = GpuPlanModel(plan, weights, load_module(d, 0), 0, "minilm")
+            model = GpuPlanModel(
+                plan, weights, load_module(d, 0), 0, "minilm", lt_epilogue=label == "fp16-lt"
+            )
             missing = [(b, t) for b, t in shapes if (b, t) not in model._graphs]
             if missing:
                 raise SystemExit(f"shapes {missing} are not capture buckets; buckets: {model.buckets}")
