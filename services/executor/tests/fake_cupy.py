@@ -203,6 +203,7 @@ def make_module() -> types.ModuleType:
     cp.ndarray = ndarray  # type: ignore[attr-defined]
     cp.get_default_memory_pool = lambda: pool  # type: ignore[attr-defined]
     cp.asarray = lambda a: ndarray(np.asarray(a).shape, np.asarray(a).dtype)  # type: ignore[attr-defined]
+    cp.asnumpy = lambda a: np.zeros(a.shape, a.dtype)  # type: ignore[attr-defined]
     cp.zeros = lambda n, dtype=np.float32: ndarray((n,) if isinstance(n, int) else n, dtype)  # type: ignore[attr-defined]
     return cp
 

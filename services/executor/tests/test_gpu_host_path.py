@@ -157,3 +157,17 @@ def test_cublaslt_takes_the_linears_whose_bias_it_can_fuse(tmp_path: Path, fake:
             assert kinds == {"cublas_f16+epilogue", "cublas_f16"}, kinds
             assert fake.calls.count("cublasGemmEx") == 2 and "cublasLtMatmul" not in fake.calls
             assert len(fake_cupy.LAUNCHES.calls) == 1  # fc1's epilogue only
+
+
+def test_trace_returns_every_op_output_at_the_bucket_shape(tmp_path: Path, fake: Any) -> None:
+    """gpu_trace.trace (the GPU tests' op-by-op diagnosis): one fp32 array per op, eager launches."""
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+    from anvil_executor.plan_runtime.gpu_trace import trace
+
+    plan, weights, source = _lowered(tmp_path, "bert", True, "fp16")
+    gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, w4a16_module=fake_cupy.RawModule())
+    (b, t), got = trace(gpu, _requests("bert"))
+    assert (b, t) == (2, 16) and len(got) == len(plan.plan.ops)
+    for (name, kind, arr), op in zip(got, plan.plan.ops, strict=True):
+        assert (name, kind) == (_s(op.name), _s(op.kind)) and arr.dtype == np.float32
+        assert arr.shape == plan.shape(int(op.outputs[0]), b, t)

@@ -323,25 +323,33 @@ class GpuPlanModel(PlanIO):
 
     def _enqueue(self, b: int, t: int) -> None:
         """Copies in, every kernel, copies out, on the model's stream (the caller made it current)."""
+        self._copy_in(b, t)
+        for i, launch in enumerate(self._launches(b, t)):
+            self._run_op(i, launch, b, t)
+        cp, s = self._cp, self.stream.ptr
+        for name, tensor, _, _ in self.outputs:
+            off = self._slots[name][0]
+            n = self._pinned(name, b, t).nbytes
+            src = self._act + int(self.plan.plan.tensors[tensor].offset)
+            cp.cuda.runtime.memcpyAsync(self.pinned.base + off, src, n, D2H, s)
+
+    def _copy_in(self, b: int, t: int) -> None:
         cp, s = self._cp, self.stream.ptr
         for name, tensor, _, _ in self.inputs:
             off = self._slots[name][0]
             n = self._pinned(name, b, t).nbytes
             dst = self._act + int(self.plan.plan.tensors[tensor].offset)
             cp.cuda.runtime.memcpyAsync(dst, self.pinned.base + off, n, H2D, s)
-        for i, launch in enumerate(self._launches(b, t)):
-            step = self._gemm.get(i)
-            if self._lin16 is not None and i in self._lin16:
-                self._lin16.run(i, b, t)
-            elif step is None:
-                self._fns[launch.kernel](launch.grid, launch.block, launch.args, shared_mem=launch.smem)
-            else:
-                self._run_gemm(step, b, t)
-        for name, tensor, _, _ in self.outputs:
-            off = self._slots[name][0]
-            n = self._pinned(name, b, t).nbytes
-            src = self._act + int(self.plan.plan.tensors[tensor].offset)
-            cp.cuda.runtime.memcpyAsync(self.pinned.base + off, src, n, D2H, s)
+
+    def _run_op(self, i: int, launch: Launch, b: int, t: int) -> None:
+        """Enqueue op ``i``: its kernel, or cuBLAS / W4A16 and an epilogue for a linear."""
+        step = self._gemm.get(i)
+        if self._lin16 is not None and i in self._lin16:
+            self._lin16.run(i, b, t)
+        elif step is None:
+            self._fns[launch.kernel](launch.grid, launch.block, launch.args, shared_mem=launch.smem)
+        else:
+            self._run_gemm(step, b, t)
 
     def _run_gemm(self, step: GemmStep, b: int, t: int) -> None:
         """x @ W on cuBLAS into the workspace, then the op's epilogue into its output."""
@@ -361,6 +369,19 @@ class GpuPlanModel(PlanIO):
         return resolve_launches(p, self._act, self._wts, b, t, self._woffs, self._kernels, skip)
 
     def _run_chunk(self, reqs: list[RequestInputs], lens: list[int], t: int) -> dict[str, np.ndarray]:
+        bb, bt = self._stage(reqs, lens, t)
+        with self._cp.cuda.Device(self.device_id), self.stream:
+            graph = self._graphs.get((bb, bt))
+            if graph is not None:
+                graph.launch(self.stream)
+            else:
+                self._enqueue(bb, bt)
+            self.stream.synchronize()
+        # an fp16 plan's fp16 outputs go back to the spec's fp32 here (a pooled output is fp32 already)
+        return {name: _as_f32(self._pinned(name, bb, bt)) for name, _, _, _ in self.outputs}
+
+    def _stage(self, reqs: list[RequestInputs], lens: list[int], t: int) -> tuple[int, int]:
+        """The chunk's bucket; every request's rows unpacked into the pinned input slots at its shape."""
         rows = sum(self._rows(r) for r in reqs)
         bb, bt = self.buckets.pick(rows, t if self.pad_seq else 1)
         if not self.pad_seq:
@@ -379,15 +400,7 @@ class GpuPlanModel(PlanIO):
                 row += k
         self.padded_cells += bb * bt
         self.used_cells += sum(self._rows(r) * n for r, n in zip(reqs, lens, strict=True))
-        with self._cp.cuda.Device(self.device_id), self.stream:
-            graph = self._graphs.get((bb, bt))
-            if graph is not None:
-                graph.launch(self.stream)
-            else:
-                self._enqueue(bb, bt)
-            self.stream.synchronize()
-        # an fp16 plan's fp16 outputs go back to the spec's fp32 here (a pooled output is fp32 already)
-        return {name: _as_f32(self._pinned(name, bb, bt)) for name, _, _, _ in self.outputs}
+        return bb, bt
 
     @property
     def graph_count(self) -> int:
