@@ -174,7 +174,7 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
             ), f"fp16 variant of {n.name!r} changes its launch"
             sources[f16.name] = f16.source
             gpu = {"kernel_f16": f16.name}
-        op.attrs = [*op.attrs, *(_attr(a, v) for a, v in gpu.items())]
+        op.attrs = [*(op.attrs or []), *(_attr(a, v) for a, v in gpu.items())]
         ops.append(op)
 
     plan = pg.PlanT()
