@@ -18,6 +18,7 @@ from anvil_kernels.cuda import PLAN_COMMON
 __all__ = ["NVCC_TIMEOUT_S", "W4A16_FATBIN", "build_kernels", "build_w4a16", "full_source"]
 
 W4A16_FATBIN = "w4a16.fatbin"
+_W4A16_BUILT: dict[tuple[tuple[int, ...], tuple[str, ...]], bytes] = {}  # (groups, archs) -> fatbin
 
 NVCC_TIMEOUT_S = 300
 
@@ -97,6 +98,10 @@ def build_w4a16(groups: list[int], archs: tuple[str, ...], out_dir: Path) -> tup
     the plan on cuBLAS fp16 over weights dequantized at load, and says so."""
     if not groups:
         return {}, ""
+    key = (tuple(sorted(groups)), tuple(sorted(archs)))
+    if key in _W4A16_BUILT:  # the same library kernels: compiled once per process (seconds each)
+        (out_dir / W4A16_FATBIN).write_bytes(_W4A16_BUILT[key])
+        return {"w4a16": W4A16_FATBIN}, ""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         return {}, "nvcc not on PATH (the W4A16 kernels need the CUDA headers)"
@@ -111,4 +116,5 @@ def build_w4a16(groups: list[int], archs: tuple[str, ...], out_dir: Path) -> tup
     (out_dir / "w4a16_gen.cu").unlink(missing_ok=True)  # kernels.cu-like source: reproducible from the lib
     if path.name != W4A16_FATBIN:
         path.rename(out_dir / W4A16_FATBIN)
+    _W4A16_BUILT[key] = (out_dir / W4A16_FATBIN).read_bytes()
     return {"w4a16": W4A16_FATBIN}, ""
