@@ -171,6 +171,7 @@ def _in_process(onnx_path: Path, max_batch: int, x: np.ndarray, ref: np.ndarray 
                 model.run(req)
                 times.append((time.perf_counter() - t1) * 1e3)
             row[f"b{b}_ms"] = round(float(np.median(times)), 4)
+            row[f"b{b}_graph_us"] = _graph_us(model, b)
             if ref is not None:
                 row[f"b{b}_cos_min_vs_onnxruntime"] = _cos_min(got, ref[:b])
         out[name] = row
@@ -181,6 +182,26 @@ def _in_process(onnx_path: Path, max_batch: int, x: np.ndarray, ref: np.ndarray 
         if key in out["wb_int4"] and key in out["wb_fp16"]:
             out[f"speedup_b{b}"] = round(out["wb_fp16"][key] / out["wb_int4"][key], 3)
     return out
+
+
+def _graph_us(model: Any, b: int, reps: int = 200) -> float | None:
+    """Median device time of one replay of the (b, 1) bucket's CUDA graph (CUDA events), µs: the GPU
+    work alone, without the host's staging, launch and synchronize that ``run`` also pays."""
+    import cupy as cp
+
+    graph = model._graphs.get((b, 1))
+    if graph is None:
+        return None
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    with cp.cuda.Device(model.device_id), model.stream:
+        for _ in range(reps):
+            start.record(model.stream)
+            graph.launch(model.stream)
+            end.record(model.stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
+    return round(float(np.median(times)), 2)
 
 
 def _gpu_name() -> str:
@@ -203,12 +224,17 @@ def _markdown(res: dict[str, Any]) -> str:
     ]
     ip = res.get("in_process")
     if ip:
-        lines += ["## In process (GpuPlanModel on cuda:0, CUDA graph replay, median ms per batch)", ""]
-        lines += ["| rows | INT4 ms | fp16 ms | fp16 / INT4 |", "|---|---|---|---|"]
+        lines += ["## In process (GpuPlanModel on cuda:0: `run` per batch, and the CUDA graph alone)", ""]
+        lines += [
+            "| rows | INT4 run ms | fp16 run ms | fp16 / INT4 | INT4 graph µs | fp16 graph µs |",
+            "|---|---|---|---|---|---|",
+        ]
         for b in (1, 4, 16):
             if f"b{b}_ms" in ip["wb_int4"]:
-                i4, f16 = ip["wb_int4"][f"b{b}_ms"], ip["wb_fp16"][f"b{b}_ms"]
-                lines.append(f"| {b} | {i4} | {f16} | {ip[f'speedup_b{b}']} |")
+                i4, f16 = ip["wb_int4"], ip["wb_fp16"]
+                cells = [b, i4[f"b{b}_ms"], f16[f"b{b}_ms"], ip[f"speedup_b{b}"]]
+                cells += [i4[f"b{b}_graph_us"], f16[f"b{b}_graph_us"]]
+                lines.append("| " + " | ".join(str(c) for c in cells) + " |")
         lines.append("")
     if res.get("http"):
         lines += ["## Whole stack over HTTP (KServe v2 binary tensors, 1-row requests, closed loop)", ""]
