@@ -117,9 +117,3 @@ extern "C" __global__ void anvil_f16_epilogue(const unsigned short* tmp, const f
   for (int i = threadIdx.x; i < n; i += blockDim.x)
     out[base + i] = anvil_f2h((buf[i] - mean) * inv * gamma[i] + beta[i]);
 }
-
-// fp16 -> fp32 (a served output of an fp16 plan that a kernel wrote fp16), n values.
-extern "C" __global__ void anvil_f16_to_f32(const unsigned short* src, float* dst, long n) {
-  for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
-    dst[i] = anvil_h2f(src[i]);
-}
