@@ -189,6 +189,18 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return opts
 
 
+def format_gpu(stats: dict[str, Any]) -> str:
+    """The line `anvil deploy` prints for how a GPU executor runs the plan (the compiler's record)."""
+    precision = stats.get("gpu_precision")
+    if not precision:
+        return ""  # an artifact of a compiler before GPU precisions
+    backends = ", ".join(f"{n} {b}" for b, n in sorted(stats.get("gpu_linear_backends", {}).items()))
+    line = f"on a GPU: {precision} activations; linears: {backends or 'none'}"
+    if stats.get("w4a16_module"):
+        line += f" (W4A16 kernels {stats['w4a16_module']})"
+    return line
+
+
 def format_accuracy(accuracy: dict[str, Any] | None) -> list[str]:
     """The lines `anvil deploy` prints for a manifest's accuracy report."""
     if not accuracy:
@@ -374,6 +386,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     )
     for line in format_accuracy(manifest.get("accuracy")):
         print(line)
+    gpu = format_gpu(stats)
+    if gpu:
+        print(gpu)
     if args.wait:
         why = wait_served(args.redis_url, args.name, version, args.timeout_s)
         if why:
