@@ -158,7 +158,7 @@ def _in_process(onnx_path: Path, max_batch: int, x: np.ndarray, ref: np.ndarray 
         model = GpuPlanModel.load(art, 0, name=name)
         row: dict[str, Any] = {"compile_s": round(compile_s, 1), "load_s": round(model.load_s, 2)}
         row["linears"] = model.linear_report()
-        row["weights_mib"] = round(model.arena.bank_bytes("weights") / 2**20, 1)
+        row["weights_mib"] = round(model.weight_bytes / 2**20, 1)
         for b in (1, 4, 16):
             if b > max_batch:
                 continue

@@ -321,6 +321,11 @@ class F16Linears:
         kernel, grid, block, smem, args = epilogue_f16_launch(st, self._t, self._w, tmp, m)
         self._epilogue[kernel](grid, block, args, shared_mem=smem)
 
+    @property
+    def w4a16_bytes(self) -> int:
+        """Device bytes of the W4A16 layers' prepacked weights (outside the arena's weight bank)."""
+        return sum(int(layer.qweight.nbytes) + int(layer.sz.nbytes) for layer in self.layers.values())
+
     def weight_offsets(self, n_weights: int) -> list[int]:
         """Per plan weight, its offset in the bank ``layout`` made (-1: replaced, not on the device)."""
         return [self._keys.get(("w", i), -1) for i in range(n_weights)]

@@ -186,7 +186,7 @@ class GpuPlanModel(PlanIO):
             extra={
                 "model": self.spec.name,
                 "device": f"cuda:{device_id}",
-                "weights_mib": round(self.arena.bank_bytes("weights") / 2**20, 2),
+                "weights_mib": round(self.weight_bytes / 2**20, 2),
                 "activations_mib": round(int(p.activationBytes) / 2**20, 2),
                 "pinned_mib": round(pinned_bytes / 2**20, 2),
                 "graphs": len(self._graphs),
@@ -401,6 +401,12 @@ class GpuPlanModel(PlanIO):
         self.padded_cells += bb * bt
         self.used_cells += sum(self._rows(r) * n for r, n in zip(reqs, lens, strict=True))
         return bb, bt
+
+    @property
+    def weight_bytes(self) -> int:
+        """Device bytes of the weights: the arena's weight bank, plus W4A16's prepacked INT4 weights."""
+        extra = self._lin16.w4a16_bytes if self._lin16 is not None else 0
+        return self.arena.bank_bytes("weights") + extra
 
     @property
     def graph_count(self) -> int:
