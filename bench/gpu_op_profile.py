@@ -4,11 +4,13 @@ One command on a GPU host (no stack needed):
 
     python bench/gpu_op_profile.py --model-dir DIR --out bench/results/gpu_op_profile.json
 
-For an HF sentence encoder (e.g. all-MiniLM-L6-v2) compiled unquantized (fp32 activations, linears on
-cuBLAS TF32 + the plan's epilogue), per (batch, tokens) shape:
+For an HF sentence encoder (e.g. all-MiniLM-L6-v2) compiled unquantized, as an fp16 plan (fp16
+activations, cuBLAS fp16 + fp16 epilogues) and as an fp32 plan (cuBLAS TF32 + the fp32 epilogue), per
+(batch, tokens) shape:
   - one CUDA-graph replay of the whole plan (median of 30, µs) and the rate it implies (sequences/s);
   - each launch timed alone (eager, CUDA events), summed per kernel kind (µs and share of the sum);
-  - the same with the previous attention kernel (one block per query row) for an A/B in one run.
+  - the same for each variant of --variants (fp16, fp16-lt: QKV's bias inside cuBLASLt, fp32,
+    fp32-per-row: the previous attention kernel, one block per query row) for an A/B in one run.
 Then the costs of the path around the GPU on this host: the fast tokenizer (one string at a time and
 a batch encode, sentences/s) and the /v1/embeddings body encoding of 32 x 384 floats (µs).
 """
@@ -36,7 +38,7 @@ from corpus import sentences  # noqa: E402
 
 
 def compile_variant(
-    model_dir: Path, out: Path, staged: bool, max_batch: int, max_seq: int, arch: str
+    model_dir: Path, out: Path, staged: bool, max_batch: int, max_seq: int, arch: str, precision: str
 ) -> Path:
     from anvil_client.deploy import hf_bundle
     from anvil_compiler.codegen import kernels
@@ -46,8 +48,10 @@ def compile_variant(
     saved = kernels.ATTENTION_SMEM_MAX_BYTES
     kernels.ATTENTION_SMEM_MAX_BYTES = saved if staged else 0  # 0: every attention takes the per-row kernel
     try:
-        opts = CompileOptions(quantize=False, max_batch=max_batch, max_seq=max_seq, archs=(arch,))
-        compile_model("hf", hf_bundle(model_dir), "minilm", opts, out, key="staged" if staged else "per-row")
+        opts = CompileOptions(
+            quantize=False, max_batch=max_batch, max_seq=max_seq, archs=(arch,), gpu_precision=precision
+        )
+        compile_model("hf", hf_bundle(model_dir), "minilm", opts, out, key=f"{precision}-{staged}")
     finally:
         kernels.ATTENTION_SMEM_MAX_BYTES = saved
     return out
@@ -186,6 +190,11 @@ def main() -> None:
     ap.add_argument("--max-seq", type=int, default=128)
     ap.add_argument("--shapes", default="1x16,32x48,128x48,512x48,512x64")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument(
+        "--variants",
+        default="fp16,fp16-lt,fp32",
+        help="fp16, fp16-lt (cuBLASLt bias epilogues), fp32, fp32-per-row",
+    )
     args = ap.parse_args()
     import cupy as cp
     from safetensors.numpy import load_file
@@ -201,16 +210,20 @@ def main() -> None:
         "commit": os.environ.get("ANVIL_COMMIT") or _git_commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {gpu_name}",
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "plan": {"max_batch": args.max_batch, "max_seq": args.max_seq, "weights": "fp32", "gemm": "TF32"},
+        "plan": {"max_batch": args.max_batch, "max_seq": args.max_seq, "weights": "unquantized"},
         "variants": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        for staged in (True, False):
-            label = "staged attention" if staged else "per-row attention"
-            d = Path(tmp) / label.replace(" ", "_")
-            compile_variant(args.model_dir, d, staged, args.max_batch, args.max_seq, arch)
+        for label in args.variants.split(","):
+            if label not in ("fp16", "fp16-lt", "fp32", "fp32-per-row"):
+                raise SystemExit(f"unknown variant {label!r}: fp16, fp16-lt, fp32, fp32-per-row")
+            precision, staged = label[:4], not label.endswith("per-row")
+            d = Path(tmp) / label
+            compile_variant(args.model_dir, d, staged, args.max_batch, args.max_seq, arch, precision)
             plan, weights = load_plan(d / "plan.bin"), load_file(str(d / "weights.safetensors"))
-            model = GpuPlanModel(plan, weights, load_module(d, 0), 0, "minilm")
+            model = GpuPlanModel(
+                plan, weights, load_module(d, 0), 0, "minilm", lt_epilogue=label == "fp16-lt"
+            )
             missing = [(b, t) for b, t in shapes if (b, t) not in model._graphs]
             if missing:
                 raise SystemExit(f"shapes {missing} are not capture buckets; buckets: {model.buckets}")

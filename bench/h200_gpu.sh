@@ -15,11 +15,14 @@ export PYTHONPATH=/tmp/site:$SRC
 nvidia-smi -L
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== make test-gpu =="
+  # the real all-MiniLM-L6-v2 checkpoint for test_gpu_fp16's accuracy test, where it is carried
+  [ -d .carry/minilm ] && export ANVIL_TEST_MINILM_DIR=$PWD/.carry/minilm
   make test-gpu GPU_PY=python3 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
 fi
 [ "${SKIP_STACK:-0}" = 1 ] && exit 0
 echo "== stack on cuda:0 =="
 export ANVIL_RUN_ROOT=/tmp/anvil-run ANVIL_PROFILES=gpu ANVIL_SLO_P2_MS=5000
+export ANVIL_GPU_PRECISION=${ANVIL_GPU_PRECISION:-auto}  # fp16 plans (the executor's default is fp32 until verified)
 export ANVIL_HTTP_WORKERS=${ANVIL_HTTP_WORKERS:-8}  # gateway processes on the HTTP port (16-core host)
 python3 -m anvil_client.cli up --no-restart --timeout 180 > "$OUT/stack.txt" 2>&1 &
 UP=$!
@@ -49,6 +52,9 @@ if [ -d .carry/minilm ]; then  # all-MiniLM-L6-v2 as fp16 safetensors + tokenize
       --out-dir "$OUT" 2>&1 | tail -80
     curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_batch_size_(sum|count)" | tee "$OUT/batch.txt"
   fi
+fi
+if [ "${SKIP_INT4:-0}" != 1 ]; then  # weight-bound model (4 x 8192^2): INT4 (W4A16) vs fp16 weights, same run
+  timeout 900 python3 bench/int4_gpu.py --out-dir "$OUT" ${INT4_ARGS:-} 2>&1 | tail -40
 fi
 kill -INT $UP; wait $UP
 for f in /tmp/anvil-run/*/*.log; do echo "== $f"; tail -c 3000 "$f"; done > "$OUT/service_logs.txt"

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from corpus import CORPUS, sentences  # noqa: E402
 
 
-def deploy(model_dir: Path, name: str, max_batch: int, max_seq: int) -> float:
+def deploy(model_dir: Path, name: str, max_batch: int, max_seq: int, precision: str) -> float:
     t0 = time.perf_counter()
     cmd = [
         sys.executable,
@@ -48,7 +48,7 @@ def deploy(model_dir: Path, name: str, max_batch: int, max_seq: int) -> float:
         name,
         "--unquantized",
     ]
-    cmd += ["--max-batch", str(max_batch), "--max-seq", str(max_seq)]
+    cmd += ["--max-batch", str(max_batch), "--max-seq", str(max_seq), "--gpu-precision", precision]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     print(proc.stdout[-1500:], proc.stderr[-1500:], flush=True)
     if proc.returncode != 0:
@@ -274,6 +274,9 @@ def main() -> None:
     ap.add_argument("--name", default="minilm-gpu")
     ap.add_argument("--max-batch", type=int, default=512, help="plan rows per GPU run")
     ap.add_argument("--max-seq", type=int, default=128)
+    ap.add_argument(
+        "--gpu-precision", choices=("fp16", "fp32"), default="fp16", help="the plan's activations on the GPU"
+    )
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=6.0, help="duration of each load phase, s")
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
@@ -295,12 +298,15 @@ def main() -> None:
         "plan": {
             "max_batch": args.max_batch,
             "max_seq": args.max_seq,
-            "weights": "fp32",
+            "weights": "fp32 checkpoint, unquantized; fp16 on the device in an fp16 plan",
+            "gpu_precision": args.gpu_precision,
             "gemm": os.environ.get("ANVIL_GPU_GEMM", "cublas"),
         },
         "gateway_workers": int(os.environ.get("ANVIL_HTTP_WORKERS", "1")),
     }
-    res["deploy_s"] = round(deploy(args.model_dir, args.name, args.max_batch, args.max_seq), 2)
+    res["deploy_s"] = round(
+        deploy(args.model_dir, args.name, args.max_batch, args.max_seq, args.gpu_precision), 2
+    )
     res["ready_after_deploy_s"] = round(wait_text_model(args.url, args.name), 2)
     # .float(): transformers 5 loads a checkpoint in its stored dtype ("auto"), fp16 for the carried one
     st = SentenceTransformer(str(args.model_dir), device="cuda").float()

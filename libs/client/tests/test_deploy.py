@@ -229,3 +229,13 @@ def test_deploy_uploads_calibration_data_for_the_report(deploy_cli: Any, tmp_pat
         "compile failed at accuracy: calibration data: no array for graph input(s) ['x']"
         in capsys.readouterr().out
     )
+
+
+def test_deploy_says_how_a_gpu_runs_the_plan() -> None:
+    from anvil_client import deploy
+
+    stats = {"gpu_precision": "fp16", "gpu_linear_backends": {"w4a16": 4, "cublas_f16": 2}}
+    assert deploy.format_gpu(stats) == "on a GPU: fp16 activations; linears: 2 cublas_f16, 4 w4a16"
+    stats["w4a16_module"] = "not built: nvcc not on PATH"
+    assert deploy.format_gpu(stats).endswith("(W4A16 kernels not built: nvcc not on PATH)")
+    assert deploy.format_gpu({"kernels": 3}) == ""

@@ -109,3 +109,32 @@ def embed_mlp_bytes(seed: int = 0, vocab: int = 300, hidden: int = 64) -> bytes:
         [numpy_helper.from_array(a, n) for a, n in ((table, "table"), (w1, "w1"), (w2, "w2"))],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def weight_bound_bytes(dim: int = 8192, layers: int = 4, seed: int = 0) -> bytes:
+    """A weight-bound model (issue #16): ``layers`` linears of ``dim`` x ``dim`` with bias, ReLU
+    between them, random weights (std 1/sqrt(dim)) from a fixed seed: y = L_n(gelu(... L_1(x))).
+    At 8192 x 8192 its fp32 weights are 1 GiB (256 MiB per layer; INT4 g128: 33 MiB per layer), so
+    at batch <= 16 every linear reads its weights once per batch and the time is the weight traffic."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = [], []
+    h = "x"
+    for i in range(layers):
+        w = rng.standard_normal((dim, dim), dtype=np.float32) * np.float32(1 / np.sqrt(dim))
+        b = rng.standard_normal(dim, dtype=np.float32) * np.float32(0.02)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        nodes.append(helper.make_node("MatMul", [h, f"w{i}"], [f"m{i}"], name=f"fc{i}"))
+        last = i == layers - 1
+        out = "y" if last else f"a{i}"
+        nodes.append(helper.make_node("Add", [f"m{i}", f"b{i}"], [out], name=f"fc{i}_bias"))
+        if not last:
+            nodes.append(helper.make_node("Relu", [f"a{i}"], [f"h{i}"], name=f"act{i}"))
+            h = f"h{i}"
+    graph = helper.make_graph(
+        nodes,
+        f"weight_bound_{dim}x{layers}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", dim])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()

@@ -47,3 +47,44 @@ def test_nvcc_error_comes_back_whole(tmp_path: Path) -> None:
             {"broken": 'extern "C" __global__ void broken() { undefined_symbol(); }'}, ("sm_90",), tmp_path
         )
     assert "undefined_symbol" in err.value.detail and (tmp_path / "kernels.cu").exists()
+
+
+def test_fp16_plans_carry_fp16_kernels_and_the_w4a16_fatbin(tmp_path: Path) -> None:
+    """An fp16 plan (GPU precision, codegen/gpu_backend.py): every non-linear op's fp16 variant is in the
+    fatbin next to its fp32 kernel, kernels.cu stays header-free (the NVRTC fallback at load), and INT4
+    linears get the W4A16 kernels they need as w4a16.fatbin."""
+    import json
+
+    from onnx_models import mlp_bytes
+
+    from anvil_compiler.pipeline import compile_model
+    from anvil_core.proto_gen import plan_generated as pg
+
+    path = export_bert(tmp_path / "bert.onnx")
+    for quantize in (False, True):
+        out = tmp_path / f"bert{quantize}"
+        opts = CompileOptions(
+            quantize=quantize, max_batch=8, max_seq=32, max_rel_error=None, gpu_precision="fp16"
+        )
+        manifest = compile_model("onnx", path.read_bytes(), "b", opts, out, "k", build=True)
+        plan = pg.PlanT.InitFromPackedBuf((out / "plan.bin").read_bytes(), 0)
+        src = (out / "kernels.cu").read_text()
+        assert "#include" not in src
+        for op in plan.ops:
+            attrs = {a.key.decode(): (a.sval or b"").decode() for a in op.attrs}
+            if op.kind.decode() == "linear":
+                assert attrs["gpu_backend"] == ("w4a16" if quantize else "cublas_f16")
+            else:
+                assert (
+                    f"void __launch_bounds__(128) {attrs['kernel_f16']}(" in src or attrs["kernel_f16"] in src
+                )
+                assert attrs["kernel_f16"] != op.kernel.decode()
+        assert ("w4a16" in manifest["kernels"]) == quantize
+        assert manifest["stats"]["gpu_precision"] == "fp16"
+        if quantize:
+            assert (out / "w4a16.fatbin").stat().st_size > 1000 and "w4a16.fatbin" in manifest["files"]
+    mlp = tmp_path / "mlp"
+    opts = CompileOptions(max_batch=8, max_rel_error=None)  # auto: an MLP stays fp32, no fp16 kernels
+    manifest = compile_model("onnx", mlp_bytes(), "m", opts, mlp, "k", build=True)
+    assert manifest["stats"]["gpu_precision"] == "fp32" and "w4a16" not in manifest["kernels"]
+    assert json.loads((mlp / "manifest.json").read_text())["stats"]["gpu_linear_backends"] == {"plan_int4": 2}

@@ -40,9 +40,13 @@ def _arch() -> str:
     return f"sm_{cp.cuda.Device(0).compute_capability}"
 
 
-def _artifact(tmp_path: Path, kind: str, quantize: bool) -> Path:
+def _artifact(tmp_path: Path, kind: str, quantize: bool, precision: str = "fp32") -> Path:
+    """fp32 plans here (the compiler's kernels and TF32 cuBLAS against the CPU twin at 2e-3); fp16
+    plans: test_gpu_fp16.py."""
     src = export_mlp(tmp_path / "m.onnx") if kind == "mlp" else export_bert(tmp_path / "m.onnx")
-    opts = CompileOptions(quantize=quantize, max_batch=8, max_seq=64, archs=(_arch(),))
+    opts = CompileOptions(
+        quantize=quantize, max_batch=8, max_seq=64, archs=(_arch(),), gpu_precision=precision
+    )
     out = tmp_path / "art"
     compile_model("onnx", src.read_bytes(), kind, opts, out, f"{kind}-{quantize}", build=True)
     return out
@@ -142,7 +146,7 @@ def test_a_text_encoder_on_the_gpu_copies_out_only_its_vectors(tmp_path: Path) -
 
     hf = make_tiny_bert(tmp_path / "hf")
     art = tmp_path / "art"
-    opts = CompileOptions(quantize=False, max_batch=8, max_seq=32, archs=(_arch(),))
+    opts = CompileOptions(quantize=False, max_batch=8, max_seq=32, archs=(_arch(),), gpu_precision="fp32")
     compile_model("hf", bundle_from_dir(hf), "tiny", opts, art, "k", build=True)
     gpu_model, gpu_plan = load_artifact(art, parse_device("cuda:0"), "tiny")
     cpu_model, _ = load_artifact(art, parse_device("cpu"), "tiny")

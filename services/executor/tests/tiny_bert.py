@@ -27,7 +27,10 @@ WORDS = [
 ]
 
 
-def make_tiny_bert(path: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
+def make_tiny_bert(
+    path: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0, std: float = 0.2
+) -> Path:
+    """``std``: of the random weights (0.02 is BERT's initializer_range: MiniLM-like activations)."""
     from safetensors.numpy import save_file
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 
@@ -49,7 +52,7 @@ def make_tiny_bert(path: Path, hidden: int = 32, layers: int = 2, heads: int = 2
     rng = np.random.default_rng(seed)
 
     def r(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+        return (rng.standard_normal(shape) * std).astype(np.float32)
 
     w: dict[str, np.ndarray] = {
         "embeddings.word_embeddings.weight": r(len(vocab), hidden),

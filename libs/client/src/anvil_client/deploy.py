@@ -84,6 +84,13 @@ def add_deploy_commands(subparsers: Any) -> None:
     d.add_argument("--act-order", action="store_true", help="GPTQ: rows by decreasing input energy")
     d.add_argument("--keep-fp32", action="append", default=[], help="node-name pattern kept fp32, repeatable")
     d.add_argument(
+        "--gpu-precision",
+        choices=("auto", "fp16", "fp32"),
+        default="auto",
+        help="activations on a GPU executor: fp16 (cuBLAS fp16 / W4A16, fp32 accumulation), fp32 (TF32), "
+        "auto = fp16 for encoders, fp32 otherwise; the CPU runs fp32 either way",
+    )
+    d.add_argument(
         "--max-rel-error",
         type=_budget,
         default=None,
@@ -174,11 +181,24 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "calibration": args.calibration,
         "act_order": args.act_order,
         "keep_fp32": args.keep_fp32,
+        "gpu_precision": getattr(args, "gpu_precision", "auto"),
     }
     budget = getattr(args, "max_rel_error", None)
     if budget is not None:  # absent: the compiler's default budget (declared once, CompileOptions)
         opts["max_rel_error"] = None if budget == "none" else budget
     return opts
+
+
+def format_gpu(stats: dict[str, Any]) -> str:
+    """The line `anvil deploy` prints for how a GPU executor runs the plan (the compiler's record)."""
+    precision = stats.get("gpu_precision")
+    if not precision:
+        return ""  # an artifact of a compiler before GPU precisions
+    backends = ", ".join(f"{n} {b}" for b, n in sorted(stats.get("gpu_linear_backends", {}).items()))
+    line = f"on a GPU: {precision} activations; linears: {backends or 'none'}"
+    if stats.get("w4a16_module"):
+        line += f" (W4A16 kernels {stats['w4a16_module']})"
+    return line
 
 
 def format_accuracy(accuracy: dict[str, Any] | None) -> list[str]:
@@ -366,6 +386,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     )
     for line in format_accuracy(manifest.get("accuracy")):
         print(line)
+    gpu = format_gpu(stats)
+    if gpu:
+        print(gpu)
     if args.wait:
         why = wait_served(args.redis_url, args.name, version, args.timeout_s)
         if why:

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 # Part of every artifact key: bump when a change to passes, codegen or templates changes outputs.
-COMPILER_VERSION = "0.2.0+plan1"  # 0.2: accuracy report and error budget
+COMPILER_VERSION = "0.3.0+plan1"  # 0.2: accuracy report and error budget; 0.3: GPU precision (fp16 kernels)
 
 
 def model_digest(data: bytes) -> str:

@@ -3,12 +3,13 @@ and the CUDA source of every kernel the plan names."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import flatbuffers
 import numpy as np
 
+from anvil_compiler.codegen.gpu_backend import linear_backend, resolve_precision
 from anvil_compiler.codegen.kernels import Arg, KernelSpec, OpView, emit
 from anvil_compiler.errors import CompileError
 from anvil_compiler.ir import Dim, Graph, Node, TensorType
@@ -123,6 +124,9 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
     woff = 0
     ops: list[pg.OpT] = []
     sources: dict[str, str] = {}
+    precision = resolve_precision(g, opts)
+    backends: dict[str, int] = {}
+    w4a16_groups: set[int] = set()
     for k, n in enumerate(kernel_ops):
         roles = _roles(n)
         ins = {r: (index[i], g.types[i]) for r, i in zip(roles, n.inputs, strict=True)}
@@ -151,7 +155,27 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
         )
         spec = emit(view)
         sources[spec.name] = spec.source
-        ops.append(_op(n, k, spec, ins, roles, view, wroles))
+        op = _op(n, k, spec, ins, roles, view, wroles)
+        gpu: dict[str, Any] = {}
+        if n.op == "linear":
+            gpu = linear_backend(
+                {r: a for r, (_, a) in wroles.items()}, int(n.attrs.get("group", 0)), precision
+            )
+            backends[gpu["gpu_backend"]] = backends.get(gpu["gpu_backend"], 0) + 1
+            if gpu["gpu_backend"] == "w4a16":
+                w4a16_groups.add(int(n.attrs["group"]))
+        elif precision == "fp16":  # same launch, activations fp16 (plan_common.cuh's anvil_ld / anvil_st)
+            f16 = emit(replace(view, f16=True))
+            assert (f16.grid, f16.block, f16.args, f16.smem_bytes) == (
+                spec.grid,
+                spec.block,
+                spec.args,
+                spec.smem_bytes,
+            ), f"fp16 variant of {n.name!r} changes its launch"
+            sources[f16.name] = f16.source
+            gpu = {"kernel_f16": f16.name}
+        op.attrs = [*(op.attrs or []), *(_attr(a, v) for a, v in gpu.items())]
+        ops.append(op)
 
     plan = pg.PlanT()
     plan.version, plan.modelName = PLAN_VERSION, g.name
@@ -171,6 +195,11 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
         "max_seq": max_seq,
         "int4_linears": sum(1 for n in kernel_ops if n.op == "linear" and n.attrs.get("group")),
         "fp32_linears": sum(1 for n in kernel_ops if n.op == "linear" and not n.attrs.get("group")),
+        # on a GPU: the activations' precision and how many linears each backend runs
+        # (codegen/gpu_backend.py; per op in the plan's attrs)
+        "gpu_precision": precision,
+        "gpu_linear_backends": backends,
+        "w4a16_groups": sorted(w4a16_groups),  # the W4A16 kernels the artifact's w4a16.fatbin holds
         # packed nibbles + scales + zeros: the share of weight_bytes held in INT4
         "int4_weight_bytes": sum(
             a.nbytes for w in weights.values() for r, a in w.items() if r in ("packed", "scales", "zeros")

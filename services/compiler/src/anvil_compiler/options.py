@@ -9,9 +9,10 @@ from typing import Any
 
 from anvil_compiler.errors import CompileError
 
-__all__ = ["ARCHS", "CALIBRATION_SETS", "CompileOptions"]
+__all__ = ["ARCHS", "CALIBRATION_SETS", "GPU_PRECISIONS", "CompileOptions"]
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+GPU_PRECISIONS = ("auto", "fp16", "fp32")
 CALIBRATION_SETS = ("bert-uncased",)  # built-in GPTQ calibration sets (passes/calibrate.py)
 
 
@@ -49,6 +50,12 @@ class CompileOptions:
     # top-k of confident predictions while flagging models whose error compounds (issue 22's
     # 64-256-10 MLP: 10-24%).
     max_rel_error: float | None = 0.05
+    # Activations of the plan on a GPU (docs/executor_gpu.md): "fp16" stores activations and linear
+    # weights fp16 (cuBLAS / W4A16 with fp32 accumulation, fp32 softmax and LayerNorm statistics,
+    # pooled outputs fp32); "fp32" keeps the fp32 plan (TF32 GEMMs). "auto": fp16 for encoders (a
+    # graph with attention: all-MiniLM-L6-v2 measured cosine >= 0.9999 to fp32), fp32 otherwise. The
+    # CPU backend always runs the fp32 plan.
+    gpu_precision: str = "auto"
 
     def __post_init__(self) -> None:
         if self.group_size not in (32, 64, 128, 256):
@@ -62,6 +69,8 @@ class CompileOptions:
             math.isfinite(self.max_rel_error) and self.max_rel_error > 0
         ):
             raise CompileError(f"max_rel_error must be a number > 0 (or None), got {self.max_rel_error}")
+        if self.gpu_precision not in GPU_PRECISIONS:
+            raise CompileError(f"gpu_precision must be one of {GPU_PRECISIONS}, got {self.gpu_precision!r}")
         if self.calibration not in CALIBRATION_SETS:
             raise CompileError(f"calibration must be one of {CALIBRATION_SETS}, got {self.calibration!r}")
 

@@ -73,7 +73,7 @@ def compile_model(
     """Compile into ``out_dir`` (plan.bin, weights.safetensors, kernels.cu, fatbin/cubins,
     manifest.json); returns the manifest."""
     from anvil_compiler.artifacts import write_artifact
-    from anvil_compiler.codegen.build import build_kernels
+    from anvil_compiler.codegen.build import build_kernels, build_w4a16
 
     t0 = time.perf_counter()
     progress("import", 5)
@@ -81,6 +81,11 @@ def compile_model(
     lowered = compile_graph(g, opts, progress, calibration)
     progress("codegen", 70)
     kernels = build_kernels(lowered.sources, opts.archs, out_dir) if build else {}
+    if build:
+        w4a16, why = build_w4a16(lowered.stats.get("w4a16_groups", []), opts.archs, out_dir)
+        kernels.update(w4a16)
+        if why:
+            lowered.stats["w4a16_module"] = f"not built: {why}"
     progress("write", 95)
     extra = {}
     if fmt == "hf":

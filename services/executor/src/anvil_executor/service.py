@@ -114,7 +114,7 @@ class Executor:
         if name == minilm.SERVED_ID:
             try:
                 art = Path(self.s.artifact_dir)
-                gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
+                gpu = self._gpu_options()
                 models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
             except minilm.MiniLMUnavailable as exc:  # said once; the executor serves the others
                 log.warning("built-in model not served", extra={"model": name, "reason": str(exc)})
@@ -136,7 +136,7 @@ class Executor:
             if twin is not None:
                 inner = twin.inner if isinstance(twin, minilm.AliasModel) else twin
                 return inner if name == minilm.SERVED_ID else minilm.AliasModel(inner, name)
-            art, gpu = Path(self.s.artifact_dir), {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
+            art, gpu = Path(self.s.artifact_dir), self._gpu_options()
             models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
             self._warm(models[minilm.SERVED_ID])
             return models[name]
@@ -178,13 +178,22 @@ class Executor:
         self._set_compute_threads()  # a loader thread: numba's thread count is per thread
         if not _ARTIFACT_ID.fullmatch(artifact):  # a name from Redis, joined to a path: ids only
             raise ValueError(f"artifact id {artifact[:80]!r} is not a content hash (hex)")
-        gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
+        gpu = self._gpu_options()
         model, plan = load_artifact(Path(self.s.artifact_dir) / artifact, self.device, name, gpu)
         self._warm(model)  # before the steady-state mark: its first runs may touch memory
         if self.device.is_cuda:
             self._gpu_loaded(name, plan)
             self._plans[name] = plan
         return model
+
+    def _gpu_options(self) -> dict[str, Any]:
+        """GpuPlanModel options from the settings (ignored on the CPU)."""
+        return {
+            "gemm": self.s.gpu_gemm,
+            "tf32": self.s.gpu_tf32,
+            "precision": self.s.gpu_precision,
+            "lt_epilogue": self.s.gpu_lt_epilogue,
+        }
 
     def _gpu_loaded(self, name: str, plan: Any) -> None:
         from anvil_executor.plan_runtime.cuda_arena import counter

@@ -43,6 +43,15 @@ class ExecutorSettings(ServiceSettings):
     # fp32 GEMMs on tensor cores through TF32 (10-bit mantissa products, fp32 sums); measured
     # accuracy in docs/executor_gpu.md. False keeps full fp32 products.
     gpu_tf32: bool = True
+    # Activations of a GPU plan: "auto" runs each plan in the precision the compiler recorded (fp16
+    # for encoders unless deployed with --gpu-precision fp32); "fp32" forces fp32 (TF32 GEMMs);
+    # "fp16" refuses a plan compiled without fp16 kernels. docs/executor_gpu.md. The default stays
+    # "fp32" until the fp16 path has run on a GPU (it is compiled and host-tested only): the H200
+    # script (bench/h200_gpu.sh) sets ANVIL_GPU_PRECISION=auto to test and measure it.
+    gpu_precision: Literal["auto", "fp16", "fp32"] = "fp32"
+    # fp16 plans: linears with a bias and no residual / LayerNorm (e.g. BERT's QKV) on cuBLASLt with the
+    # bias (+ ReLU / tanh-GELU) in its epilogue, one pass less each. Off until measured per shape.
+    gpu_lt_epilogue: bool = False
     # A model whose load fails is retried after load_retry_base_ms, doubling at each failure up to
     # load_retry_max_ms (a broken artifact costs one attempt a minute, not one a beat).
     load_retry_base_ms: int = 1000

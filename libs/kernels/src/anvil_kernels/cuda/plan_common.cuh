@@ -10,8 +10,18 @@ __device__ __forceinline__ float anvil_h2f(unsigned short h) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;
 }
+__device__ __forceinline__ unsigned short anvil_f2h(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+// Loads and stores in fp32 arithmetic whatever the storage: fp32 (float) or fp16 (its bits, as
+// unsigned short). The compiler's templates take the activation type as ACT_T, so one template gives
+// the fp32 plan's kernel and the fp16 plan's (the GPU precision, docs/executor_gpu.md).
 __device__ __forceinline__ float anvil_ld(const float* p, long i) { return p[i]; }
 __device__ __forceinline__ float anvil_ld(const unsigned short* p, long i) { return anvil_h2f(p[i]); }
+__device__ __forceinline__ void anvil_st(float* p, long i, float v) { p[i] = v; }
+__device__ __forceinline__ void anvil_st(unsigned short* p, long i, float v) { p[i] = anvil_f2h(v); }
 
 #define ANVIL_INF __int_as_float(0x7f800000)
 

@@ -15,7 +15,10 @@ from pathlib import Path
 from anvil_compiler.errors import CompileError
 from anvil_kernels.cuda import PLAN_COMMON
 
-__all__ = ["NVCC_TIMEOUT_S", "build_kernels", "full_source"]
+__all__ = ["NVCC_TIMEOUT_S", "W4A16_FATBIN", "build_kernels", "build_w4a16", "full_source"]
+
+W4A16_FATBIN = "w4a16.fatbin"
+_W4A16_BUILT: dict[tuple[tuple[int, ...], tuple[str, ...]], bytes] = {}  # (groups, archs) -> fatbin
 
 NVCC_TIMEOUT_S = 300
 
@@ -85,3 +88,33 @@ def _nvrtc(src: Path, archs: tuple[str, ...], out_dir: Path) -> dict[str, str]:
         (out_dir / name).write_bytes(cubin)
         files[f"cubin.{arch}"] = name
     return files
+
+
+def build_w4a16(groups: list[int], archs: tuple[str, ...], out_dir: Path) -> tuple[dict[str, str], str]:
+    """The W4A16 kernels an fp16 plan's INT4 linears need (fp16 activations, the GEMV-like variants
+    for ``groups``; no tensor-core tiles: above ``W4A16_MAX_M`` rows the plan runs cuBLAS on the
+    dequantized weights) as ``w4a16.fatbin``. Returns (role -> file, "") or ({}, why not built): the
+    kernels include CUDA headers, so they need nvcc; without it the executor runs every INT4 linear of
+    the plan on cuBLAS fp16 over weights dequantized at load, and says so."""
+    if not groups:
+        return {}, ""
+    key = (tuple(sorted(groups)), tuple(sorted(archs)))
+    if key in _W4A16_BUILT:  # the same library kernels: compiled once per process (seconds each)
+        (out_dir / W4A16_FATBIN).write_bytes(_W4A16_BUILT[key])
+        return {"w4a16": W4A16_FATBIN}, ""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return {}, "nvcc not on PATH (the W4A16 kernels need the CUDA headers)"
+    from anvil_kernels.cuda import W4A16Params, build_fatbin
+
+    params = W4A16Params(dtypes=("fp16",), groups=tuple(sorted(groups)), tc_configs=())
+    gencode = tuple(f"compute_{a.removeprefix('sm_')},code={a}" for a in sorted(archs))
+    try:
+        path = build_fatbin(params, gencode, out_dir, nvcc=nvcc)
+    except RuntimeError as exc:  # e.g. an arch the kernels do not support: the dense fallback still runs
+        return {}, f"nvcc failed on the W4A16 kernels: {str(exc)[-2000:]}"
+    (out_dir / "w4a16_gen.cu").unlink(missing_ok=True)  # kernels.cu-like source: reproducible from the lib
+    if path.name != W4A16_FATBIN:
+        path.rename(out_dir / W4A16_FATBIN)
+    _W4A16_BUILT[key] = (out_dir / W4A16_FATBIN).read_bytes()
+    return {"w4a16": W4A16_FATBIN}, ""

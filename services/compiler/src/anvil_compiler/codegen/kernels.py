@@ -62,6 +62,9 @@ class OpView:
     outputs: list[tuple[int, TensorType]]
     weights: dict[str, tuple[int, np.ndarray]]
     max_seq: int
+    # the fp16 variant (GPU precision fp16): activations stored fp16, arithmetic fp32. Linears have
+    # none: an fp16 plan runs them on cuBLAS or the W4A16 kernels (the executor's gpu_linear.py).
+    f16: bool = False
 
 
 @dataclass(slots=True)
@@ -106,7 +109,17 @@ def _f(v: float) -> str:
     return f"{float(v):.9e}"
 
 
+def _act_t(op: OpView) -> str:
+    """The activation element type of the kernel: fp16 bits or float (plan_common.cuh's anvil_ld/st)."""
+    return CTYPES["float16"] if op.f16 else CTYPES["float32"]
+
+
 def emit_linear(op: OpView) -> KernelSpec:
+    if op.f16:
+        raise CompileError(
+            f"op linear (node {op.name!r}): no fp16 plan kernel (fp16 plans run linears on cuBLAS / W4A16)",
+            stage="codegen",
+        )
     x = op.inputs["x"][1]
     out_i, out_t = op.outputs[0]
     k, n = int(x.shape[-1]), int(out_t.shape[-1])
@@ -169,6 +182,7 @@ def emit_attention(op: OpView) -> KernelSpec:
         "SCALE": _f(a["scale"]),
         "HAS_MASK": int(mask is not None),
         "MASK_T": CTYPES[mask[1].dtype] if mask else "int",
+        "ACT_T": _act_t(op),
     }
     b, t = q.shape[0], q.shape[1]
     d, warps = int(a["head_dim"]), ATTENTION_WARPS
@@ -196,7 +210,12 @@ def emit_attention(op: OpView) -> KernelSpec:
 
 def emit_layer_norm(op: OpView) -> KernelSpec:
     x = op.inputs["x"][1]
-    subs: dict[str, object] = {"H": int(x.shape[-1]), "THREADS": 128, "EPS": _f(op.attrs["eps"])}
+    subs: dict[str, object] = {
+        "H": int(x.shape[-1]),
+        "THREADS": 128,
+        "EPS": _f(op.attrs["eps"]),
+        "ACT_T": _act_t(op),
+    }
     name, src = _specialize("layer_norm", "layer_norm", subs)
     args = [_t(op, "x"), _t(op, "residual"), _w(op, "gamma"), _w(op, "beta"), Arg("tensor", op.outputs[0][0])]
     return KernelSpec(name, src, ((_rows(x), 1), (Dim(1), 1), (Dim(1), 1)), (128, 1, 1), args)
@@ -215,6 +234,7 @@ def emit_embed_ln(op: OpView) -> KernelSpec:
         "POS_ROWS": pos.shape[0],
         "LN": int(ln),
         "EPS": _f(op.attrs["ln"][2] if ln else 0.0),
+        "ACT_T": _act_t(op),
     }
     name, src = _specialize("embed_ln", "embed_ln", subs)
     t = ids.shape[1] if len(ids.shape) > 1 else Dim(1)
@@ -238,6 +258,7 @@ def emit_mean_pool_l2(op: OpView) -> KernelSpec:
         "THREADS": 128,
         "MASK_T": CTYPES[mask.dtype],
         "NORMALIZE": int(bool(op.attrs.get("normalize", True))),
+        "ACT_T": _act_t(op),
     }
     name, src = _specialize("mean_pool_l2", "mean_pool_l2", subs)
     args = [_t(op, "x"), _t(op, "mask"), Arg("tensor", op.outputs[0][0]), Arg("dim", dim=x.shape[1])]
@@ -246,7 +267,7 @@ def emit_mean_pool_l2(op: OpView) -> KernelSpec:
 
 def emit_unary(op: OpView) -> KernelSpec:
     x = op.inputs["x"][1]
-    name, src = _specialize("unary", "unary", {"ACT": ACT_CODES[op.attrs["act"]]})
+    name, src = _specialize("unary", "unary", {"ACT": ACT_CODES[op.attrs["act"]], "ACT_T": _act_t(op)})
     n = numel(x.shape)
     args = [_t(op, "x"), Arg("tensor", op.outputs[0][0]), Arg("dim", dim=n)]
     return KernelSpec(name, src, ((n, 256), (Dim(1), 1), (Dim(1), 1)), (256, 1, 1), args)

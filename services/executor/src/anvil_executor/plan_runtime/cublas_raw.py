@@ -3,8 +3,9 @@
 CuPy refuses any cuBLAS call while a stream is capturing ("calling cuBLAS API during stream capture
 is currently unsupported", measured on the H200 with CuPy's matmul), although cuBLAS itself supports
 capture when it is given its workspace. ``Gemm`` owns one cuBLAS handle bound to the model's stream
-and a workspace in the model's arena, and runs row-major fp32 ``C (M, N) = A (M, K) @ B (K, N)`` with
-fp32 or TF32 tensor-core compute: nothing is allocated per call, so it captures.
+and a workspace in the model's arena, and runs row-major ``C (M, N) = A (M, K) @ B (K, N)``: fp32 in
+and out with fp32 or TF32 tensor-core compute, or (``dtype="fp16"``) fp16 in and out with fp32
+accumulation on the fp16 tensor cores. Nothing is allocated per call, so it captures.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 __all__ = ["Gemm", "load_cublas"]
 
 CUDA_R_32F = 0
+CUDA_R_16F = 2
 CUBLAS_OP_N = 0
 CUBLAS_COMPUTE_32F = 68
 CUBLAS_COMPUTE_32F_FAST_TF32 = 77
@@ -41,14 +43,21 @@ def load_cublas() -> ctypes.CDLL:
 class Gemm:
     """One cuBLAS handle on one stream, with a fixed workspace."""
 
-    def __init__(self, stream_ptr: int, workspace_ptr: int, workspace_bytes: int, tf32: bool) -> None:
+    def __init__(
+        self, stream_ptr: int, workspace_ptr: int, workspace_bytes: int, tf32: bool, dtype: str = "fp32"
+    ) -> None:
+        if dtype not in ("fp32", "fp16"):
+            raise ValueError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
         self._lib = lib = load_cublas()
         self._handle = ctypes.c_void_p()
         self._check(lib.cublasCreate_v2(ctypes.byref(self._handle)), "cublasCreate")
         self._check(lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
         ws = ctypes.c_void_p(workspace_ptr), ctypes.c_size_t(workspace_bytes)
         self._check(lib.cublasSetWorkspace_v2(self._handle, *ws), "cublasSetWorkspace")
-        self._compute = CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 else CUBLAS_COMPUTE_32F
+        # fp16: fp32 accumulation (CUBLAS_COMPUTE_32F with 16F operands runs on the fp16 tensor cores)
+        self._compute = CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 and dtype == "fp32" else CUBLAS_COMPUTE_32F
+        self._type = CUDA_R_16F if dtype == "fp16" else CUDA_R_32F
+        self.dtype = dtype
         self._one = ctypes.c_float(1.0)
         self._zero = ctypes.c_float(0.0)
 
@@ -58,7 +67,7 @@ class Gemm:
             raise RuntimeError(f"{what} failed: cuBLAS status {status}")
 
     def __call__(self, a: int, b: int, c: int, m: int, n: int, k: int) -> None:
-        """Row-major C (m, n) = A (m, k) @ B (k, n), device pointers, fp32 in and out.
+        """Row-major C (m, n) = A (m, k) @ B (k, n), device pointers, all of ``self.dtype``.
 
         Column-major cuBLAS sees C^T = B^T A^T: B as an (n x k) matrix with ld n, A as (k x m) with
         ld k, C as (n x m) with ld n.
@@ -73,14 +82,14 @@ class Gemm:
             ctypes.c_int(k),
             ctypes.byref(self._one),
             ctypes.c_void_p(b),
-            CUDA_R_32F,
+            self._type,
             ctypes.c_int(n),
             ctypes.c_void_p(a),
-            CUDA_R_32F,
+            self._type,
             ctypes.c_int(k),
             ctypes.byref(self._zero),
             ctypes.c_void_p(c),
-            CUDA_R_32F,
+            self._type,
             ctypes.c_int(n),
             self._compute,
             CUBLAS_GEMM_DEFAULT,

@@ -9,6 +9,11 @@ Load (once per model):
   4. per shape bucket (buckets.py) the launch table resolved to device addresses and captured, with
      the input copies before it and the output copies after it, into one CUDA graph.
 
+Precision (precision.py): an fp32 plan runs as compiled (TF32 GEMMs); an fp16 plan (the compiler's
+default for encoders) stores activations and linear weights fp16, runs its linears on cuBLAS fp16 or
+the W4A16 kernels (gpu_linear.py) and every other op with its ``kernel_f16``, and converts public fp32
+inputs and outputs in the pinned bank, so clients see the model spec's dtypes.
+
 Run (per chunk of a batch): each request's rows are unpacked straight into the pinned input slots
 at the bucket's shape (zero padding: mask 0, row 0), one graph launch does host-to-device copies,
 every kernel and device-to-host copies on the model's stream, one synchronize, and each request
@@ -31,10 +36,13 @@ from anvil_executor.plan_runtime.arena import ALIGN
 from anvil_executor.plan_runtime.buckets import Buckets
 from anvil_executor.plan_runtime.cublas_linear import EPILOGUE_SOURCE, GemmStep, epilogue_launch, gemm_ops
 from anvil_executor.plan_runtime.cublas_raw import Gemm
+from anvil_executor.plan_runtime.cublaslt_raw import LtGemm
 from anvil_executor.plan_runtime.cuda_arena import DeviceArena, PinnedBank, counter
+from anvil_executor.plan_runtime.gpu_linear import EPILOGUE_F16_SOURCE, F16Linears
 from anvil_executor.plan_runtime.io import PlanIO, _l
 from anvil_executor.plan_runtime.launch import Launch, resolve_launches
 from anvil_executor.plan_runtime.plan import DTYPES, LoadedPlan, _s, load_plan
+from anvil_executor.plan_runtime.precision import device_dtypes, f16_kernels, resolve_precision
 
 __all__ = ["GpuPlanModel", "load_module"]
 
@@ -42,10 +50,15 @@ log = get_logger("anvil.executor.gpu")
 H2D, D2H = 1, 2  # cudaMemcpyKind
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's scratch, handed to it so a captured GEMM allocates nothing
 NVRTC_OPTIONS = ("-std=c++17", "--use_fast_math")
+W4A16_FATBIN = "w4a16.fatbin"  # the compiler's build_w4a16: an fp16 plan's INT4 kernels
 
 
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def _as_f32(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32) if a.dtype == np.float16 else a
 
 
 def load_module(artifact_dir: Path, device_id: int) -> Any:
@@ -87,7 +100,14 @@ class GpuPlanModel(PlanIO):
         gemm: str = "cublas",
         tf32: bool = True,
         outputs: Sequence[str] | None = None,
+        precision: str = "auto",
+        w4a16_module: Any = None,
+        lt_epilogue: bool = False,
     ) -> None:
+        """``precision``: "auto" (what the compiler recorded in the plan), "fp16" or "fp32".
+        ``w4a16_module``: the artifact's W4A16 kernels (an fp16 plan's INT4 linears); None: those run
+        cuBLAS fp16 on weights dequantized here. ``lt_epilogue``: an fp16 plan's linears with a bias
+        and no residual or LayerNorm run on cuBLASLt with the bias (+ ReLU / tanh-GELU) fused."""
         import cupy as cp
 
         t0 = time.perf_counter()
@@ -98,32 +118,55 @@ class GpuPlanModel(PlanIO):
         self._cp = cp
         if gemm not in ("cublas", "plan"):
             raise ValueError(f"gemm must be 'cublas' or 'plan', got {gemm!r}")
-        steps = gemm_ops(p) if gemm == "cublas" else []
+        if precision == "auto" and gemm == "plan":
+            precision = "fp32"  # the compiler's kernels are the fp32 plan's
+        self.precision = resolve_precision(precision, p)
+        f16 = self.precision == "fp16"
+        if f16 and gemm != "cublas":
+            raise ValueError("an fp16 plan runs its linears on cuBLAS / W4A16: gemm must be 'cublas'")
+        self._dtypes = device_dtypes(p) if f16 else [plan.dtype(i) for i in range(len(p.tensors))]
+        self._kernels: dict[int, str] | None = f16_kernels(p) if f16 else None
+        lin16 = F16Linears(p, self.max_batch, self.max_seq, w4a16_module is not None) if f16 else None
+        self._lin16 = lin16
+        steps = gemm_ops(p) if gemm == "cublas" and not f16 else []
         self._gemm: dict[int, GemmStep] = {st.op_index: st for st in steps}
-        tmp_bytes = _align(
-            max((st.rows(p, self.max_batch, self.max_seq) * st.n * 4 for st in steps), default=0)
-        )
-        banks = {"weights": int(p.weightBytes), "activations": int(p.activationBytes)}
-        if steps:  # cuBLAS's output before the epilogue, then cuBLAS's own workspace
+        host = self._host_weights(p, weights)
+        layout = lin16.layout(host) if lin16 is not None else None
+        self._woffs = lin16.weight_offsets(len(host)) if lin16 is not None else None
+        f32_tmp = max((st.rows(p, self.max_batch, self.max_seq) * st.n * 4 for st in steps), default=0)
+        tmp_bytes = _align(max(f32_tmp, lin16.tmp_bytes if lin16 is not None else 0))
+        weight_bytes = int(p.weightBytes) if layout is None else layout.nbytes
+        banks = {"weights": weight_bytes, "activations": int(p.activationBytes)}
+        if steps or lin16:  # cuBLAS's (or W4A16's) output before the epilogue, then cuBLAS's workspace
             banks["staging"] = tmp_bytes + CUBLAS_WORKSPACE_BYTES
         with cp.cuda.Device(device_id):
             self.arena = DeviceArena(banks, device_id, what=f"model {self.spec.name!r}")
-            self._epilogue: Any = self._epilogue_kernel() if steps else None
-            for wi in p.weights:
-                key = _s(wi.name)
-                arr: np.ndarray = np.ascontiguousarray(weights[key], dtype=DTYPES[wi.dtype])
-                shape = tuple(int(d) for d in _l(wi.shape))
-                if arr.shape != shape:
-                    raise ValueError(f"weight {key!r}: shape {arr.shape}, plan says {shape}")
-                self.arena.write("weights", int(wi.offset), arr)
+            self._epilogue: Any = None
+            if steps:
+                self._epilogue = self._epilogue_kernel()
+            elif lin16:
+                self._epilogue = self._epilogue_f16_kernel()
+            if layout is None:
+                for wi, arr in zip(p.weights, host, strict=True):
+                    self.arena.write("weights", int(wi.offset), arr)
+            else:
+                for key, arr in layout.arrays.items():
+                    self.arena.write("weights", layout.offsets[key], arr)
             if nan_fill:
                 self.arena.fill("activations", 0xFF)
             self.stream = cp.cuda.Stream(non_blocking=True)
             self._blas: Gemm | None = None
-            if steps:
+            if steps or lin16:
                 ws = self.arena.ptr("staging", tmp_bytes)
-                self._blas = Gemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, tf32)
-            self._fns = self._functions(module, p)
+                dtype = "fp16" if f16 else "fp32"
+                self._blas = Gemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, tf32, dtype)
+            if lin16 is not None:
+                lt = None
+                if lt_epilogue and any(lin.lt_epilogue is not None for lin in lin16.lins.values()):
+                    lt = LtGemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES)  # same stream: may share it
+                lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module, lt)
+                cp.cuda.Device(device_id).synchronize()  # W4A16Linear uploads on the legacy stream
+            self._fns = self._functions(module, p, self._kernels)
             self._slots, pinned_bytes = self._layout_pinned()
             self.pinned = PinnedBank(pinned_bytes)
             # Buckets: pad T only where a mask marks the padding; otherwise T is run as it comes.
@@ -143,11 +186,13 @@ class GpuPlanModel(PlanIO):
             extra={
                 "model": self.spec.name,
                 "device": f"cuda:{device_id}",
-                "weights_mib": round(int(p.weightBytes) / 2**20, 2),
+                "weights_mib": round(self.weight_bytes / 2**20, 2),
                 "activations_mib": round(int(p.activationBytes) / 2**20, 2),
                 "pinned_mib": round(pinned_bytes / 2**20, 2),
                 "graphs": len(self._graphs),
                 "graph_error": self.graph_error,
+                "precision": self.precision,
+                "linears": self.linear_report(),
                 "load_s": round(self.load_s, 3),
             },
         )
@@ -162,6 +207,8 @@ class GpuPlanModel(PlanIO):
         gemm: str = "cublas",
         tf32: bool = True,
         outputs: Sequence[str] | None = None,
+        precision: str = "auto",
+        lt_epilogue: bool = False,
     ) -> GpuPlanModel:
         from safetensors.numpy import load_file
 
@@ -169,10 +216,58 @@ class GpuPlanModel(PlanIO):
         plan = load_plan(root / "plan.bin")
         weights = load_file(str(root / "weights.safetensors"))
         module = load_module(root, device_id)
-        return cls(plan, weights, module, device_id, name, gemm=gemm, tf32=tf32, outputs=outputs)
+        w4a16 = None
+        if resolve_precision(precision, plan.plan) == "fp16" and (root / W4A16_FATBIN).is_file():
+            import cupy as cp
+
+            from anvil_kernels.cuda import load_module as load_w4a16
+
+            with cp.cuda.Device(device_id):
+                w4a16 = load_w4a16(root / W4A16_FATBIN)
+            counter.module_loaded()
+        return cls(
+            plan, weights, module, device_id, name,
+            gemm=gemm, tf32=tf32, outputs=outputs, precision=precision, w4a16_module=w4a16,
+            lt_epilogue=lt_epilogue,
+        )  # fmt: skip
 
     # ---- load --------------------------------------------------------------------------------
     _epilogue_module: Any = None  # one per process: compiled once, shared by every model
+
+    @staticmethod
+    def _host_weights(p: Any, weights: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The plan's weights by index, in the plan's dtypes and shapes (checked)."""
+        out: list[np.ndarray] = []
+        for wi in p.weights:
+            key = _s(wi.name)
+            arr: np.ndarray = np.ascontiguousarray(weights[key], dtype=DTYPES[wi.dtype])
+            shape = tuple(int(d) for d in _l(wi.shape))
+            if arr.shape != shape:
+                raise ValueError(f"weight {key!r}: shape {arr.shape}, plan says {shape}")
+            out.append(arr)
+        return out
+
+    def linear_report(self) -> list[dict[str, Any]]:
+        """Per linear: its backend and which kernel runs it at each batch bucket's row count."""
+        p = self.plan.plan
+        out: list[dict[str, Any]] = []
+        if self.precision == "fp32":
+            for i, op in enumerate(p.ops):
+                if _s(op.kind) == "linear":
+                    out.append({"op": _s(op.name), "kernel": "cublas_tf32" if i in self._gemm else "plan"})
+            return out
+        assert self._lin16 is not None
+        return self._lin16.report(self.buckets.all())
+
+    _epilogue_f16_module: Any = None
+
+    def _epilogue_f16_kernel(self) -> dict[str, Any]:
+        cp = self._cp
+        if GpuPlanModel._epilogue_f16_module is None:
+            GpuPlanModel._epilogue_f16_module = cp.RawModule(code=EPILOGUE_F16_SOURCE, options=NVRTC_OPTIONS)
+            counter.module_loaded()
+        names = ("anvil_f16_epilogue", "anvil_f16_epilogue_v8", "anvil_f16_epilogue_ln_warp")
+        return {n: GpuPlanModel._epilogue_f16_module.get_function(n) for n in names}
 
     def _epilogue_kernel(self) -> dict[str, Any]:
         cp = self._cp
@@ -183,10 +278,12 @@ class GpuPlanModel(PlanIO):
         return {n: GpuPlanModel._epilogue_module.get_function(n) for n in names}
 
     @staticmethod
-    def _functions(module: Any, p: Any) -> dict[str, Any]:
+    def _functions(module: Any, p: Any, kernels: dict[int, str] | None) -> dict[str, Any]:
         fns: dict[str, Any] = {}
-        for op in p.ops:
-            kernel = _s(op.kernel)
+        for i, op in enumerate(p.ops):
+            if kernels is not None and _s(op.kind) == "linear":
+                continue  # an fp16 plan's linears run on cuBLAS / W4A16
+            kernel = _s(op.kernel) if kernels is None else kernels[i]
             if kernel not in fns:
                 fns[kernel] = module.get_function(kernel)
             if int(op.smemBytes or 0) > 48 * 1024:
@@ -222,27 +319,37 @@ class GpuPlanModel(PlanIO):
     # ---- run ---------------------------------------------------------------------------------
     def _pinned(self, name: str, b: int, t: int) -> np.ndarray:
         off, tensor = self._slots[name]
-        return self.pinned.view(off, self.plan.shape(tensor, b, t), self.plan.dtype(tensor))
+        return self.pinned.view(off, self.plan.shape(tensor, b, t), self._dtypes[tensor])
 
     def _enqueue(self, b: int, t: int) -> None:
         """Copies in, every kernel, copies out, on the model's stream (the caller made it current)."""
+        self._copy_in(b, t)
+        for i, launch in enumerate(self._launches(b, t)):
+            self._run_op(i, launch, b, t)
+        cp, s = self._cp, self.stream.ptr
+        for name, tensor, _, _ in self.outputs:
+            off = self._slots[name][0]
+            n = self._pinned(name, b, t).nbytes
+            src = self._act + int(self.plan.plan.tensors[tensor].offset)
+            cp.cuda.runtime.memcpyAsync(self.pinned.base + off, src, n, D2H, s)
+
+    def _copy_in(self, b: int, t: int) -> None:
         cp, s = self._cp, self.stream.ptr
         for name, tensor, _, _ in self.inputs:
             off = self._slots[name][0]
             n = self._pinned(name, b, t).nbytes
             dst = self._act + int(self.plan.plan.tensors[tensor].offset)
             cp.cuda.runtime.memcpyAsync(dst, self.pinned.base + off, n, H2D, s)
-        for i, launch in enumerate(self._launches(b, t)):
-            step = self._gemm.get(i)
-            if step is None:
-                self._fns[launch.kernel](launch.grid, launch.block, launch.args, shared_mem=launch.smem)
-            else:
-                self._run_gemm(step, b, t)
-        for name, tensor, _, _ in self.outputs:
-            off = self._slots[name][0]
-            n = self._pinned(name, b, t).nbytes
-            src = self._act + int(self.plan.plan.tensors[tensor].offset)
-            cp.cuda.runtime.memcpyAsync(self.pinned.base + off, src, n, D2H, s)
+
+    def _run_op(self, i: int, launch: Launch, b: int, t: int) -> None:
+        """Enqueue op ``i``: its kernel, or cuBLAS / W4A16 and an epilogue for a linear."""
+        step = self._gemm.get(i)
+        if self._lin16 is not None and i in self._lin16:
+            self._lin16.run(i, b, t)
+        elif step is None:
+            self._fns[launch.kernel](launch.grid, launch.block, launch.args, shared_mem=launch.smem)
+        else:
+            self._run_gemm(step, b, t)
 
     def _run_gemm(self, step: GemmStep, b: int, t: int) -> None:
         """x @ W on cuBLAS into the workspace, then the op's epilogue into its output."""
@@ -257,9 +364,24 @@ class GpuPlanModel(PlanIO):
         self._epilogue[kernel](grid, block, args, shared_mem=smem)
 
     def _launches(self, b: int, t: int) -> list[Launch]:
-        return resolve_launches(self.plan.plan, self._act, self._wts, b, t)
+        p = self.plan.plan
+        skip = self._lin16.lins if self._lin16 is not None else ()
+        return resolve_launches(p, self._act, self._wts, b, t, self._woffs, self._kernels, skip)
 
     def _run_chunk(self, reqs: list[RequestInputs], lens: list[int], t: int) -> dict[str, np.ndarray]:
+        bb, bt = self._stage(reqs, lens, t)
+        with self._cp.cuda.Device(self.device_id), self.stream:
+            graph = self._graphs.get((bb, bt))
+            if graph is not None:
+                graph.launch(self.stream)
+            else:
+                self._enqueue(bb, bt)
+            self.stream.synchronize()
+        # an fp16 plan's fp16 outputs go back to the spec's fp32 here (a pooled output is fp32 already)
+        return {name: _as_f32(self._pinned(name, bb, bt)) for name, _, _, _ in self.outputs}
+
+    def _stage(self, reqs: list[RequestInputs], lens: list[int], t: int) -> tuple[int, int]:
+        """The chunk's bucket; every request's rows unpacked into the pinned input slots at its shape."""
         rows = sum(self._rows(r) for r in reqs)
         bb, bt = self.buckets.pick(rows, t if self.pad_seq else 1)
         if not self.pad_seq:
@@ -278,14 +400,13 @@ class GpuPlanModel(PlanIO):
                 row += k
         self.padded_cells += bb * bt
         self.used_cells += sum(self._rows(r) * n for r, n in zip(reqs, lens, strict=True))
-        with self._cp.cuda.Device(self.device_id), self.stream:
-            graph = self._graphs.get((bb, bt))
-            if graph is not None:
-                graph.launch(self.stream)
-            else:
-                self._enqueue(bb, bt)
-            self.stream.synchronize()
-        return {name: self._pinned(name, bb, bt) for name, _, _, _ in self.outputs}
+        return bb, bt
+
+    @property
+    def weight_bytes(self) -> int:
+        """Device bytes of the weights: the arena's weight bank, plus W4A16's prepacked INT4 weights."""
+        extra = self._lin16.w4a16_bytes if self._lin16 is not None else 0
+        return self.arena.bank_bytes("weights") + extra
 
     @property
     def graph_count(self) -> int:

@@ -11,6 +11,7 @@ Plain Python and numpy (the scalar types CuPy's launcher takes): tested on the C
 
 from __future__ import annotations
 
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,21 +36,41 @@ class Launch:
     args: tuple[Any, ...]  # np.uint64 pointers, np.int32 dims, np.float32 scalars
 
 
+def _name(op: Any) -> str:
+    return op.name.decode() if isinstance(op.name, bytes) else str(op.name)
+
+
 def _grid_dim(g: Any, b: int, t: int) -> int:
     div = int(g.div) or 1
     return max(1, -(-int(g.coef * b**g.b * t**g.t) // div))
 
 
-def resolve_launches(plan: Any, act_base: int, weight_base: int, b: int, t: int) -> list[Launch]:
+def resolve_launches(
+    plan: Any,
+    act_base: int,
+    weight_base: int,
+    b: int,
+    t: int,
+    weight_offsets: Sequence[int] | None = None,
+    kernels: Mapping[int, str] | None = None,
+    skip: Container[int] = (),
+) -> list[Launch]:
     """The launches of ``plan`` (a ``PlanT``) at batch ``b``, sequence ``t``.
 
-    ``act_base``/``weight_base``: device addresses of the activation and weight banks. Raises
+    ``act_base``/``weight_base``: device addresses of the activation and weight banks.
+    ``weight_offsets``: per plan weight, its offset in a weight bank laid out by the runtime (an fp16
+    plan's, precision.py; -1: not on the device) instead of the plan's. ``kernels``: op index -> the
+    kernel to launch instead of the plan's (an fp16 plan's ``kernel_f16``). ``skip``: ops the runtime runs
+    itself (an fp16 plan's linears), given an empty Launch (kernel ""). Raises
     ValueError on an argument kind or index the plan should not contain (a plan is input from the
     compiler: checked, not trusted).
     """
     tensors, weights = plan.tensors, plan.weights
     out: list[Launch] = []
-    for op in plan.ops:
+    for i, op in enumerate(plan.ops):
+        if i in skip:
+            out.append(Launch(_name(op), "", (1, 1, 1), (1, 1, 1), 0, ()))
+            continue
         args: list[Any] = []
         for a in _l(op.args):
             if a.kind == pg.ArgKind.TENSOR:
@@ -59,7 +80,13 @@ def resolve_launches(plan: Any, act_base: int, weight_base: int, b: int, t: int)
             elif a.kind == pg.ArgKind.WEIGHT:
                 if a.index >= len(weights):
                     raise ValueError(f"op {op.name!r}: weight index {a.index} out of range")
-                args.append(np.uint64(0 if a.index < 0 else weight_base + int(weights[a.index].offset)))
+                if a.index < 0:
+                    args.append(np.uint64(0))
+                    continue
+                off = int(weights[a.index].offset) if weight_offsets is None else int(weight_offsets[a.index])
+                if off < 0:
+                    raise ValueError(f"op {op.name!r}: weight {a.index} is not on the device")
+                args.append(np.uint64(weight_base + off))
             elif a.kind == pg.ArgKind.DIM:
                 args.append(np.int32(eval_dim(a.dim, b, t)))
             elif a.kind == pg.ArgKind.FLOAT:
@@ -71,10 +98,11 @@ def resolve_launches(plan: Any, act_base: int, weight_base: int, b: int, t: int)
         grid += [1] * (3 - len(grid))
         block += [1] * (3 - len(block))
         kernel = op.kernel.decode() if isinstance(op.kernel, bytes) else str(op.kernel)
-        name = op.name.decode() if isinstance(op.name, bytes) else str(op.name)
+        if kernels is not None and i in kernels:
+            kernel = kernels[i]
         out.append(
             Launch(
-                name,
+                _name(op),
                 kernel,
                 (grid[0], grid[1], grid[2]),
                 (block[0], block[1], block[2]),

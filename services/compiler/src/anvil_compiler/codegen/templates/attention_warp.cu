@@ -1,4 +1,4 @@
-// ${KERNEL}: softmax(q k^T * scale, key-padding mask) v for one (head h, batch b) per block, one warp
+// ${KERNEL}: (activations ${ACT_T}, staged and computed in fp32) softmax(q k^T * scale, key-padding mask) v for one (head h, batch b) per block, one warp
 // per query row. The sequence's K and V (T x ${D} each) are staged once in shared memory, so each
 // key is read from global memory once per (b, h) instead of once per query row (the per-row kernel,
 // attention.cu, read them T times). K rows are padded to ${D} + 1 floats so the 32 lanes, each on
@@ -6,8 +6,8 @@
 // a row with no valid key gives zeros. Dynamic shared memory: ${SMEM_FLOATS} floats (sized for
 // MAX_T = ${MAX_T}). CPU twin: anvil_kernels.attention over the (B, H, T, D) views.
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const ${MASK_T}* __restrict__ mask, float* __restrict__ out, int T) {
+    const ${ACT_T}* __restrict__ q, const ${ACT_T}* __restrict__ k, const ${ACT_T}* __restrict__ v,
+    const ${MASK_T}* __restrict__ mask, ${ACT_T}* __restrict__ out, int T) {
   constexpr int D = ${D}, H = ${HEADS}, MAXT = ${MAX_T}, DP = D + 1, WARPS = ${THREADS} / 32;
   constexpr int QS = ${Q_STRIDE}, KS = ${K_STRIDE}, VS = ${V_STRIDE};
   extern __shared__ float smem[];
@@ -20,15 +20,15 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
   for (int idx = threadIdx.x; idx < T * D; idx += blockDim.x) {
     const int j = idx / D, d = idx - j * D;
     const long row = (long)b * T + j;
-    ks[j * DP + d] = k[row * KS + ${K_OFF} + h * D + d];
-    vs[j * D + d] = v[row * VS + ${V_OFF} + h * D + d];
+    ks[j * DP + d] = anvil_ld(k, row * KS + ${K_OFF} + h * D + d);
+    vs[j * D + d] = anvil_ld(v, row * VS + ${V_OFF} + h * D + d);
   }
   __syncthreads();
   float* qw = qs + warp * D;
   float* pw = ps + warp * MAXT;
   for (int i = warp; i < T; i += WARPS) {
-    const float* qrow = q + ((long)b * T + i) * QS + ${Q_OFF} + h * D;
-    for (int d = lane; d < D; d += 32) qw[d] = qrow[d] * ${SCALE}f;
+    const ${ACT_T}* qrow = q + ((long)b * T + i) * QS + ${Q_OFF} + h * D;
+    for (int d = lane; d < D; d += 32) qw[d] = anvil_ld(qrow, d) * ${SCALE}f;
     __syncwarp();
     float mx = -ANVIL_INF;
     for (int j = lane; j < T; j += 32) {
@@ -55,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
     for (int d = lane; d < D; d += 32) {
       float acc = 0.f;
       for (int j = 0; j < T; ++j) acc += pw[j] * vs[j * D + d];
-      out[((long)b * T + i) * (H * D) + h * D + d] = acc * inv;
+      anvil_st(out, ((long)b * T + i) * (H * D) + h * D + d, acc * inv);
     }
     __syncwarp();  // the next row overwrites qw and pw
   }

@@ -1,7 +1,7 @@
-// ${KERNEL}: out[b] = mean of x[b, t] over valid t (mask != 0), then / max(||.||, 1e-12) when
+// ${KERNEL}: (x ${ACT_T}, out fp32 whatever the plan's precision) out[b] = mean of x[b, t] over valid t (mask != 0), then / max(||.||, 1e-12) when
 // NORMALIZE; one block per batch row, H = ${H}. CPU twin: anvil_kernels.mean_pool_l2.
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
-    const float* __restrict__ x, const ${MASK_T}* __restrict__ mask, float* __restrict__ out, int T) {
+    const ${ACT_T}* __restrict__ x, const ${MASK_T}* __restrict__ mask, float* __restrict__ out, int T) {
   constexpr int H = ${H};
   __shared__ float red[32];
   const int b = blockIdx.x;
@@ -12,7 +12,7 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
   for (int i = threadIdx.x; i < H; i += blockDim.x) {
     float s = 0.f;
     for (int t = 0; t < T; ++t)
-      if (mask[(long)b * T + t] != 0) s += x[((long)b * T + t) * H + i];
+      if (mask[(long)b * T + t] != 0) s += anvil_ld(x, ((long)b * T + t) * H + i);
     s *= inv;
     out[(long)b * H + i] = s;
     ss += s * s;

@@ -1,0 +1,338 @@
+"""What INT4 weights buy on the GPU where weights dominate: a weight-bound model (4 linears of 8192 x 8192,
+bias + ReLU between them, random weights from a fixed seed, built with onnx.helper: no torch) deployed
+twice with `anvil deploy`, INT4 (W4A16 kernels, fp16 activations) and unquantized (fp16 weights on
+cuBLAS), both as fp16 GPU plans, then measured in the same run:
+
+  1. in process (unless --skip-in-process): each compiled plan on cuda:0 (GpuPlanModel, CUDA graph
+     replay), median ms per batch of 1 / 4 / 16 rows, and the outputs' cosine to onnxruntime fp32;
+  2. through the whole stack over HTTP (KServe v2, binary tensors in and out): closed loop of 1-row
+     requests at concurrency 1 / 4 / 16 (the scheduler batches them: batch <= 16), requests/s and
+     p50/p99 latency, INT4 / fp16 throughput ratio per concurrency (issue #16's target: >= 1.5x).
+
+Against a running stack whose executor has ANVIL_DEVICE=cuda:N (bench/h200_gpu.sh starts one):
+    python bench/int4_gpu.py --out-dir bench/results      # writes int4_gpu.json and int4_gpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "services" / "compiler" / "tests"))
+VARIANTS = {  # served name -> extra `anvil deploy` flags
+    "wb_int4": ["--gpu-precision", "fp16", "--max-rel-error", "none"],
+    "wb_fp16": ["--gpu-precision", "fp16", "--unquantized"],
+}
+
+
+def _deploy(path: Path, name: str, extra: list[str], max_batch: int) -> float:
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "anvil_client.cli", "deploy", str(path), "--name", name]
+    cmd += ["--max-batch", str(max_batch), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-1500:], proc.stderr[-1500:], flush=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"deploy of {name} failed ({proc.returncode})")
+    return time.perf_counter() - t0
+
+
+def _wait_ready(client: httpx.Client, name: str, platform_: str, timeout_s: float = 300) -> float:
+    t0 = time.perf_counter()
+    r = None
+    while time.perf_counter() - t0 < timeout_s:
+        r = client.get(f"/v2/models/{name}")
+        if r.status_code == 200 and platform_ in r.text:
+            return time.perf_counter() - t0
+        time.sleep(0.5)
+    raise SystemExit(
+        f"{name} not served as {platform_} after {timeout_s} s: {r and (r.status_code, r.text[:300])}"
+    )
+
+
+def _body(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """KServe v2 binary tensor request: JSON header, then the raw fp32 rows; the output comes back
+    binary too (the JSON text of 8192 floats would cost more than the model)."""
+    head = {
+        "inputs": [
+            {
+                "name": "x",
+                "datatype": "FP32",
+                "shape": list(x.shape),
+                "parameters": {"binary_data_size": x.nbytes},
+            }
+        ],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+    }
+    text = json.dumps(head, separators=(",", ":")).encode()
+    headers = {"Inference-Header-Content-Length": str(len(text)), "Content-Type": "application/octet-stream"}
+    return text + x.astype(np.float32).tobytes(), headers
+
+
+def _parse(r: httpx.Response, dim: int) -> np.ndarray:
+    n = int(r.headers.get("Inference-Header-Content-Length", "0"))
+    if not n:
+        out = r.json()["outputs"][0]
+        return np.asarray(out["data"], np.float32).reshape(out["shape"])
+    return np.frombuffer(r.content[n:], np.float32).reshape(-1, dim)
+
+
+async def _closed_loop(url: str, name: str, x: np.ndarray, conc: int, seconds: float) -> dict[str, Any]:
+    body, headers = _body(x)
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    stop = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+
+        async def worker() -> None:
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                r = await client.post(f"/v2/models/{name}/infer", content=body, headers=headers)
+                if r.status_code == 200:
+                    lat.append((time.perf_counter() - t0) * 1e3)
+                else:
+                    key = f"{r.status_code}: {r.text[:120]}"
+                    errors[key] = errors.get(key, 0) + 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(conc)))
+        wall = time.perf_counter() - t0
+    a = np.asarray(lat) if lat else np.asarray([np.nan])
+    return {
+        "concurrency": conc,
+        "requests_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(float(np.percentile(a, 50)), 3),
+        "p99_ms": round(float(np.percentile(a, 99)), 3),
+        "ok": len(lat),
+        "errors": errors,
+    }
+
+
+def _cos_min(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    c = (a64 * b64).sum(1) / (np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1))
+    return round(float(c.min()), 6)
+
+
+def _reference(onnx_path: Path, x: np.ndarray) -> np.ndarray | None:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    return np.asarray(sess.run(None, {"x": x})[0], np.float32)
+
+
+def _in_process(onnx_path: Path, max_batch: int, x: np.ndarray, ref: np.ndarray | None) -> dict[str, Any]:
+    """Both plans compiled here and run on cuda:0 by GpuPlanModel: per-batch time of the graph replay."""
+    import cupy as cp
+
+    from anvil_compiler.options import CompileOptions
+    from anvil_compiler.pipeline import compile_model
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    arch = f"sm_{cp.cuda.Device(0).compute_capability}"
+    out: dict[str, Any] = {}
+    data = onnx_path.read_bytes()
+    for name, quantize in (("wb_int4", True), ("wb_fp16", False)):
+        art = Path(tempfile.mkdtemp(prefix=f"anvil_{name}_"))
+        opts = CompileOptions(
+            quantize=quantize, max_batch=max_batch, archs=(arch,), gpu_precision="fp16", max_rel_error=None
+        )
+        t0 = time.perf_counter()
+        compile_model("onnx", data, name, opts, art, name, build=True)
+        compile_s = time.perf_counter() - t0
+        model = GpuPlanModel.load(art, 0, name=name)
+        row: dict[str, Any] = {"compile_s": round(compile_s, 1), "load_s": round(model.load_s, 2)}
+        row["linears"] = model.linear_report()
+        row["weights_mib"] = round(model.weight_bytes / 2**20, 1)
+        for b in (1, 4, 16):
+            if b > max_batch:
+                continue
+            req = [{"x": x[:b]}]
+            for _ in range(20):
+                got = model.run(req)[0]["y"]
+            times = []
+            for _ in range(200):
+                t1 = time.perf_counter()
+                model.run(req)
+                times.append((time.perf_counter() - t1) * 1e3)
+            row[f"b{b}_ms"] = round(float(np.median(times)), 4)
+            row[f"b{b}_graph_us"] = _graph_us(model, b)
+            if ref is not None:
+                row[f"b{b}_cos_min_vs_onnxruntime"] = _cos_min(got, ref[:b])
+        out[name] = row
+        del model
+        cp.get_default_memory_pool().free_all_blocks()
+    for b in (1, 4, 16):
+        key = f"b{b}_ms"
+        if key in out["wb_int4"] and key in out["wb_fp16"]:
+            out[f"speedup_b{b}"] = round(out["wb_fp16"][key] / out["wb_int4"][key], 3)
+    return out
+
+
+def _graph_us(model: Any, b: int, reps: int = 200) -> float | None:
+    """Median device time of one replay of the (b, 1) bucket's CUDA graph (CUDA events), µs: the GPU
+    work alone, without the host's staging, launch and synchronize that ``run`` also pays."""
+    import cupy as cp
+
+    graph = model._graphs.get((b, 1))
+    if graph is None:
+        return None
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    with cp.cuda.Device(model.device_id), model.stream:
+        for _ in range(reps):
+            start.record(model.stream)
+            graph.launch(model.stream)
+            end.record(model.stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
+    return round(float(np.median(times)), 2)
+
+
+def _gpu_name() -> str:
+    try:
+        res = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        return res.stdout.strip().splitlines()[0] if res.stdout.strip() else "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no nvidia-smi)"
+
+
+def _markdown(res: dict[str, Any]) -> str:
+    lines = [
+        "# Weight-bound INT4 model on the GPU (`bench/int4_gpu.py`)",
+        "",
+        f"- Command: `{res['command']}`",
+        f"- Commit: {res['commit']}; machine: {res['host']}, {res['gpu']}; date: {res['date']}",
+        f"- Model: {res['model']['layers']} linears of {res['model']['dim']} x {res['model']['dim']} "
+        "(bias + ReLU), fp16 GPU plans; INT4 = W4A16 g128, fp16 = the same weights unquantized",
+        "",
+    ]
+    ip = res.get("in_process")
+    if ip:
+        lines += ["## In process (GpuPlanModel on cuda:0: `run` per batch, and the CUDA graph alone)", ""]
+        lines += [
+            "| rows | INT4 run ms | fp16 run ms | fp16 / INT4 | INT4 graph µs | fp16 graph µs |",
+            "|---|---|---|---|---|---|",
+        ]
+        for b in (1, 4, 16):
+            if f"b{b}_ms" in ip["wb_int4"]:
+                i4, f16 = ip["wb_int4"], ip["wb_fp16"]
+                cells = [b, i4[f"b{b}_ms"], f16[f"b{b}_ms"], ip[f"speedup_b{b}"]]
+                cells += [i4[f"b{b}_graph_us"], f16[f"b{b}_graph_us"]]
+                lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+        lines.append("")
+    if res.get("http"):
+        lines += ["## Whole stack over HTTP (KServe v2 binary tensors, 1-row requests, closed loop)", ""]
+        lines += [
+            "| concurrency | INT4 req/s | p50 / p99 ms | fp16 req/s | p50 / p99 ms | INT4 / fp16 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for c, row in res["http"].items():
+            i4, f16 = row["wb_int4"], row["wb_fp16"]
+            cells = [
+                str(c),
+                str(i4["requests_per_s"]),
+                f"{i4['p50_ms']} / {i4['p99_ms']}",
+                str(f16["requests_per_s"]),
+                f"{f16['p50_ms']} / {f16['p99_ms']}",
+                str(row["ratio"]),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            f"Target (issue #16): INT4 >= 1.5x fp16 at batch <= 16. Met: {res.get('target_met')}",
+            "",
+        ]
+    if res.get("http_accuracy"):
+        lines += [f"Served outputs, cosine min vs onnxruntime fp32: {res['http_accuracy']}", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--url", default="http://localhost:8000")
+    ap.add_argument("--dim", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=8.0, help="duration of each load phase, s")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--skip-in-process", action="store_true")
+    ap.add_argument("--skip-http", action="store_true")
+    ap.add_argument("--out-dir", default="bench/results")
+    ap.add_argument("--platform", default="anvil_plan_cuda", help="wait until the models serve as this")
+    args = ap.parse_args()
+    from onnx_models import weight_bound_bytes
+
+    res: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "host": platform.node(),
+        "gpu": _gpu_name(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "model": {"dim": args.dim, "layers": args.layers, "seed": 0, "max_batch": args.max_batch},
+    }
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    res["commit"] = os.environ.get("ANVIL_COMMIT") or git.stdout.strip() or "unknown"
+    tmp = Path(tempfile.mkdtemp(prefix="anvil_int4_gpu_"))
+    onnx_path = tmp / "weight_bound.onnx"
+    t0 = time.perf_counter()
+    onnx_path.write_bytes(weight_bound_bytes(args.dim, args.layers, seed=0))
+    print(
+        f"model: {onnx_path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s", flush=True
+    )
+    x = np.random.default_rng(1).standard_normal((16, args.dim)).astype(np.float32)
+    ref = _reference(onnx_path, x)
+    if not args.skip_in_process:
+        res["in_process"] = _in_process(onnx_path, args.max_batch, x, ref)
+        print(json.dumps(res["in_process"], indent=1), flush=True)
+    if not args.skip_http:
+        client = httpx.Client(base_url=args.url, timeout=60)
+        res["deploy_s"] = {
+            n: round(_deploy(onnx_path, n, extra, args.max_batch), 1) for n, extra in VARIANTS.items()
+        }
+        res["ready_after_deploy_s"] = {n: round(_wait_ready(client, n, args.platform), 1) for n in VARIANTS}
+        acc: dict[str, float] = {}
+        for n in VARIANTS:
+            body, headers = _body(x[:4])
+            r = client.post(f"/v2/models/{n}/infer", content=body, headers=headers)
+            if r.status_code != 200:
+                raise SystemExit(f"{n}: HTTP {r.status_code}: {r.text[:300]}")
+            if ref is not None:
+                acc[n] = _cos_min(_parse(r, args.dim), ref[:4])
+        res["http_accuracy"] = acc
+        one = x[:1]
+        http: dict[str, Any] = {}
+        for c in (int(v) for v in args.concurrency.split(",")):
+            for n in VARIANTS:  # warm every batch bucket this concurrency reaches
+                asyncio.run(_closed_loop(args.url, n, one, c, 1.0))
+            row = {n: asyncio.run(_closed_loop(args.url, n, one, c, args.seconds)) for n in VARIANTS}
+            row["ratio"] = round(
+                row["wb_int4"]["requests_per_s"] / max(row["wb_fp16"]["requests_per_s"], 1e-9), 3
+            )
+            http[str(c)] = row
+            print(f"c{c}: {json.dumps(row)}", flush=True)
+        res["http"] = http
+        res["target_met"] = all(row["ratio"] >= 1.5 for row in http.values())
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "int4_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / "int4_gpu.md").write_text(_markdown(res))
+    print(_markdown(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The GPU side of a plan decided at compile time: the precision its activations run in on a GPU, and
+which backend runs each linear there. Both are recorded in the plan (op attrs ``kernel_f16``,
+``gpu_backend``, ``w4a16_max_m``) and in the manifest's stats; the executor's GPU runtime follows them
+(plan_runtime/gpu_linear.py). The CPU runtime ignores them: it always runs the fp32 plan.
+
+- precision fp32: fp32 weights -> ``cublas_tf32`` (cuBLAS, TF32 unless ANVIL_GPU_TF32=false, then the
+  plan's epilogue); INT4 weights -> ``plan_int4`` (the compiler's generic ``linear.cu``).
+- precision fp16: fp32 weights -> ``cublas_f16`` (weights converted to fp16 at load, cuBLAS fp16 in and
+  out, fp32 accumulation); INT4 weights -> ``w4a16`` (the W4A16 kernel family of anvil_kernels.cuda
+  for M <= ``w4a16_max_m`` rows, cuBLAS fp16 on the weights dequantized at load above), or
+  ``cublas_f16_dequant`` (cuBLAS fp16 on the dequantized weights for every M) where the W4A16
+  kernels cannot take the layer (group 32, N % 16 != 0).
+
+``W4A16_MAX_M``: the H200 measurement (bench/results/kernels_gpu.md, w4a16_dispatch.json) has the
+GEMV-like W4A16 kernel 1.5-1.8x faster than cuBLAS bf16 up to M = 16 and every INT4 kernel (the
+tensor-core tiles included) slower than cuBLAS from M = 32-64 on, on all three measured shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from anvil_compiler.ir import Graph
+from anvil_compiler.options import CompileOptions
+
+__all__ = ["W4A16_GROUPS", "W4A16_MAX_M", "linear_backend", "resolve_precision"]
+
+W4A16_MAX_M = 16
+W4A16_GROUPS = (64, 128, 256)  # anvil_kernels.cuda.w4a16.SUPPORTED_GROUPS (kept import-free of cupy)
+
+
+def resolve_precision(g: Graph, opts: CompileOptions) -> str:
+    """``opts.gpu_precision`` with "auto" resolved: fp16 for an encoder (the graph has attention)."""
+    if opts.gpu_precision != "auto":
+        return opts.gpu_precision
+    return "fp16" if any(n.op == "attention" for n in g.nodes) else "fp32"
+
+
+def linear_backend(weights: dict[str, np.ndarray], group: int, precision: str) -> dict[str, Any]:
+    """The op attrs of one linear: ``gpu_backend`` and, for ``w4a16``, ``w4a16_max_m``."""
+    if "packed" not in weights:
+        return {"gpu_backend": "cublas_f16" if precision == "fp16" else "cublas_tf32"}
+    if precision != "fp16":
+        return {"gpu_backend": "plan_int4"}
+    k = 2 * int(weights["packed"].shape[0])
+    n = int(weights["packed"].shape[1])
+    if group in W4A16_GROUPS and n % 16 == 0 and k % group == 0:
+        return {"gpu_backend": "w4a16", "w4a16_max_m": W4A16_MAX_M}
+    return {"gpu_backend": "cublas_f16_dequant"}

@@ -1,0 +1,119 @@
+// The epilogues of an fp16 plan's linears (gpu_linear.py): out = LN?(act(tmp + bias) + res) with tmp,
+// res and out fp16 (their bits as unsigned short: no CUDA header, NVRTC from pip has none), bias,
+// gamma and beta fp32, every operation in fp32 (LayerNorm statistics included). Same semantics and
+// order as the fp32 epilogue (cublas_linear.py) and the CPU twin (ops.linear). PLAN_COMMON's helpers
+// (anvil_h2f, anvil_f2h, anvil_act, anvil_block_sum) come first in the translation unit.
+
+// Two fp16 values of one 32-bit word <-> floats (low half = lower index).
+__device__ __forceinline__ void anvil_h2x2(unsigned int w, float& a, float& b) {
+  a = anvil_h2f((unsigned short)(w & 0xffffu));
+  b = anvil_h2f((unsigned short)(w >> 16));
+}
+__device__ __forceinline__ unsigned int anvil_f2x2(float a, float b) {
+  return (unsigned int)anvil_f2h(a) | ((unsigned int)anvil_f2h(b) << 16);
+}
+
+// No LayerNorm: 8 values per thread and step (16-byte loads and stores), grid-stride over m * n / 8
+// (n % 8 == 0 and every pointer 16-byte aligned: epilogue_f16_launch checks).
+extern "C" __global__ void anvil_f16_epilogue_v8(const uint4* tmp, const float* bias, const uint4* res,
+    uint4* out, long octs, int n8, int act) {
+  for (long q = (long)blockIdx.x * blockDim.x + threadIdx.x; q < octs; q += (long)gridDim.x * blockDim.x) {
+    const uint4 t = tmp[q];
+    float v[8];
+    anvil_h2x2(t.x, v[0], v[1]); anvil_h2x2(t.y, v[2], v[3]);
+    anvil_h2x2(t.z, v[4], v[5]); anvil_h2x2(t.w, v[6], v[7]);
+    if (bias) {
+      const float4* b4 = reinterpret_cast<const float4*>(bias) + 2 * (q % n8);
+      const float4 b0 = b4[0], b1 = b4[1];
+      v[0] += b0.x; v[1] += b0.y; v[2] += b0.z; v[3] += b0.w;
+      v[4] += b1.x; v[5] += b1.y; v[6] += b1.z; v[7] += b1.w;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = anvil_act(v[i], act);
+    if (res) {
+      const uint4 r = res[q];
+      float w[8];
+      anvil_h2x2(r.x, w[0], w[1]); anvil_h2x2(r.y, w[2], w[3]);
+      anvil_h2x2(r.z, w[4], w[5]); anvil_h2x2(r.w, w[6], w[7]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] += w[i];
+    }
+    uint4 o;
+    o.x = anvil_f2x2(v[0], v[1]); o.y = anvil_f2x2(v[2], v[3]);
+    o.z = anvil_f2x2(v[4], v[5]); o.w = anvil_f2x2(v[6], v[7]);
+    out[q] = o;
+  }
+}
+
+// With LayerNorm, rows of n <= 64 * ANVIL_F16_LN_PAIRS (n even): one warp per row, each lane holding
+// pairs (2 lane + 64 k, + 1) in registers, mean and variance by shuffles (two-pass, fp32).
+#define ANVIL_F16_LN_PAIRS 8
+extern "C" __global__ void anvil_f16_epilogue_ln_warp(const unsigned int* tmp, const float* bias,
+    const unsigned int* res, const float* gamma, const float* beta, unsigned int* out, long rows, int n,
+    int act, float eps) {
+  const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const int half_n = n >> 1;
+  const long base = row * half_n;  // in pairs
+  float v[2 * ANVIL_F16_LN_PAIRS];
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < ANVIL_F16_LN_PAIRS; ++k) {
+    const int p = lane + 32 * k;  // pair index: elements 2p, 2p + 1
+    float a = 0.f, b = 0.f;
+    if (p < half_n) {
+      anvil_h2x2(tmp[base + p], a, b);
+      if (bias) { a += bias[2 * p]; b += bias[2 * p + 1]; }
+      a = anvil_act(a, act); b = anvil_act(b, act);
+      if (res) { float ra, rb; anvil_h2x2(res[base + p], ra, rb); a += ra; b += rb; }
+    }
+    v[2 * k] = a; v[2 * k + 1] = b;
+    sum += a + b;
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float mean = sum / n;
+  float sq = 0.f;
+#pragma unroll
+  for (int k = 0; k < ANVIL_F16_LN_PAIRS; ++k) {
+    if (lane + 32 * k < half_n) {
+      const float da = v[2 * k] - mean, db = v[2 * k + 1] - mean;
+      sq += da * da + db * db;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+  const float inv = rsqrtf(sq / n + eps);
+#pragma unroll
+  for (int k = 0; k < ANVIL_F16_LN_PAIRS; ++k) {
+    const int p = lane + 32 * k;
+    if (p < half_n) {
+      const float a = (v[2 * k] - mean) * inv * gamma[2 * p] + beta[2 * p];
+      const float b = (v[2 * k + 1] - mean) * inv * gamma[2 * p + 1] + beta[2 * p + 1];
+      out[base + p] = anvil_f2x2(a, b);
+    }
+  }
+}
+
+// Any n, LayerNorm or not: one block per row, the row in n floats of dynamic shared memory when ln.
+extern "C" __global__ void anvil_f16_epilogue(const unsigned short* tmp, const float* bias,
+    const unsigned short* res, const float* gamma, const float* beta, unsigned short* out, int n, int act,
+    int ln, float eps) {
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  const long base = (long)blockIdx.x * n;
+  float sum = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = anvil_h2f(tmp[base + i]) + (bias ? bias[i] : 0.f);
+    v = anvil_act(v, act);
+    if (res) v += anvil_h2f(res[base + i]);
+    if (ln) buf[i] = v; else out[base + i] = anvil_f2h(v);
+    sum += v;
+  }
+  if (!ln) return;
+  const float mean = anvil_block_sum(sum, red) / n;
+  float sq = 0.f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) { const float d = buf[i] - mean; sq += d * d; }
+  const float inv = rsqrtf(anvil_block_sum(sq, red) / n + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    out[base + i] = anvil_f2h((buf[i] - mean) * inv * gamma[i] + beta[i]);
+}

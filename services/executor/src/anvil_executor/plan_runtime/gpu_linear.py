@@ -1,0 +1,344 @@
+"""The linears of an fp16 GPU plan (precision "fp16", docs/executor_gpu.md): which backend runs each
+one at each row count, the weights each backend reads, and the fp16 epilogue.
+
+    fp32 weights  (gpu_backend cublas_f16)   tmp (M, N) fp16 = x (M, K) fp16 @ W16 (K, N)   cuBLAS,
+                                                                                      fp32 accumulation
+    INT4 weights  (gpu_backend w4a16)        M <= w4a16_max_m: the W4A16 GEMV-like kernel
+                                             (anvil_kernels.cuda.W4A16Linear) on the prepacked INT4
+                                             weights, bias + activation + residual fused when there
+                                             is no LayerNorm; above: cuBLAS on W16 = the weights
+                                             dequantized at load
+    INT4 weights  (cublas_f16_dequant)       cuBLAS on W16 for every M (the W4A16 kernels cannot take
+                                             this layer, or the artifact has no w4a16.fatbin)
+    then          out = LN?(act(tmp + bias) + residual)  fp16 in and out, fp32 arithmetic
+                                             (epilogue_f16.cu; same semantics as ops.linear)
+
+The backend comes from the plan (op attrs written by the compiler's codegen/gpu_backend.py); the row
+counts of the shape buckets pick the kernel per bucket, and ``choices`` records it. Nothing here needs
+a GPU but ``W4A16Linear`` (made by the runtime); the host-side planning is tested on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anvil_executor.plan_runtime.cublas_linear import GemmStep
+from anvil_executor.plan_runtime.cublaslt_raw import LT_EPILOGUES
+from anvil_executor.plan_runtime.io import _l
+from anvil_executor.plan_runtime.ops import ACT_CODES
+from anvil_executor.plan_runtime.plan import _s, attrs_of
+from anvil_executor.plan_runtime.precision import F16_BACKENDS, WeightLayout
+from anvil_kernels import Int4Weight, dequantize
+from anvil_kernels.activations import ACTIVATIONS
+from anvil_kernels.cuda import PLAN_COMMON
+
+__all__ = [
+    "EPILOGUE_F16_SOURCE",
+    "F16Linears",
+    "LinearF16",
+    "epilogue_f16_launch",
+    "f16_linears",
+    "linear_weights",
+]
+
+EPILOGUE_F16_SOURCE = PLAN_COMMON.read_text() + Path(__file__).with_name("epilogue_f16.cu").read_text()
+LN_WARP_MAX_N = 64 * 8  # ANVIL_F16_LN_PAIRS pairs per lane
+THREADS = 256
+MAX_BLOCKS = 132 * 16  # a few waves of the H200's SMs; the grid-stride loop covers the rest
+
+
+@dataclass(frozen=True, slots=True)
+class LinearF16:
+    """One linear of an fp16 plan. ``step``: tensors, weights and epilogue (its ``weight`` is the fp32
+    weight's index, or -1 for INT4); ``int4``: the (packed, scales, zeros) weight indices."""
+
+    step: GemmStep
+    backend: str
+    w4a16_max_m: int  # rows up to which the W4A16 kernel runs; 0: never
+    act_name: str
+    group: int = 0
+    int4: tuple[int, int, int] | None = None
+    max_rows: int = 0  # rows at (max_batch, max_seq)
+    fused: bool = field(init=False)  # W4A16 applies bias + activation + residual itself (no LayerNorm)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fused", self.step.gamma < 0 and self.act_name in ACTIVATIONS)
+
+    @property
+    def plain(self) -> bool:
+        """x @ W alone (no bias, activation, residual or LayerNorm): cuBLAS writes the output itself."""
+        st = self.step
+        return st.bias < 0 and self.act_name == "none" and st.residual < 0 and st.gamma < 0
+
+    @property
+    def lt_epilogue(self) -> int | None:
+        """The cuBLASLt epilogue that does this linear's bias (+ activation), or None (residual,
+        LayerNorm, no bias, or an activation cuBLASLt does not have)."""
+        st = self.step
+        if st.bias < 0 or st.residual >= 0 or st.gamma >= 0:
+            return None
+        return LT_EPILOGUES.get(self.act_name)
+
+    def uses_w4a16(self, m: int) -> bool:
+        return self.backend == "w4a16" and m <= self.w4a16_max_m
+
+    @property
+    def needs_dense(self) -> bool:
+        """Whether some row count runs cuBLAS, so the fp16 (K, N) weight must be on the device."""
+        return self.backend != "w4a16" or self.max_rows > self.w4a16_max_m
+
+    def kernel_at(self, m: int, lt: bool = False) -> str:
+        """What runs M = m rows (``F16Linears.report``); ``lt``: cuBLASLt epilogues are on."""
+        if self.uses_w4a16(m):
+            return "w4a16_gemv" + ("" if self.fused else "+epilogue")
+        if self.plain:
+            return "cublas_f16"
+        if lt and self.lt_epilogue is not None:
+            return "cublaslt_f16_bias"
+        return "cublas_f16+epilogue"
+
+
+def f16_linears(plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) -> dict[int, LinearF16]:
+    """op index -> LinearF16 for every linear of ``plan``; ValueError on a linear the plan gave no fp16
+    backend (a plan compiled before GPU precisions existed, or for fp32)."""
+    out: dict[int, LinearF16] = {}
+    for i, op in enumerate(plan.ops):
+        if _s(op.kind) != "linear":
+            continue
+        attrs = attrs_of(op)
+        backend = str(attrs.get("gpu_backend", ""))
+        if backend not in F16_BACKENDS:
+            raise ValueError(f"op {_s(op.name)!r}: gpu_backend {backend!r} is not one of {F16_BACKENDS}")
+        w = {_s(r): int(ix) for r, ix in zip(_l(op.weightRoles), _l(op.weights), strict=True)}
+        ins = {_s(r): int(ix) for r, ix in zip(_l(op.inputRoles), _l(op.inputs), strict=True)}
+        int4 = (w["packed"], w["scales"], w["zeros"]) if "packed" in w else None
+        if int4 is not None:
+            k2, n = (int(d) for d in _l(plan.weights[int4[0]].shape))
+            k = 2 * k2
+        else:
+            k, n = (int(d) for d in _l(plan.weights[w["weight"]].shape))
+        if backend == "w4a16" and not w4a16_available:
+            backend = "cublas_f16_dequant"  # no w4a16.fatbin in the artifact (the load log says why)
+        act = str(attrs.get("act", "none"))
+        ln = "gamma" in w
+        step = GemmStep(
+            op_index=i,
+            x=ins["x"],
+            out=int(_l(op.outputs)[0]),
+            residual=ins.get("residual", -1),
+            weight=w.get("weight", -1),
+            bias=w.get("bias", -1),
+            gamma=w["gamma"] if ln else -1,
+            beta=w.get("beta", -1) if ln else -1,
+            k=k,
+            n=n,
+            act=ACT_CODES[act],
+            eps=float(attrs.get("eps", 0.0)) if ln else 0.0,
+        )
+        out[i] = LinearF16(
+            step=step,
+            backend=backend,
+            w4a16_max_m=int(attrs.get("w4a16_max_m", 0)) if backend == "w4a16" else 0,
+            act_name=act,
+            group=int(attrs.get("group", 0)),
+            int4=int4,
+            max_rows=step.rows(plan, max_batch, max_seq),
+        )
+    return out
+
+
+def _int4(plan: Any, weights: list[np.ndarray], lin: LinearF16) -> Int4Weight:
+    assert lin.int4 is not None
+    packed, scales, zeros = (weights[ix] for ix in lin.int4)
+    return Int4Weight(packed, scales, zeros, lin.group, lin.step.k, lin.step.n, "fp16")
+
+
+def linear_weights(
+    plan: Any, weights: list[np.ndarray], lin: LinearF16
+) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None, np.ndarray | None]:
+    """(W16 (K, N) fp16 for cuBLAS or None, W4A16 prepacked arrays or None, fp16 bias for the fused
+    W4A16 epilogue or None) of one linear; ``weights`` by plan weight index (host arrays)."""
+    dense = prepacked = bias16 = None
+    if lin.int4 is None:
+        dense = np.ascontiguousarray(weights[lin.step.weight], dtype=np.float16)
+    else:
+        q = _int4(plan, weights, lin)
+        if lin.needs_dense:
+            dense = dequantize(q).astype(np.float16)
+        if lin.backend == "w4a16":
+            from anvil_kernels.cuda import prepack
+
+            prepacked = prepack(q)
+    if lin.fused and lin.step.bias >= 0:  # the W4A16 kernel's or cuBLASLt's fused bias, in the output's dtype
+        bias16 = np.ascontiguousarray(weights[lin.step.bias], dtype=np.float16)
+    return dense, prepacked, bias16
+
+
+Addr = Callable[[int], int]  # tensor or weight index -> device address (0 for -1)
+
+
+def epilogue_f16_launch(
+    step: GemmStep, act_addr: Addr, wt_addr: Addr, tmp: int, m: int
+) -> tuple[str, tuple[int, int, int], tuple[int, int, int], int, tuple[Any, ...]]:
+    """(kernel, grid, block, shared memory bytes, args) of the fp16 epilogue of ``m`` rows: a warp
+    per row for LayerNorm rows of at most LN_WARP_MAX_N (even) values, 8 values per thread without
+    LayerNorm when N % 8 == 0 and the pointers are 16-byte aligned, else a block per row."""
+    bias, res, out = (
+        np.uint64(wt_addr(step.bias)),
+        np.uint64(act_addr(step.residual)),
+        np.uint64(act_addr(step.out)),
+    )
+    ln = step.gamma >= 0
+    if ln and step.n <= LN_WARP_MAX_N and step.n % 2 == 0:
+        warps = THREADS // 32
+        args: tuple[Any, ...] = (
+            np.uint64(tmp), bias, res, np.uint64(wt_addr(step.gamma)), np.uint64(wt_addr(step.beta)), out,
+            np.int64(m), np.int32(step.n), np.int32(step.act), np.float32(step.eps),
+        )  # fmt: skip
+        return "anvil_f16_epilogue_ln_warp", (-(-m // warps), 1, 1), (THREADS, 1, 1), 0, args
+    aligned = all(int(p) % 16 == 0 for p in (tmp, bias, res, out))
+    if not ln and step.n % 8 == 0 and aligned:
+        octs = m * step.n // 8
+        blocks = max(1, min(MAX_BLOCKS, -(-octs // THREADS)))
+        args = (np.uint64(tmp), bias, res, out, np.int64(octs), np.int32(step.n // 8), np.int32(step.act))
+        return "anvil_f16_epilogue_v8", (blocks, 1, 1), (THREADS, 1, 1), 0, args
+    threads = min(1024, max(32, -(-step.n // 32) * 32))
+    args = (
+        np.uint64(tmp), bias, res, np.uint64(wt_addr(step.gamma)), np.uint64(wt_addr(step.beta)), out,
+        np.int32(step.n), np.int32(step.act), np.int32(int(ln)), np.float32(step.eps),
+    )  # fmt: skip
+    return "anvil_f16_epilogue", (m, 1, 1), (threads, 1, 1), (4 * step.n if ln else 0), args
+
+
+class F16Linears:
+    """The linears of one fp16 plan on one device. The runtime (GpuPlanModel) calls, in order:
+    ``layout`` (host: where each weight goes in the weight bank), ``bind`` (after the arena, stream,
+    cuBLAS handle and epilogue kernels exist: uploads the W4A16 weights), then ``run`` per linear op
+    while it enqueues a bucket (eager or under graph capture). It owns the W4A16Linear layers."""
+
+    def __init__(self, plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) -> None:
+        self.plan = plan
+        self.lins = f16_linears(plan, max_batch, max_seq, w4a16_available)
+        self.layers: dict[int, Any] = {}
+        self._prepacked: dict[int, dict[str, np.ndarray]] = {}
+        self._keys: dict[Any, int] = {}
+        self._lt: Any = None
+
+    def __contains__(self, op_index: int) -> bool:
+        return op_index in self.lins
+
+    def __bool__(self) -> bool:
+        return bool(self.lins)
+
+    @property
+    def tmp_bytes(self) -> int:
+        """The fp16 (M, N) buffer between a GEMM and its epilogue, at the largest M."""
+        return max((lin.max_rows * lin.step.n * 2 for lin in self.lins.values()), default=0)
+
+    def layout(self, host: list[np.ndarray]) -> WeightLayout:
+        """The weight bank: every weight but the linears' (K, N) / INT4 ones as the plan has it, then
+        per linear its fp16 (K, N) weight where cuBLAS runs it and the fp16 bias of a fused W4A16
+        epilogue. ``host``: the plan's weights by index."""
+        layout = WeightLayout()
+        replaced: set[int] = set()
+        for lin in self.lins.values():
+            replaced |= {lin.step.weight} if lin.int4 is None else set(lin.int4)
+        for i, arr in enumerate(host):
+            if i not in replaced:
+                layout.add(("w", i), arr)
+        for i, lin in self.lins.items():
+            dense, packed, bias16 = linear_weights(self.plan, host, lin)
+            if dense is not None:
+                layout.add(("w16", i), dense)
+            if bias16 is not None:
+                layout.add(("b16", i), bias16)
+            if packed is not None:
+                self._prepacked[i] = packed
+        self._keys = dict(layout.offsets)
+        return layout
+
+    def bind(
+        self, arena: Any, blas: Any, epilogue: dict[str, Any], w4a16_module: Any, lt: Any = None
+    ) -> None:
+        """The device side: the arena (banks weights, activations, staging), the fp16 cuBLAS GEMM, the
+        epilogue kernels by name, one W4A16Linear per INT4 linear the W4A16 kernels run, and
+        ``lt`` (cublaslt_raw.LtGemm or None): cuBLASLt for the linears whose epilogue it can fuse."""
+        self._arena, self._blas, self._epilogue, self._lt = arena, blas, epilogue, lt
+        if self._prepacked:
+            from anvil_kernels.cuda import W4A16Linear
+
+            for i, packed in self._prepacked.items():
+                lin = self.lins[i]
+                m_max = max(1, min(lin.w4a16_max_m, lin.max_rows))
+                act = lin.act_name if lin.fused else "none"
+                self.layers[i] = W4A16Linear(w4a16_module, packed, m_max, dtype="fp16", activation=act)
+        self._prepacked = {}  # uploaded: the host copies can go
+
+    def _t(self, ix: int) -> int:
+        return 0 if ix < 0 else self._arena.ptr("activations", int(self.plan.tensors[ix].offset))
+
+    def _w(self, ix: int) -> int:
+        return 0 if ix < 0 else self._arena.ptr("weights", self._keys[("w", ix)])
+
+    def _view(self, ix: int, rows: int, cols: int) -> Any:
+        off = int(self.plan.tensors[ix].offset)
+        return self._arena.view("activations", off, (rows, cols), np.float16)
+
+    def run(self, op_index: int, b: int, t: int) -> None:
+        """Enqueue linear ``op_index`` at (b, t) on the current stream (the runtime's)."""
+        lin = self.lins[op_index]
+        st = lin.step
+        m = st.rows(self.plan, b, t)
+        tmp = self._arena.ptr("staging")
+        if lin.uses_w4a16(m):
+            x = self._view(st.x, m, st.k)
+            if lin.fused:
+                res = None if st.residual < 0 else self._view(st.residual, m, st.n)
+                key = ("b16", op_index)
+                bias = (
+                    self._arena.view("weights", self._keys[key], (st.n,), np.float16)
+                    if key in self._keys
+                    else None
+                )
+                self.layers[op_index](x, self._view(st.out, m, st.n), bias=bias, residual=res)
+                return
+            self.layers[op_index](x, self._arena.view("staging", 0, (m, st.n), np.float16))
+        else:
+            w16 = self._arena.ptr("weights", self._keys[("w16", op_index)])
+            if lin.plain:  # nothing to add: cuBLAS writes the output
+                self._blas(self._t(st.x), w16, self._t(st.out), m, st.n, st.k)
+                return
+            if self._lt is not None and lin.lt_epilogue is not None:
+                bias16 = self._arena.ptr("weights", self._keys[("b16", op_index)])
+                self._lt(self._t(st.x), w16, self._t(st.out), m, st.n, st.k, bias16, lin.lt_epilogue)
+                return
+            self._blas(self._t(st.x), w16, tmp, m, st.n, st.k)  # fp16 tensor cores, fp32 accumulation
+        kernel, grid, block, smem, args = epilogue_f16_launch(st, self._t, self._w, tmp, m)
+        self._epilogue[kernel](grid, block, args, shared_mem=smem)
+
+    @property
+    def w4a16_bytes(self) -> int:
+        """Device bytes of the W4A16 layers' prepacked weights (outside the arena's weight bank)."""
+        return sum(int(layer.qweight.nbytes) + int(layer.sz.nbytes) for layer in self.layers.values())
+
+    def weight_offsets(self, n_weights: int) -> list[int]:
+        """Per plan weight, its offset in the bank ``layout`` made (-1: replaced, not on the device)."""
+        return [self._keys.get(("w", i), -1) for i in range(n_weights)]
+
+    def report(self, buckets: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        """Per linear: its backend and the row counts (over ``buckets``) each kernel runs."""
+        out: list[dict[str, Any]] = []
+        for lin in self.lins.values():
+            per: dict[str, list[int]] = {}
+            for b, t in buckets:
+                m = lin.step.rows(self.plan, b, t)
+                per.setdefault(lin.kernel_at(m, self._lt is not None), []).append(m)
+            name = _s(self.plan.ops[lin.step.op_index].name)
+            rows = {k: [min(v), max(v)] for k, v in per.items()}
+            out.append({"op": name, "backend": lin.backend, "rows": rows})
+        return out

@@ -1,0 +1,173 @@
+"""The GPU runtime's host path without a GPU: ``GpuPlanModel`` loads fp16 and fp32 plans (MLP and an
+HF BERT encoder, unquantized and INT4), lays out its banks, captures every bucket and serves a batch
+with CuPy replaced by ``fake_cupy`` (no kernel runs). Every launch is checked against the CUDA
+signature of the kernel it names (the artifact's kernels.cu, the runtime epilogues): the kernel exists,
+argument count and types match. What the kernels compute is tested on a GPU (test_gpu_fp16.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from anvil_compiler.codegen.build import full_source
+from anvil_compiler.frontends.hf import bundle_from_dir
+from anvil_compiler.options import CompileOptions
+from anvil_compiler.pipeline import compile_graph, import_model
+from anvil_core.proto_gen import plan_generated as pg
+from anvil_executor.plan_runtime import cublas_raw, cublaslt_raw
+from anvil_executor.plan_runtime.cuda_arena import counter
+from anvil_executor.plan_runtime.plan import LoadedPlan, _s, attrs_of
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[2] / "compiler" / "tests"))
+import fake_cupy
+from onnx_models import mlp_bytes
+from tiny_bert import make_tiny_bert
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from anvil_executor.plan_runtime import gpu_model
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.make_module())
+    lib = fake_cupy.FakeCublas()
+    monkeypatch.setattr(cublas_raw, "load_cublas", lambda: lib)
+    monkeypatch.setattr(cublaslt_raw, "load_cublaslt", lambda: lib)
+    monkeypatch.setattr(counter, "_installed", False)
+    monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_module", None)
+    monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_f16_module", None)
+    fake_cupy.LAUNCHES.calls.clear()
+    return lib
+
+
+def _lowered(tmp_path: Path, kind: str, quantize: bool, precision: str) -> tuple[LoadedPlan, Any, str]:
+    opts = CompileOptions(
+        quantize=quantize, max_batch=8, max_seq=32, gpu_precision=precision, max_rel_error=None, group_size=64
+    )
+    if kind == "mlp":
+        g = import_model("onnx", mlp_bytes(op="Sigmoid"), "mlp")
+    else:
+        g = import_model("hf", bundle_from_dir(make_tiny_bert(tmp_path / "hf", hidden=64)), "tiny")
+    low = compile_graph(g, opts)
+    return LoadedPlan(pg.PlanT.InitFromPackedBuf(low.plan, 0)), low.weights, full_source(low.sources)
+
+
+def _requests(kind: str) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    if kind == "mlp":
+        return [{"x": rng.standard_normal((n, 64)).astype(np.float32)} for n in (3, 2)]
+    return [
+        {
+            "input_ids": rng.integers(4, 19, (1, n)).astype(np.int64),
+            "attention_mask": np.ones((1, n), np.int64),
+        }
+        for n in (5, 13)
+    ]
+
+
+@pytest.mark.parametrize("kind", ["mlp", "bert"])
+@pytest.mark.parametrize("quantize", [False, True])
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_every_launch_matches_its_kernel_signature(
+    tmp_path: Path, fake: Any, kind: str, quantize: bool, precision: str
+) -> None:
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, kind, quantize, precision)
+    module = fake_cupy.RawModule(code=source)
+    w4a16 = fake_cupy.RawModule() if quantize and precision == "fp16" else None  # a fatbin: unchecked
+    gpu = GpuPlanModel(plan, weights, module, 0, nan_fill=True, w4a16_module=w4a16)
+    assert gpu.precision == precision and gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
+    names = {n for n, _ in fake_cupy.LAUNCHES.calls}
+    p = plan.plan
+    linear_kernels = {_s(op.kernel) for op in p.ops if _s(op.kind) == "linear"}
+    other = {i: op for i, op in enumerate(p.ops) if _s(op.kind) != "linear"}
+    if precision == "fp16":
+        assert not names & linear_kernels  # linears run on cuBLAS / W4A16
+        assert {attrs_of(op)["kernel_f16"] for op in other.values()} <= names
+        assert not {_s(op.kernel) for op in other.values()} & names  # no fp32 kernel in an fp16 plan
+        if quantize:
+            assert any(n.startswith("w4a16_fp16_") for n in names)  # rows <= 16 on the W4A16 kernels
+        epilogues = {n for n in names if n.startswith("anvil_f16_epilogue")}
+        assert epilogues, names
+        gemms = fake.calls.count("cublasGemmEx")
+        assert gemms > 0 if (not quantize or kind == "bert") else gemms == 0
+    else:
+        assert {_s(op.kernel) for op in other.values()} <= names
+        if quantize:
+            assert linear_kernels <= names  # the compiler's INT4 linear.cu
+        else:
+            assert fake.calls.count("cublasGemmEx") > 0
+    fake_cupy.LAUNCHES.calls.clear()
+    out = gpu.run(_requests(kind))  # a graph replay each (nothing launched one by one)
+    assert not fake_cupy.LAUNCHES.calls
+    for o in out:
+        assert all(v.dtype == np.float32 for v in o.values())
+    eager = GpuPlanModel(plan, weights, module, 0, graphs=False, w4a16_module=w4a16)
+    fake_cupy.LAUNCHES.calls.clear()
+    eager.run(_requests(kind))  # every kernel launched by the per-batch path, checked again
+    assert fake_cupy.LAUNCHES.calls
+
+
+def test_an_fp16_plan_without_its_w4a16_module_takes_cublas(tmp_path: Path, fake: Any) -> None:
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, "mlp", True, "fp16")
+    gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0)
+    assert {r["backend"] for r in gpu.linear_report()} == {"cublas_f16_dequant"}
+    assert not any(n.startswith("w4a16") for n, _ in fake_cupy.LAUNCHES.calls)
+    assert fake.calls.count("cublasGemmEx") > 0
+
+
+def test_plan_gemm_runs_an_fp16_plan_in_fp32_and_fp16_needs_fp16_kernels(tmp_path: Path, fake: Any) -> None:
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, "bert", False, "fp16")
+    gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, gemm="plan")
+    assert gpu.precision == "fp32"
+    with pytest.raises(ValueError, match="gemm must be 'cublas'"):
+        GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, gemm="plan", precision="fp16")
+    plan32, weights32, source32 = _lowered(tmp_path / "b", "bert", False, "fp32")
+    with pytest.raises(ValueError, match="no fp16 kernels"):
+        GpuPlanModel(plan32, weights32, fake_cupy.RawModule(code=source32), 0, precision="fp16")
+
+
+def test_cublaslt_takes_the_linears_whose_bias_it_can_fuse(tmp_path: Path, fake: Any) -> None:
+    """ANVIL_GPU_LT_EPILOGUE: BERT's QKV (bias, no activation, no residual) and an MLP's bias + ReLU
+    go to cuBLASLt with its bias epilogue (no epilogue kernel after them); GELU (erf), residual and
+    LayerNorm linears keep cuBLAS + the fp16 epilogue; a linear with nothing to add, cuBLAS alone."""
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    for kind in ("bert", "mlp"):
+        plan, weights, source = _lowered(tmp_path / kind, kind, False, "fp16")
+        fake.calls.clear()
+        gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, graphs=False, lt_epilogue=True)
+        kinds = {k for r in gpu.linear_report() for k in r["rows"]}
+        fake_cupy.LAUNCHES.calls.clear()
+        fake.calls.clear()
+        gpu.run(_requests(kind))
+        if kind == "bert":
+            assert kinds == {"cublaslt_f16_bias", "cublas_f16+epilogue"}, kinds
+            assert fake.calls.count("cublasLtMatmul") == 2  # one QKV per layer
+        else:  # fc1: bias + sigmoid (not a cuBLASLt epilogue); fc2: no bias
+            assert kinds == {"cublas_f16+epilogue", "cublas_f16"}, kinds
+            assert fake.calls.count("cublasGemmEx") == 2 and "cublasLtMatmul" not in fake.calls
+            assert len(fake_cupy.LAUNCHES.calls) == 1  # fc1's epilogue only
+
+
+def test_trace_returns_every_op_output_at_the_bucket_shape(tmp_path: Path, fake: Any) -> None:
+    """gpu_trace.trace (the GPU tests' op-by-op diagnosis): one fp32 array per op, eager launches."""
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+    from anvil_executor.plan_runtime.gpu_trace import trace
+
+    plan, weights, source = _lowered(tmp_path, "bert", True, "fp16")
+    gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, w4a16_module=fake_cupy.RawModule())
+    (b, t), got = trace(gpu, _requests("bert"))
+    assert (b, t) == (2, 16) and len(got) == len(plan.plan.ops)
+    for (name, kind, arr), op in zip(got, plan.plan.ops, strict=True):
+        assert (name, kind) == (_s(op.name), _s(op.kind)) and arr.dtype == np.float32
+        assert arr.shape == plan.shape(int(op.outputs[0]), b, t)

@@ -1,0 +1,195 @@
+"""What an fp16 GPU plan decides on the host, tested without a GPU: the precision the compiler recorded,
+the device dtype of every tensor, which kernel runs every op, the weight bank an fp16 plan lays out
+(fp16 weights, W4A16 prepacked INT4, dequantized fp16 above the W4A16 rows), the launch table with those
+substitutions, and which fp16 epilogue a linear gets. The kernels themselves run in test_gpu_plan.py
+(marked gpu); test_gpu_sources.py compiles them here."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from anvil_compiler.frontends.hf import bundle_from_dir
+from anvil_compiler.options import CompileOptions
+from anvil_compiler.pipeline import compile_model
+from anvil_executor.plan_runtime.buckets import Buckets
+from anvil_executor.plan_runtime.cublas_linear import GemmStep
+from anvil_executor.plan_runtime.gpu_linear import LN_WARP_MAX_N, F16Linears, epilogue_f16_launch
+from anvil_executor.plan_runtime.launch import resolve_launches
+from anvil_executor.plan_runtime.plan import DTYPES, _s, attrs_of, load_plan
+from anvil_executor.plan_runtime.precision import (
+    device_dtypes,
+    f16_kernels,
+    plan_precision,
+    resolve_precision,
+)
+from anvil_kernels import Int4Weight, dequantize
+from anvil_kernels.cuda import unprepack
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[2] / "compiler" / "tests"))
+from onnx_models import mlp_bytes
+from tiny_bert import make_tiny_bert
+
+
+def _bert(tmp_path: Path, quantize: bool, precision: str = "auto") -> Path:
+    hf = make_tiny_bert(tmp_path / "hf", hidden=64, heads=2)
+    art = tmp_path / f"bert-{quantize}-{precision}"
+    opts = CompileOptions(
+        quantize=quantize, max_batch=8, max_seq=32, gpu_precision=precision, max_rel_error=None, group_size=64
+    )
+    compile_model("hf", bundle_from_dir(hf), "tiny", opts, art, "k", build=False)
+    return art
+
+
+def _mlp(tmp_path: Path, quantize: bool, precision: str = "fp16", op: str = "Relu") -> Path:
+    art = tmp_path / f"mlp-{quantize}-{precision}-{op}"
+    opts = CompileOptions(
+        quantize=quantize, max_batch=8, max_seq=1, gpu_precision=precision, max_rel_error=None, group_size=64
+    )
+    compile_model("onnx", mlp_bytes(op=op), "mlp", opts, art, "k", build=False)
+    return art
+
+
+def _host(art: Path) -> tuple[Any, list[np.ndarray]]:
+    p = load_plan(art / "plan.bin").plan
+    w = load_file(str(art / "weights.safetensors"))
+    return p, [np.ascontiguousarray(w[_s(wi.name)], dtype=DTYPES[wi.dtype]) for wi in p.weights]
+
+
+def test_the_compiler_records_fp16_for_encoders_and_fp32_otherwise(tmp_path: Path) -> None:
+    bert, mlp = load_plan(_bert(tmp_path, False) / "plan.bin").plan, _mlp(tmp_path, False, "auto")
+    assert plan_precision(bert) == "fp16" and plan_precision(load_plan(mlp / "plan.bin").plan) == "fp32"
+    assert resolve_precision("auto", bert) == "fp16" and resolve_precision("fp32", bert) == "fp32"
+    with pytest.raises(ValueError, match="no fp16 kernels"):
+        resolve_precision("fp16", load_plan(mlp / "plan.bin").plan)
+    kernels = f16_kernels(bert)
+    for i, op in enumerate(bert.ops):  # every op but the linears has an fp16 kernel, and only those
+        attrs = attrs_of(op)
+        if _s(op.kind) == "linear":
+            assert i not in kernels and attrs["gpu_backend"] == "cublas_f16"
+        else:
+            assert kernels[i] != _s(op.kernel)  # a distinct specialization
+            assert "kernel_f16" in attrs
+
+
+def test_fp16_device_dtypes_keep_ints_and_the_pooled_vector(tmp_path: Path) -> None:
+    p = load_plan(_bert(tmp_path, False) / "plan.bin").plan
+    dts = device_dtypes(p)
+    pooled = {int(o) for op in p.ops if _s(op.kind) == "mean_pool_l2" for o in op.outputs}
+    assert pooled, "the encoder pools"
+    for i, ti in enumerate(p.tensors):
+        plan_dt = np.dtype(DTYPES[ti.dtype])
+        if i in pooled:
+            assert dts[i] == np.float32  # the served vector, written fp32 by the fp16 kernel
+        elif plan_dt == np.float32:
+            assert dts[i] == np.float16
+        else:
+            assert dts[i] == plan_dt  # ids and mask as the client sends them
+
+
+@pytest.mark.parametrize("w4a16", [True, False])
+def test_int4_linears_get_w4a16_weights_up_to_its_rows_and_dense_fp16_above(
+    tmp_path: Path, w4a16: bool
+) -> None:
+    p, host = _host(_bert(tmp_path, True))
+    lins = F16Linears(p, 8, 32, w4a16_available=w4a16)
+    layout = lins.layout(host)
+    assert lins.lins and all(lin.int4 is not None for lin in lins.lins.values())
+    for i, lin in lins.lins.items():
+        assert lin.backend == ("w4a16" if w4a16 else "cublas_f16_dequant")
+        q = Int4Weight(*(host[ix] for ix in lin.int4), lin.group, lin.step.k, lin.step.n, "fp16")  # type: ignore[misc]
+        dense = layout.arrays[("w16", i)]  # 8 x 32 rows > 16: cuBLAS on the dequantized weights
+        np.testing.assert_array_equal(dense, dequantize(q).astype(np.float16))
+        if w4a16:
+            back = unprepack(lins._prepacked[i])
+            assert np.array_equal(back.packed, q.packed) and np.array_equal(back.scales, q.scales)
+        else:
+            assert i not in lins._prepacked
+    offs = lins.weight_offsets(len(host))
+    replaced = {ix for lin in lins.lins.values() for ix in (lin.int4 or ())}
+    assert all(offs[ix] == -1 for ix in replaced)
+    kept = sorted((offs[i], host[i].nbytes) for i in range(len(host)) if i not in replaced)
+    assert all(o % 256 == 0 for o, _ in kept)
+    assert all(a + n <= b for (a, n), (b, _) in itertools.pairwise(kept))  # no overlap
+    report = lins.report(Buckets.for_plan(8, 32).all())
+    for r in report:
+        if w4a16:  # B x T rows: 8 (1 x 8) runs W4A16, 16 x 16 and above cuBLAS
+            assert set(r["rows"]) <= {"w4a16_gemv", "w4a16_gemv+epilogue", "cublas_f16+epilogue"}
+            assert min(v[0] for v in r["rows"].values()) == 8
+        else:
+            assert set(r["rows"]) == {"cublas_f16+epilogue"}
+
+
+def test_small_int4_mlp_runs_w4a16_only_with_fused_epilogues_where_it_can(tmp_path: Path) -> None:
+    p, host = _host(_mlp(tmp_path, True, op="Relu"))
+    lins = F16Linears(p, 8, 1, w4a16_available=True)
+    layout = lins.layout(host)
+    for i, lin in lins.lins.items():
+        assert lin.backend == "w4a16" and lin.max_rows == 8 and not lin.needs_dense
+        assert ("w16", i) not in layout.arrays  # M <= 8 <= w4a16_max_m: no dense copy on the device
+        assert lin.fused  # relu and none: bias + activation inside the W4A16 kernel
+        if lin.step.bias >= 0:
+            np.testing.assert_array_equal(layout.arrays[("b16", i)], host[lin.step.bias].astype(np.float16))
+    p2, host2 = _host(_mlp(tmp_path, True, op="Sigmoid"))
+    lins2 = F16Linears(p2, 8, 1, w4a16_available=True)
+    lins2.layout(host2)
+    acts = {lin.act_name: lin.fused for lin in lins2.lins.values()}
+    assert acts.get("sigmoid") is False  # not a W4A16 activation: W4A16 into tmp, then the epilogue
+
+
+def test_fp16_launch_table_uses_the_fp16_kernels_and_skips_the_linears(tmp_path: Path) -> None:
+    p, host = _host(_bert(tmp_path, False))
+    lins = F16Linears(p, 8, 32, w4a16_available=True)
+    lins.layout(host)
+    kernels = f16_kernels(p)
+    launches = resolve_launches(
+        p, 1 << 40, 1 << 36, 4, 16, lins.weight_offsets(len(host)), kernels, lins.lins
+    )
+    for i, (op, launch) in enumerate(zip(p.ops, launches, strict=True)):
+        if _s(op.kind) == "linear":
+            assert launch.kernel == "" and launch.args == ()
+        else:
+            assert launch.kernel == kernels[i]
+    with pytest.raises(ValueError, match="not on the device"):  # a kernel may not read a replaced weight
+        offs = [-1] * len(host)
+        resolve_launches(p, 1 << 40, 1 << 36, 4, 16, offs, kernels, ())
+
+
+PLAN = SimpleNamespace(tensors=[SimpleNamespace(offset=o) for o in (0, 1 << 20, 2 << 20, (3 << 20) + 4)])
+
+
+def _step(n: int, ln: bool, out: int = 2) -> GemmStep:
+    return GemmStep(
+        op_index=0, x=0, out=out, residual=1 if ln else -1, weight=0, bias=1,
+        gamma=2 if ln else -1, beta=3 if ln else -1, k=384, n=n, act=2, eps=1e-12,
+    )  # fmt: skip
+
+
+def _addr(ix: int) -> int:
+    return 0 if ix < 0 else (1 << 30) + int(PLAN.tensors[ix].offset)
+
+
+def test_fp16_epilogue_choice() -> None:
+    kernel, grid, block, smem, args = epilogue_f16_launch(_step(384, True), _addr, _addr, 1 << 28, m=1000)
+    assert kernel == "anvil_f16_epilogue_ln_warp" and smem == 0
+    assert grid[0] * (block[0] // 32) >= 1000 > (grid[0] - 1) * (block[0] // 32)
+    assert int(args[6]) == 1000 and int(args[7]) == 384
+    wide = epilogue_f16_launch(_step(LN_WARP_MAX_N + 2, True), _addr, _addr, 1 << 28, m=7)
+    assert wide[0] == "anvil_f16_epilogue" and wide[1] == (7, 1, 1) and wide[3] == 4 * (LN_WARP_MAX_N + 2)
+    odd = epilogue_f16_launch(_step(383, True), _addr, _addr, 1 << 28, m=7)  # pairs need an even row
+    assert odd[0] == "anvil_f16_epilogue"
+    kernel, grid, block, _, args = epilogue_f16_launch(_step(1536, False), _addr, _addr, 1 << 28, m=50)
+    assert kernel == "anvil_f16_epilogue_v8" and int(args[4]) == 50 * 1536 // 8 and int(args[5]) == 1536 // 8
+    assert grid[0] * block[0] >= int(args[4])
+    assert (
+        epilogue_f16_launch(_step(1536, False, out=3), _addr, _addr, 1 << 28, m=5)[0] == "anvil_f16_epilogue"
+    )
+    assert epilogue_f16_launch(_step(20, False), _addr, _addr, 1 << 28, m=5)[0] == "anvil_f16_epilogue"
