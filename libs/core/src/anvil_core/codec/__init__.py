@@ -31,6 +31,7 @@ from anvil_core.codec.errors import REASONS, ProtocolError
 from anvil_core.codec.messages import (
     ERROR_NAMES,
     HTTP_STATUS,
+    BatchTiming,
     MAX_DIMS,
     MAX_TENSORS,
     ShmSpan,
@@ -52,6 +53,7 @@ __all__ = [
     "DTYPE_CODES",
     "DTYPE_NAMES",
     "ERROR_NAMES",
+    "BatchTiming",
     "HTTP_STATUS",
     "ITEMSIZE",
     "MAX_DIMS",
