@@ -11,10 +11,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from anvil_core import codec
+from anvil_core import codec, tracing
 from anvil_core.codec import pb
 from anvil_core.model_spec import SpecError
 from anvil_core.tensors import HostTensor, TensorError
+from anvil_executor import batch_spans
 from anvil_executor import metrics as m
 from anvil_executor.device import is_device_fault
 from anvil_executor.models import Model, RequestInputs
@@ -44,13 +45,18 @@ def run_batch(
     executor_id: str,
     device: str,
     shm: ShmResolver = _no_shm,
+    queued_us: int = 0,
 ) -> tuple[pb.BatchResultT, list[Any]]:
     """Run every request of `batch`; returns the result header and its frames.
 
     A request whose tensors do not decode or fit the spec, or whose deadline has passed, gets its
     own error; the rest of the batch still runs. A model failure fails the whole batch.
+    Every answer with outputs carries the batch's measurements (codec.BatchTiming: copy-in, run,
+    copy-out, `queued_us` waited here before it started) and its place in the batch; a traced
+    batch also gets its spans (batch_spans.py).
     """
     t0 = time.perf_counter()
+    t0_ns = time.perf_counter_ns()
     result = pb.BatchResultT(batchId=batch.batchId, executorId=executor_id, device=device)
     model_name = batch.model or ""
     model = models.get(model_name)
@@ -77,6 +83,7 @@ def run_batch(
                 answers[i] = (codec.build_response(request_id=ids[0], trace_id=ids[1], model="",
                                                    error=(pb.ErrorCode.BAD_REQUEST, reason)), [])  # fmt: skip
     runnable: list[tuple[int, RequestInputs]] = []
+    rows: list[int] = []  # inferences per runnable request: its batch dimension (1 without one)
     now_ns = time.time_ns()
     for i, (req, group) in enumerate(zip(requests, groups, strict=True)):
         if req is None:
@@ -99,7 +106,9 @@ def run_batch(
             answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, str(exc)), [])
             continue
         runnable.append((i, inputs))
+        rows.append(tensors[0].shape[0] if model.spec.max_batch > 0 and tensors and tensors[0].shape else 1)
 
+    stamps = [t0_ns, time.perf_counter_ns()]  # copy-in ends; then run, copy-out (perf ns)
     if runnable:
         try:
             produced_all = model.run([inputs for _, inputs in runnable])
@@ -108,9 +117,11 @@ def run_batch(
                 raise  # the compute loop answers the batch, then the executor restarts clean
             result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
             return result, []
-        compute_us = int((time.perf_counter() - t0) * 1e6)
+        stamps.append(time.perf_counter_ns())
         specs = {s.name: s for s in model.spec.outputs}
-        for (i, _), produced in zip(runnable, produced_all, strict=True):
+        ran: list[tuple[int, list[tuple[HostTensor, int]], list[Any]]] = []  # copy-out, then envelopes
+        size = 0
+        for (i, _), produced, n_rows in zip(runnable, produced_all, rows, strict=True):
             req = requests[i]
             wanted = list(req.outputs or ()) or list(produced)
             missing = [n for n in wanted if n not in produced]
@@ -119,14 +130,29 @@ def run_batch(
                 continue
             payloads: list[Any] = []
             tensors = [HostTensor.from_array(n, specs[n].datatype, produced[n]) for n in wanted]
+            ran.append((i, codec.tensor_frames(tensors, payloads), payloads))
+            size += n_rows
+        stamps.append(time.perf_counter_ns())
+        timing = codec.BatchTiming(
+            size=size,
+            input_us=(stamps[1] - stamps[0]) // 1000,
+            infer_us=(stamps[2] - stamps[1]) // 1000,
+            output_us=(stamps[3] - stamps[2]) // 1000,
+            exec_queue_us=queued_us,
+        )
+        compute_us = (stamps[3] - t0_ns) // 1000
+        for index, (i, outputs, payloads) in enumerate(ran):
+            req = requests[i]
             env = codec.build_response(
                 request_id=req.requestId,
                 trace_id=req.traceId,
                 model=req.model,
                 version=model.spec.version,  # the version that answered (requests may name none)
-                outputs=codec.tensor_frames(tensors, payloads),
+                outputs=outputs,
                 queue_us=queue_us[i] if i < len(queue_us) else 0,
                 compute_us=compute_us,
+                batch=timing,
+                batch_index=index,  # 0: the gateway that gets this answer counts the batch
             )
             answers[i] = (env, payloads)
 
@@ -139,6 +165,8 @@ def run_batch(
             counts.append(1 + len(answer[1]))
     result.frameCounts = counts
     result.computeUs = int((time.perf_counter() - t0) * 1e6)
+    if tracing.ON:
+        batch_spans.record(batch, model_name, requests, [i for i, _ in runnable], stamps, executor_id, device)
     for i, _ in runnable:  # the hop "compute", once per request that ran, by its priority
         m.hop_us.labels(hop="compute", priority=m.priority_label(int(requests[i].priority))).observe(
             result.computeUs

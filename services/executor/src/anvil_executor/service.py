@@ -328,6 +328,7 @@ class Executor:
                         self.s.service_id,
                         str(self.device),
                         **({"shm": self.shm} if self.shm is not None else {}),
+                        queued_us=self.work.last_wait_us,
                     )
                 except Exception as exc:  # never lose a batch: every request hears the failure
                     log.exception("batch failed")

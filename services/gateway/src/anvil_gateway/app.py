@@ -65,9 +65,10 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             allow_group=settings.shm_allow_group,
         ),
         admission,
-        Stats(),
+        Stats(known=lambda name, version: getattr(discovery.models.get(name), "version", None) == version),
         ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="anvil-parse"),
     )
+    link.on_executed = st.stats.executed  # every answer: each batch is counted by one gateway
     zerocopy = ZeroCopyServer(st, settings.zerocopy_dir)
 
     @asynccontextmanager

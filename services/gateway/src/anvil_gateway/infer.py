@@ -18,11 +18,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from anvil_core import codec
+from anvil_core import codec, tracing
 from anvil_core.codec import pb
 from anvil_core.model_spec import ModelSpec, SpecError
 from anvil_core.tensors import HostTensor, TensorError
 from anvil_gateway import metrics as m
+from anvil_gateway import spans
 from anvil_gateway.admission import Rejected
 from anvil_gateway.backend import BackendUnavailable
 from anvil_gateway.body_limits import model_body_limit
@@ -66,7 +67,9 @@ def trace_id(headers: Any) -> str:
     if match:
         return match.group(1)
     given = headers.get(TRACE_HEADER, "")
-    return given if re.fullmatch(r"[0-9A-Za-z-]{8,64}", given) else uuid.uuid4().hex
+    if re.fullmatch(r"[0-9A-Za-z-]{8,64}", given):
+        return given
+    return tracing.current_trace_id() or uuid.uuid4().hex  # traced: the root span's trace
 
 
 async def read_body(
@@ -161,6 +164,12 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
 
 async def handle_infer(st: GatewayState, request: Request, name: str, version: str | None) -> Response:
     """The infer pipeline; also called by the ASGI fast path (fastpath.py) with the same result."""
+    if tracing.ON:  # the root span (spans.py); off: not even a no-op context
+        return await spans.server("gateway.infer", request, name, lambda: _handle(st, request, name, version))
+    return await _handle(st, request, name, version)
+
+
+async def _handle(st: GatewayState, request: Request, name: str, version: str | None) -> Response:
     t0 = time.perf_counter_ns()
     hdr = {TRACE_HEADER: trace_id(request.headers)}
     m.inflight.inc()
@@ -195,16 +204,17 @@ async def _infer(
     body = await read_body(request, limit, why, st.settings.parse_offload_bytes)
     shm = st.shm if st.shm.enabled else None
     try:
-        parsed = await parse_off_loop(
-            st,
-            len(body),
-            parse_request,
-            body,
-            request.headers.get(HEADER_LENGTH),
-            shm,
-            tenant,
-            orphan=lambda p: release_all(p, shm),
-        )
+        with tracing.span("gateway.parse"):
+            parsed = await parse_off_loop(
+                st,
+                len(body),
+                parse_request,
+                body,
+                request.headers.get(HEADER_LENGTH),
+                shm,
+                tenant,
+                orphan=lambda p: release_all(p, shm),
+            )
     except ShmError as exc:
         raise Failed(exc.status, str(exc), "shm") from None
     except BadRequest as exc:
@@ -252,15 +262,16 @@ async def _run(
     # JSON text of the outputs: ~20 bytes per number; large answers are written on a parse thread.
     text_bytes = 20 * sum(t.data.size for t in outputs)
     try:
-        response = await encode_off_loop(
-            st, text_bytes, infer_response, name, served, parsed, outputs, st.shm, hdr
-        )
+        with tracing.span("gateway.answer"):
+            response = await encode_off_loop(
+                st, text_bytes, infer_response, name, served, parsed, outputs, st.shm, hdr
+            )
     except (BadRequest, ShmError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
     hops.record(resp, priority)
     total_ns = time.perf_counter_ns() - t0
     rows = parsed.inputs[0].shape[0] if spec.max_batch > 0 and parsed.inputs else 1
-    st.stats.success(name, spec.version, rows, total_ns, resp.queueUs * 1000, resp.computeUs * 1000)
+    st.stats.success(name, spec.version, rows, total_ns, resp)
     m.record_success(name, spec.version, rows, total_ns / 1000, resp.queueUs, resp.computeUs)
     return response
 
@@ -292,33 +303,36 @@ async def forward(
     ``version``: the one the client named, else None: whichever version serves when the request
     runs (a redeploy switches over without failing requests that named none). ``hops``, when given,
     gets the send and answer times (hops.py)."""
-    admit(st, spec.name, tenant, priority)
+    with tracing.span("gateway.admit"):
+        admit(st, spec.name, tenant, priority)
     try:
         request_id = uuid.uuid4().hex
         payloads: list[Any] = []
-        envelope = codec.build_request(
-            request_id=request_id,
-            trace_id=trace,
-            model=spec.name,
-            version=version or "",
-            priority=priority,
-            deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
-            tenant=tenant,
-            inputs=codec.tensor_frames(inputs, payloads),
-            outputs=outputs,
-        )
-        if hops is not None:
-            hops.mark_sent()
-        try:
-            resp, frames = await st.link.infer(
-                request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
+        with tracing.span("gateway.dispatch"):  # sent -> answered; the next hops' parent
+            envelope = codec.build_request(
+                request_id=request_id,
+                trace_id=trace,
+                model=spec.name,
+                version=version or "",
+                priority=priority,
+                deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
+                tenant=tenant,
+                inputs=codec.tensor_frames(inputs, payloads),
+                outputs=outputs,
+                traceparent=tracing.traceparent(),  # None when off
             )
-        except BackendUnavailable as exc:
-            raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
-        except TimeoutError:
-            raise Failed(
-                504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline"
-            ) from None
+            if hops is not None:
+                hops.mark_sent()
+            try:
+                resp, frames = await st.link.infer(
+                    request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
+                )
+            except BackendUnavailable as exc:
+                raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
+            except TimeoutError:
+                raise Failed(
+                    504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline"
+                ) from None
         if hops is not None:
             hops.mark_answered()
         err = resp.error

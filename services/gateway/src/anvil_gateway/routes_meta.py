@@ -56,6 +56,13 @@ def _tensors(spec: ModelSpec, which: str) -> list[dict[str, Any]]:
     ]
 
 
+# before /v2/models/{name}: routes match in order, and "stats" would be taken for a model name
+@router.get("/v2/models/stats")
+async def all_stats(request: Request) -> dict[str, Any]:
+    st = state_of(request)
+    return st.stats.doc([(m.name, m.version) for m in st.discovery.models.values()])
+
+
 @router.get("/v2/models/{name}")
 @router.get("/v2/models/{name}/versions/{version}")
 async def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
@@ -112,12 +119,6 @@ async def model_config(request: Request, name: str, version: str | None = None) 
         },
         "instance_group": [{"name": spec.name, "kind": "KIND_AUTO", "count": 1}],
     }
-
-
-@router.get("/v2/models/stats")
-async def all_stats(request: Request) -> dict[str, Any]:
-    st = state_of(request)
-    return st.stats.doc([(m.name, m.version) for m in st.discovery.models.values()])
 
 
 @router.get("/v2/models/{name}/stats")

@@ -28,10 +28,10 @@ from anvil_core.tensors import HostTensor, TensorError
 
 __all__ = [
     "ERROR_NAMES",
-    "BatchTiming",
     "HTTP_STATUS",
     "MAX_DIMS",
     "MAX_TENSORS",
+    "BatchTiming",
     "ShmSpan",
     "build_request",
     "build_response",

@@ -1,0 +1,64 @@
+"""The executor's spans of one batch (only when tracing is on: anvil_core.tracing).
+
+``executor.batch`` covers ``run_batch`` and has three children measured by it: ``executor.copy_in``
+(inputs decoded, checked, gathered), ``executor.compute`` (the model run), ``executor.copy_out``
+(outputs into payload buffers). A batch serves many requests, each with its own trace, so the
+batch span is the child of the scheduler's ``scheduler.batch`` span (``Batch.traceparent``; of the
+first request when the scheduler does not trace) and carries a span link to each of its requests'
+contexts (``InferRequest.traceparent``, the gateway's dispatch span): one request's trace reaches
+the batch through that link (docs/observability.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from anvil_core import tracing
+from anvil_core.codec import pb
+
+__all__ = ["record"]
+
+
+def record(
+    batch: pb.BatchT,
+    model: str,
+    requests: Sequence[Any],
+    ran: Sequence[int],
+    stamps: Sequence[int],
+    executor_id: str,
+    device: str,
+) -> None:
+    """Spans of a finished batch: `requests` its decoded InferRequests (None: refused), `ran` the
+    indices that ran, `stamps` perf_counter_ns at start, copy-in end, and when the model ran,
+    run end and copy-out end."""
+    now_perf, now_wall = time.perf_counter_ns(), time.time_ns()
+
+    def wall(perf_ns: int) -> int:
+        return tracing.wall_ns(perf_ns, now_perf, now_wall)
+
+    contexts = [r.traceparent for r in requests if r is not None and r.traceparent]
+    if not contexts and not batch.traceparent:
+        return  # no request of it is traced (ZeroCopy, an untraced gateway): no trace of its own
+    up = batch.traceparent or contexts[0]
+    links = [tracing.link(tp) for tp in contexts]
+    attrs = {
+        "anvil.model": model,
+        "anvil.batch.id": batch.batchId or "",
+        "anvil.batch.requests": len(requests),
+        "anvil.batch.ran": len(ran),
+        "anvil.executor": executor_id,
+        "anvil.device": device,
+    }
+    top = tracing.record(
+        "executor.batch",
+        wall(stamps[0]),
+        now_wall,
+        parent_of=tracing.parent(up),
+        links=links,
+        attributes=attrs,
+    )
+    names = ("executor.copy_in", "executor.compute", "executor.copy_out")
+    for name, start, end in zip(names, stamps, stamps[1:], strict=False):
+        tracing.record(name, wall(start), wall(end), parent_of=top)
