@@ -75,19 +75,23 @@ def test_one_requests_spans_join_across_the_three_hops_in_process(memory_spans: 
     ):
         parts = _mlp_request("r1", tracing.traceparent())
     other = _mlp_request("r2", None)  # an untraced neighbour in the same batch (e.g. ZeroCopy)
+    dropped = _mlp_request("r3", f"00-{'1' * 32}-{CLIENT_SPAN}-00")  # one its client did not sample
     # scheduler: the request as it reads it, queued, then dispatched in a batch of two
-    contexts = [codec.read_request(p[0]).traceparent or "" for p in (parts, other)]
+    contexts = [codec.read_request(p[0]).traceparent or "" for p in (parts, other, dropped)]
     now = time.monotonic()
-    reqs = [Request(rid, "mlp", 2, now - 0.002, now + 1) for rid in ("r1", "r2")]
+    reqs = [Request(rid, "mlp", 2, now - 0.002, now + 1) for rid in ("r1", "r2", "r3")]
     batch = Batch(7, "mlp", "ex-1", "cpu", reqs, formed_s=now, opened_s=now, predicted_exec_s=0.001)
     batch_tp = scheduler_spans.record(batch, contexts, now, "ex-1")
-    msg = pb.BatchT(batchId="7", model="mlp", frameCounts=[len(parts), len(other)], queueUs=[5, 5])
+    counts = [len(parts), len(other), len(dropped)]
+    msg = pb.BatchT(batchId="7", model="mlp", frameCounts=counts, queueUs=[5, 5, 5])
     msg.traceparent = batch_tp
     # executor: the batch, its requests' contexts read from their own envelopes
-    result, _ = run_batch({"mlp": load_builtin("mlp", 8)}, msg, [*parts, *other], "ex-1", "cpu")
+    result, _ = run_batch({"mlp": load_builtin("mlp", 8)}, msg, [*parts, *other, *dropped], "ex-1", "cpu")
     assert result.error is None
 
-    by = {s.name: s for s in memory_spans.get_finished_spans()}
+    finished = memory_spans.get_finished_spans()
+    by = {s.name: s for s in finished}
+    assert len(finished) == len(by)  # one of each
     assert set(by) == {
         "gateway.infer",
         "gateway.dispatch",
@@ -97,7 +101,7 @@ def test_one_requests_spans_join_across_the_three_hops_in_process(memory_spans: 
         "executor.copy_in",
         "executor.compute",
         "executor.copy_out",
-    }  # fmt: skip  (one queue span: the untraced neighbour has none)
+    }  # fmt: skip  (one queue span: the untraced and the unsampled neighbours have none)
     trace_ids = {f"{s.context.trace_id:032x}" for s in by.values()}
     assert trace_ids == {TRACE}
 
@@ -115,7 +119,7 @@ def test_one_requests_spans_join_across_the_three_hops_in_process(memory_spans: 
     dispatch = by["gateway.dispatch"].context.span_id
     for batch_span in ("scheduler.batch", "executor.batch"):
         assert [link.context.span_id for link in by[batch_span].links] == [dispatch]
-    assert by["executor.batch"].attributes["anvil.batch.requests"] == 2
+    assert by["executor.batch"].attributes["anvil.batch.requests"] == 3
     b, parts_ = (
         by["executor.batch"],
         [by[n] for n in ("executor.copy_in", "executor.compute", "executor.copy_out")],
@@ -150,6 +154,9 @@ class _Receiver:
                                 "span": s.span_id.hex(),
                                 "parent": s.parent_span_id.hex(),
                                 "links": [(x.trace_id.hex(), x.span_id.hex()) for x in s.links],
+                                "attrs": {a.key: str(a.value) for a in s.attributes},
+                                "start": s.start_time_unix_nano,
+                                "end": s.end_time_unix_nano,
                             }
                         )
 
@@ -217,7 +224,7 @@ def test_the_services_export_a_requests_spans_to_an_otlp_receiver(
     waiter(lambda: wanted <= {(s["service"], s["name"]) for s in rec.of(TRACE)}, 30, "the request's spans")
     spans = rec.of(TRACE)
     by = {s["name"]: s for s in spans}
-    assert len(spans) == len(wanted)  # one of each: nothing doubled, nothing from other requests
+    assert len(spans) == len(wanted), " ".join(sorted(s["name"] for s in spans))  # one of each
     assert by["gateway.infer"]["parent"] == CLIENT_SPAN
     for name in ("gateway.parse", "gateway.admit", "gateway.dispatch", "gateway.answer"):
         assert by[name]["parent"] == by["gateway.infer"]["span"], name

@@ -53,7 +53,8 @@ def test_off_no_sdk_is_imported_and_spans_are_one_shared_no_op() -> None:
         "import anvil_gateway.app, anvil_scheduler.service, anvil_executor.service\n"
         "assert tracing.setup('gateway', {}) is False and tracing.ON is False\n"
         "assert tracing.span('a') is tracing.span('b') and tracing.traceparent() is None\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk.trace', 'opentelemetry.exporter'))))\n"
+        "added = ('opentelemetry.sdk.trace', 'opentelemetry.exporter')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(added)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -75,10 +76,9 @@ def test_a_malformed_context_starts_a_new_trace_instead_of_failing(spans: InMemo
 
 
 def test_contexts_round_trip_and_measured_spans_keep_their_times(spans: InMemorySpanExporter) -> None:
-    with tracing.server_span("root", TP, {"k": 1}):
-        with tracing.span("child"):
-            sent = tracing.traceparent()
-            assert tracing.current_trace_id() == TP.split("-")[1]
+    with tracing.server_span("root", TP, {"k": 1}), tracing.span("child"):
+        sent = tracing.traceparent()
+        assert tracing.current_trace_id() == TP.split("-")[1]
     assert sent is not None and sent.split("-")[1] == TP.split("-")[1] and sent.endswith("-01")
     top = tracing.record("batch", 5_000, 9_000, parent_of=tracing.parent(sent), links=[tracing.link(TP)])
     tracing.record("part", 6_000, 7_000, parent_of=top)
@@ -91,8 +91,12 @@ def test_contexts_round_trip_and_measured_spans_keep_their_times(spans: InMemory
     assert by["part"].parent.span_id == by["batch"].context.span_id
 
 
-def test_an_unsampled_parent_records_nothing(spans: InMemorySpanExporter) -> None:
+def test_an_unsampled_parent_records_nothing_and_passes_its_decision_on(spans: InMemorySpanExporter) -> None:
     unsampled = TP[:-2] + "00"
     assert not tracing.sampled(unsampled) and tracing.sampled(TP)
     tracing.record("x", 1, 2, parent_of=tracing.parent(unsampled))
+    with tracing.server_span("root", unsampled, {}):
+        assert tracing.span("child") is tracing.span("other")  # skipped: the shared no-op
+        sent = tracing.traceparent()
+    assert sent is not None and sent.startswith(f"00-{TP.split('-')[1]}-") and sent.endswith("-00")
     assert spans.get_finished_spans() == ()

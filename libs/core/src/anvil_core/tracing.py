@@ -25,6 +25,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from typing import Any
 
 from anvil_core.logs import get_logger
@@ -42,6 +43,7 @@ __all__ = [
     "setup",
     "shutdown",
     "span",
+    "span_context",
     "traceparent",
     "traceparent_of",
     "wall_ns",
@@ -53,6 +55,8 @@ ON = False  # set by setup()/install(); read as tracing.ON
 _tracer: Any = None
 _provider: Any = None
 _NULL: AbstractContextManager[None] = nullcontext()  # reusable: entering it does nothing
+# False inside a root span the sampler dropped: its children are skipped (not made non-recording)
+_RECORDING: ContextVar[bool] = ContextVar("anvil_tracing_recording", default=True)
 # version 00: trace id (32 hex, not all zero), parent span id (16 hex, not all zero), flags (2 hex)
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
@@ -108,8 +112,9 @@ def shutdown() -> None:
 
 
 def span(name: str) -> AbstractContextManager[Any]:
-    """A child span of the current one around a block (the shared no-op when off)."""
-    if not ON:
+    """A child span of the current one around a block (the shared no-op when off, or inside a
+    `server_span` that is not sampled)."""
+    if not ON or not _RECORDING.get():
         return _NULL
     return _tracer.start_as_current_span(name)  # type: ignore[no-any-return]
 
@@ -123,7 +128,11 @@ def server_span(name: str, header: str | None, attributes: Mapping[str, Any]) ->
     with _tracer.start_as_current_span(
         name, context=parent(header), kind=SpanKind.SERVER, attributes=attributes
     ) as s:
-        yield s
+        token = _RECORDING.set(s.is_recording())  # unsampled: the next hops see flag 00, skip too
+        try:
+            yield s
+        finally:
+            _RECORDING.reset(token)
 
 
 def traceparent() -> str | None:
@@ -153,9 +162,13 @@ def traceparent_of(s: Any) -> str | None:
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
-def _span_context(header: str | None) -> Any:
-    if not header:
+def span_context(header: Any) -> Any:
+    """The remote SpanContext a W3C traceparent names (None when it does not parse); a
+    SpanContext passes through, so callers parse a context once and hand it on."""
+    if header is None or header == "":
         return None
+    if not isinstance(header, str):
+        return header
     m = _TRACEPARENT.fullmatch(header.strip())
     if m is None or m.group(1) == "ff":
         return None
@@ -167,10 +180,10 @@ def _span_context(header: str | None) -> Any:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(m.group(4), 16) & 1))
 
 
-def parent(header: str | None) -> Any:
-    """An OTel Context whose span is the remote one `header` names; None (a new trace) when it
-    does not parse."""
-    ctx = _span_context(header)
+def parent(header: Any) -> Any:
+    """An OTel Context whose span is the remote one `header` (a traceparent or a SpanContext)
+    names; None (a new trace) when it does not parse."""
+    ctx = span_context(header)
     if ctx is None:
         return None
     from opentelemetry import trace
@@ -178,9 +191,10 @@ def parent(header: str | None) -> Any:
     return trace.set_span_in_context(trace.NonRecordingSpan(ctx))
 
 
-def link(header: str | None, attributes: Mapping[str, Any] | None = None) -> Any:
-    """A span Link to the remote span `header` names (None when it does not parse)."""
-    ctx = _span_context(header)
+def link(header: Any, attributes: Mapping[str, Any] | None = None) -> Any:
+    """A span Link to the remote span `header` (a traceparent or a SpanContext) names (None when
+    it does not parse)."""
+    ctx = span_context(header)
     if ctx is None:
         return None
     from opentelemetry.trace import Link
@@ -188,9 +202,9 @@ def link(header: str | None, attributes: Mapping[str, Any] | None = None) -> Any
     return Link(ctx, attributes=dict(attributes or {}))
 
 
-def sampled(header: str | None) -> bool:
-    """Whether `header` parses and its sampled flag is set."""
-    ctx = _span_context(header)
+def sampled(header: Any) -> bool:
+    """Whether `header` (a traceparent or a SpanContext) parses and its sampled flag is set."""
+    ctx = span_context(header)
     return ctx is not None and ctx.trace_flags.sampled
 
 

@@ -6,7 +6,8 @@
 batch span is the child of the scheduler's ``scheduler.batch`` span (``Batch.traceparent``; of the
 first request when the scheduler does not trace) and carries a span link to each of its requests'
 contexts (``InferRequest.traceparent``, the gateway's dispatch span): one request's trace reaches
-the batch through that link (docs/observability.md).
+the batch through that link (docs/observability.md). Unsampled contexts (flag 00) get no link; a
+batch with none sampled gets no span.
 """
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ def record(
     def wall(perf_ns: int) -> int:
         return tracing.wall_ns(perf_ns, now_perf, now_wall)
 
-    contexts = [r.traceparent for r in requests if r is not None and r.traceparent]
-    if not contexts and not batch.traceparent:
-        return  # no request of it is traced (ZeroCopy, an untraced gateway): no trace of its own
-    up = batch.traceparent or contexts[0]
-    links = [tracing.link(tp) for tp in contexts]
+    ctxs = [tracing.span_context(r.traceparent) for r in requests if r is not None and r.traceparent]
+    sampled = [c for c in ctxs if c is not None and c.trace_flags.sampled]  # each parsed once
+    up = tracing.span_context(batch.traceparent) if batch.traceparent else None
+    if up is None and not sampled:
+        return  # no request of it is sampled or traced (ZeroCopy, an untraced gateway): no spans
+    up = up or sampled[0]
+    links = [tracing.link(c) for c in sampled]
     attrs = {
         "anvil.model": model,
         "anvil.batch.id": batch.batchId or "",

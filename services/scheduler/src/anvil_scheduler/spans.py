@@ -3,9 +3,12 @@
 * ``scheduler.queue``, one per request: admitted -> dispatched, the child of the gateway's dispatch
   span (``InferRequest.traceparent``), so it sits in the request's own trace.
 * ``scheduler.batch``, one per batch: its oldest request's arrival -> dispatch (the time the batch
-  took to form), with a span link to every request's context. A span has one parent: it is the
-  first sampled request's, so the batch shows in that trace and is reached from the others through
-  their links. Its context travels to the executor in ``Batch.traceparent``.
+  took to form), with a span link to every sampled request's context. A span has one parent: it is
+  the first sampled request's, so the batch shows in that trace and is reached from the others
+  through their links. Its context travels to the executor in ``Batch.traceparent``.
+
+Requests whose context is not sampled (flag 00) or absent get no span; a batch with no sampled
+request gets none either.
 
 Times are the scheduler's monotonic clock mapped onto the wall clock at dispatch.
 """
@@ -28,17 +31,19 @@ def record(batch: Any, contexts: list[str], now_s: float, executor: str) -> str 
     def wall(mono_s: float) -> int:
         return now_wall - int((now_s - mono_s) * 1e9)
 
+    ctxs = [tracing.span_context(tp) for tp in contexts]  # parsed once; None: untraced
+    sampled = [c for c in ctxs if c is not None and c.trace_flags.sampled]
+    if not sampled:
+        return None  # nothing of it is sampled (or traced at all): no spans, no trace of its own
     links = []
-    for r, tp in zip(batch.requests, contexts, strict=True):
-        if not tp:
+    for r, c in zip(batch.requests, ctxs, strict=True):
+        if c is None or not c.trace_flags.sampled:
             continue
-        links.append(tracing.link(tp))
+        links.append(tracing.link(c))
         attrs = {"anvil.model": r.model, "anvil.priority": r.priority, "anvil.batch.id": str(batch.batch_id)}
-        tracing.record(
-            "scheduler.queue", wall(r.arrival_s), now_wall, parent_of=tracing.parent(tp), attributes=attrs
-        )
-    traced = [tp for tp in contexts if tp]
-    up = next((tp for tp in traced if tracing.sampled(tp)), traced[0] if traced else None)
+        start = wall(r.arrival_s)
+        tracing.record("scheduler.queue", start, now_wall, parent_of=tracing.parent(c), attributes=attrs)
+    up = sampled[0]
     attrs = {
         "anvil.model": batch.model,
         "anvil.batch.id": str(batch.batch_id),
