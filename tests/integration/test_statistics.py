@@ -7,14 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from anvil_client.launcher import PORT_STRIDE
+
 pytestmark = pytest.mark.integration
 
 ROUNDS, CONCURRENCY = 4, 24  # 96 requests: concurrent enough that the scheduler forms batches
+
+
+def _served(port: int) -> float:
+    """Successful mlp inferences one gateway worker counted (its /metrics)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith("anvil_inference_request_success_total{") and 'model="mlp"' in line
+    )
 
 
 def _stats(http: httpx.Client, path: str = "/v2/models/mlp/stats") -> dict[str, Any]:
@@ -86,3 +99,37 @@ def test_stats_of_a_version_and_of_unknown_models(http: httpx.Client) -> None:
     assert http.get("/v2/models/mlp/versions/no-such-version/stats").status_code == 404
     names = {d["name"] for d in http.get("/v2/models/stats").json()["model_stats"]}
     assert "no-such-model" not in names and "mlp" in names
+
+
+def test_every_gateway_worker_answers_with_the_totals(
+    new_local_stack: Callable[..., Any], waiter: Callable[..., float]
+) -> None:
+    """ANVIL_HTTP_WORKERS=2: requests land on both workers; each worker's stats add the other's
+    published share, so any of them answers with all the requests (within a heartbeat)."""
+    stack = new_local_stack(env={"ANVIL_HTTP_WORKERS": "2"})
+    n = 40
+    body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}]}
+    for _ in range(n):  # a new connection each time: the kernel spreads them over the two workers
+        with httpx.Client(base_url=stack.url, timeout=10) as c:
+            assert c.post("/v2/models/mlp/infer", json=body).status_code == 200
+
+    metrics = int(stack.service("gateway")["env"]["ANVIL_METRICS_PORT"])
+    shares = [_served(metrics), _served(metrics + PORT_STRIDE)]
+    assert sum(shares) == n and min(shares) > 0, shares  # each worker alone saw only its share
+
+    def totals() -> list[dict[str, Any]]:
+        docs = []
+        for _ in range(6):  # new connections: both workers answer some of these
+            with httpx.Client(base_url=stack.url, timeout=10) as c:
+                docs.append(_stats(c))
+        return docs
+
+    def all_see_everything() -> bool:
+        return all(d["inference_stats"]["success"]["count"] == n for d in totals())
+
+    waiter(all_see_everything, 15, "every worker's stats to count all the requests")
+    for doc in totals():
+        assert doc["inference_count"] == n
+        sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in doc["batch_stats"]}
+        assert sum(sizes.values()) == doc["execution_count"] <= n
+        assert sum(size * count for size, count in sizes.items()) == n

@@ -3,9 +3,11 @@ batch_stats per batch (counted once, by the answer with batch index 0), only for
 
 from __future__ import annotations
 
+import json
+
 from anvil_core import codec
 from anvil_core.codec import pb
-from anvil_gateway.stats import Stats
+from anvil_gateway.stats import Stats, add_peer
 
 
 def _resp(
@@ -79,3 +81,53 @@ def test_only_known_models_are_counted_and_unknown_ones_read_as_zeros() -> None:
     fresh = st.model_doc("other", "1")
     assert fresh["execution_count"] == 0 and fresh["batch_stats"] == []
     assert fresh["inference_stats"]["success"] == {"count": 0, "ns": 0}
+
+
+def _share(executions: int, rows: int) -> Stats:
+    """A gateway's share: `executions` batches of `rows` one-row requests each."""
+    st = Stats()
+    for _ in range(executions):
+        for i in range(rows):
+            resp = _resp(size=rows, index=i, times=(1, 2, 3), queue_us=4)
+            st.executed(resp)
+            st.success("m", "1", 1, 1000, resp)
+    return st
+
+
+def test_the_shares_of_several_gateways_add_up() -> None:
+    a, b = _share(2, 4), _share(3, 2)
+    (doc,) = a.doc([("m", "1")])["model_stats"]
+    (peer,) = json.loads(json.dumps(b.snapshot()))  # as it travels through Redis
+    assert add_peer(doc, peer)
+    assert (doc["inference_count"], doc["execution_count"]) == (8 + 6, 5)
+    assert {x["batch_size"]: x["compute_infer"]["count"] for x in doc["batch_stats"]} == {2: 3, 4: 2}
+    assert doc["inference_stats"]["success"] == {"count": 14, "ns": 14_000}
+    assert doc["inference_stats"]["queue"] == {"count": 14, "ns": 14 * 4000}
+
+
+def test_a_malformed_peer_share_changes_nothing() -> None:
+    (doc,) = _share(1, 2).doc([("m", "1")])["model_stats"]
+    before = json.dumps(doc)
+    (good,) = _share(1, 2).snapshot()
+    bad_entries: list[object] = [
+        None,
+        {},
+        {**good, "inference_count": -1},
+        {**good, "execution_count": "7"},
+        {**good, "inference_stats": {**good["inference_stats"], "queue": {"count": 1, "ns": -5}}},
+        {
+            **good,
+            "batch_stats": [
+                {
+                    "batch_size": 0,
+                    **{
+                        k: {"count": 1, "ns": 1} for k in ("compute_input", "compute_infer", "compute_output")
+                    },
+                }
+            ],
+        },
+        {**good, "batch_stats": [{"batch_size": 2}]},
+    ]
+    for bad in bad_entries:
+        assert not add_peer(doc, bad)
+    assert json.dumps(doc) == before

@@ -17,6 +17,7 @@ from anvil_gateway import embeddings, infer, routes_meta, routes_shm
 from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink
 from anvil_gateway.discovery import Discovery
+from anvil_gateway.peer_stats import publish
 from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import SERVER_VERSION, GatewayState, NotFound, error
 from anvil_gateway.stats import Stats
@@ -28,6 +29,7 @@ __all__ = ["create_app"]
 
 def create_app(settings: GatewaySettings) -> FastAPI:
     zerocopy: ZeroCopyServer  # made below (it needs the state); the registry beat reads its endpoint
+    stats = Stats()  # the registry beat publishes it (peer_stats.py)
     registry = Registry(
         settings.redis_url,
         "gateway",
@@ -39,6 +41,8 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             "host": settings.advertise_host,
             "zerocopy_endpoint": zerocopy.endpoint,
         },
+        # this process's statistics, which the other gateways add to their answers (peer_stats.py)
+        on_beat=lambda redis: publish(redis, stats, settings.service_id, settings.heartbeat_ttl_s),
         auth=settings.redis_auth,
     )
     link = SchedulerLink(
@@ -65,10 +69,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             allow_group=settings.shm_allow_group,
         ),
         admission,
-        Stats(known=lambda name, version: getattr(discovery.models.get(name), "version", None) == version),
+        stats,
         ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="anvil-parse"),
     )
-    link.on_executed = st.stats.executed  # every answer: each batch is counted by one gateway
+    stats.known = lambda name, version: getattr(discovery.models.get(name), "version", None) == version
+    link.on_executed = stats.executed  # every answer: each batch is counted by one gateway
     zerocopy = ZeroCopyServer(st, settings.zerocopy_dir)
 
     @asynccontextmanager

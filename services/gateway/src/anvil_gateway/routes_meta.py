@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 from anvil_core import deployments
 from anvil_core.model_spec import ModelSpec
 from anvil_gateway.admission import Rejected
+from anvil_gateway.peer_stats import stats_doc
 from anvil_gateway.state import SERVER_NAME, SERVER_VERSION, error, state_of
 
 __all__ = ["router"]
@@ -60,7 +61,7 @@ def _tensors(spec: ModelSpec, which: str) -> list[dict[str, Any]]:
 @router.get("/v2/models/stats")
 async def all_stats(request: Request) -> dict[str, Any]:
     st = state_of(request)
-    return st.stats.doc([(m.name, m.version) for m in st.discovery.models.values()])
+    return await stats_doc(st, [(m.name, m.version) for m in st.discovery.models.values()])
 
 
 @router.get("/v2/models/{name}")
@@ -126,7 +127,7 @@ async def model_config(request: Request, name: str, version: str | None = None) 
 async def model_stats(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     st = state_of(request)
     spec = await st.resolve(name, version)
-    return st.stats.doc([(spec.name, spec.version)])
+    return await stats_doc(st, [(spec.name, spec.version)])
 
 
 # ---- KServe v2 model repository extension: the registry's deploy/undeploy (anvil_core.deployments) --

@@ -15,9 +15,11 @@ A batch's requests come back as separate answers, possibly to several gateways: 
 carries the batch's measurements and its place in the batch (InferResponse.batch_size ...), and
 only the answer with index 0 counts the batch (``executed``, fed by the scheduler link for every
 answer, also late ones). Each batch is thus counted once across all gateways; each gateway process
-reports the share of the requests and batches it saw (with ANVIL_HTTP_WORKERS > 1 or several
-gateways, summing their answers gives the totals). Only models and versions the gateway knows get
-an entry (an unknown name is a 404, never a new series).
+counts the requests and batches it saw, and writes them into its registry entry at every heartbeat;
+the stats routes add the other live gateways' entries (`peer_stats.py`), so with several gateways or
+ANVIL_HTTP_WORKERS > 1 any of them answers with the totals (the others' shares up to one heartbeat
+old). Only models and versions the gateway knows get an entry (an unknown name is a 404, never a
+new series).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 from anvil_core.codec import pb
 
-__all__ = ["ModelStats", "Stats"]
+__all__ = ["ModelStats", "Stats", "add_peer"]
 
 MAX_BATCH_SIZES = 4096  # batch_stats entries per model: sizes are rows, at most a model's max_batch
 
@@ -155,5 +157,74 @@ class Stats:
         }
 
     def doc(self, models: list[tuple[str, str]]) -> dict[str, Any]:
-        """Triton's `/v2/models[/{m}[/versions/{v}]]/stats` answer for these (model, version)s."""
+        """Triton's `/v2/models[/{m}[/versions/{v}]]/stats` answer for these (model, version)s,
+        this process's share only (`peer_stats.stats_doc` adds the other gateways')."""
         return {"model_stats": [self.model_doc(name, version) for name, version in models]}
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every entry this process holds, for its registry entry (the other gateways add it)."""
+        return [self.model_doc(name, version) for name, version in list(self.models)]
+
+
+_TIMES = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+_COMPUTE = ("compute_input", "compute_infer", "compute_output")
+
+
+def _count_ns(raw: Any) -> tuple[int, int]:
+    """A peer's {"count", "ns"}: two non-negative ints, else ValueError."""
+    count, ns = raw["count"], raw["ns"]
+    if not (type(count) is int and type(ns) is int and count >= 0 and ns >= 0):
+        raise ValueError(f"not a count/ns pair: {raw!r}")
+    return count, ns
+
+
+def _add_pair(dst: dict[str, int], raw: Any) -> None:
+    count, ns = _count_ns(raw)
+    dst["count"] += count
+    dst["ns"] += ns
+
+
+def add_peer(doc: dict[str, Any], peer: Any) -> bool:
+    """Add a peer gateway's entry (one element of its `snapshot`, read back from Redis) into `doc`,
+    this process's entry for the same model and version. Nothing from a peer is trusted: a
+    malformed entry changes nothing and returns False."""
+    try:
+        counts = [peer["inference_count"], peer["execution_count"], peer["last_inference"]]
+        if not all(type(c) is int and c >= 0 for c in counts):
+            return False
+        stats = peer["inference_stats"]
+        times = {k: _count_ns(stats[k]) for k in _TIMES}
+        sizes: dict[int, dict[str, tuple[int, int]]] = {}
+        for b in peer["batch_stats"][:MAX_BATCH_SIZES]:
+            size = b["batch_size"]
+            if not (type(size) is int and 0 < size <= 1 << 20):
+                return False
+            sizes[size] = {k: _count_ns(b[k]) for k in _COMPUTE}
+    except (KeyError, TypeError, ValueError, IndexError):
+        return False
+    doc["inference_count"] += counts[0]
+    doc["execution_count"] += counts[1]
+    doc["last_inference"] = max(doc["last_inference"], counts[2])
+    for k, (count, ns) in times.items():
+        doc["inference_stats"][k] = {"count": doc["inference_stats"][k]["count"] + count,
+                                     "ns": doc["inference_stats"][k]["ns"] + ns}  # fmt: skip
+    mine = {b["batch_size"]: b for b in doc["batch_stats"]}
+    for size, parts in sizes.items():
+        entry = mine.get(size)
+        if entry is None:
+            if len(mine) >= MAX_BATCH_SIZES:
+                continue
+            entry = mine[size] = {"batch_size": size, **{k: {"count": 0, "ns": 0} for k in _COMPUTE}}
+        for k, (count, ns) in parts.items():
+            entry[k] = {"count": entry[k]["count"] + count, "ns": entry[k]["ns"] + ns}
+    doc["batch_stats"] = [mine[size] for size in sorted(mine)]
+    return True
