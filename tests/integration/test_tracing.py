@@ -68,15 +68,14 @@ def memory_spans() -> Iterator[InMemorySpanExporter]:
 
 
 def test_one_requests_spans_join_across_the_three_hops_in_process(memory_spans: InMemorySpanExporter) -> None:
-    # gateway: the root span (the client's child), dispatch inside it; its context goes on the wire
-    with (
-        tracing.server_span("gateway.infer", CLIENT_TP, {"anvil.model": "mlp"}),
-        tracing.span("gateway.dispatch"),
-    ):
+    # gateway: the root span (the client's child); its context goes on the wire, then the wait
+    with tracing.server_span("gateway.infer", CLIENT_TP, {"anvil.model": "mlp"}):
         parts = _mlp_request("r1", tracing.traceparent())
+        with tracing.span("gateway.dispatch"):
+            pass
     other = _mlp_request("r2", None)  # an untraced neighbour in the same batch (e.g. ZeroCopy)
     dropped = _mlp_request("r3", f"00-{'1' * 32}-{CLIENT_SPAN}-00")  # one its client did not sample
-    # scheduler: the request as it reads it, queued, then dispatched in a batch of two
+    # scheduler: the requests as it reads them, queued, then dispatched in a batch of three
     contexts = [codec.read_request(p[0]).traceparent or "" for p in (parts, other, dropped)]
     now = time.monotonic()
     reqs = [Request(rid, "mlp", 2, now - 0.002, now + 1) for rid in ("r1", "r2", "r3")]
@@ -111,14 +110,14 @@ def test_one_requests_spans_join_across_the_three_hops_in_process(memory_spans: 
 
     assert parent_of("gateway.infer") == CLIENT_SPAN
     assert parent_of("gateway.dispatch") == "gateway.infer"
-    assert parent_of("scheduler.queue") == "gateway.dispatch"
-    assert parent_of("scheduler.batch") == "gateway.dispatch"  # the first sampled request's
+    assert parent_of("scheduler.queue") == "gateway.infer"
+    assert parent_of("scheduler.batch") == "gateway.infer"  # the first sampled request's
     assert parent_of("executor.batch") == "scheduler.batch"
     for part in ("executor.copy_in", "executor.compute", "executor.copy_out"):
         assert parent_of(part) == "executor.batch"
-    dispatch = by["gateway.dispatch"].context.span_id
+    root = by["gateway.infer"].context.span_id
     for batch_span in ("scheduler.batch", "executor.batch"):
-        assert [link.context.span_id for link in by[batch_span].links] == [dispatch]
+        assert [link.context.span_id for link in by[batch_span].links] == [root]
     assert by["executor.batch"].attributes["anvil.batch.requests"] == 3
     b, parts_ = (
         by["executor.batch"],
@@ -228,10 +227,10 @@ def test_the_services_export_a_requests_spans_to_an_otlp_receiver(
     assert by["gateway.infer"]["parent"] == CLIENT_SPAN
     for name in ("gateway.parse", "gateway.admit", "gateway.dispatch", "gateway.answer"):
         assert by[name]["parent"] == by["gateway.infer"]["span"], name
-    dispatch = by["gateway.dispatch"]["span"]
-    assert by["scheduler.queue"]["parent"] == dispatch and by["scheduler.batch"]["parent"] == dispatch
+    root = by["gateway.infer"]["span"]
+    assert by["scheduler.queue"]["parent"] == root and by["scheduler.batch"]["parent"] == root
     assert by["executor.batch"]["parent"] == by["scheduler.batch"]["span"]
-    assert by["executor.batch"]["links"] == by["scheduler.batch"]["links"] == [(TRACE, dispatch)]
+    assert by["executor.batch"]["links"] == by["scheduler.batch"]["links"] == [(TRACE, root)]
     for name in ("executor.copy_in", "executor.compute", "executor.copy_out"):
         assert by[name]["parent"] == by["executor.batch"]["span"]
     # the trace the gateway started is the one it echoed

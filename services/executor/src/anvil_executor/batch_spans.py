@@ -5,7 +5,7 @@
 (outputs into payload buffers). A batch serves many requests, each with its own trace, so the
 batch span is the child of the scheduler's ``scheduler.batch`` span (``Batch.traceparent``; of the
 first request when the scheduler does not trace) and carries a span link to each of its requests'
-contexts (``InferRequest.traceparent``, the gateway's dispatch span): one request's trace reaches
+contexts (``InferRequest.traceparent``, the gateway's root span of each): one request's trace reaches
 the batch through that link (docs/observability.md). Unsampled contexts (flag 00) get no link; a
 batch with none sampled gets no span.
 """

@@ -308,31 +308,31 @@ async def forward(
     try:
         request_id = uuid.uuid4().hex
         payloads: list[Any] = []
-        with tracing.span("gateway.dispatch"):  # sent -> answered; the next hops' parent
-            envelope = codec.build_request(
-                request_id=request_id,
-                trace_id=trace,
-                model=spec.name,
-                version=version or "",
-                priority=priority,
-                deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
-                tenant=tenant,
-                inputs=codec.tensor_frames(inputs, payloads),
-                outputs=outputs,
-                traceparent=tracing.traceparent(),  # None when off
-            )
-            if hops is not None:
-                hops.mark_sent()
-            try:
+        envelope = codec.build_request(
+            request_id=request_id,
+            trace_id=trace,
+            model=spec.name,
+            version=version or "",
+            priority=priority,
+            deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
+            tenant=tenant,
+            inputs=codec.tensor_frames(inputs, payloads),
+            outputs=outputs,
+            traceparent=tracing.traceparent(),  # the root span's, the next hops' parent; None when off
+        )
+        if hops is not None:
+            hops.mark_sent()
+        try:
+            with tracing.span("gateway.dispatch"):  # sent -> answered
                 resp, frames = await st.link.infer(
                     request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
                 )
-            except BackendUnavailable as exc:
-                raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
-            except TimeoutError:
-                raise Failed(
-                    504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline"
-                ) from None
+        except BackendUnavailable as exc:
+            raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
+        except TimeoutError:
+            raise Failed(
+                504, f"no answer within the deadline ({timeout_s * 1e3:.0f} ms)", "deadline"
+            ) from None
         if hops is not None:
             hops.mark_answered()
         err = resp.error

@@ -3,7 +3,8 @@
 ``gateway.infer`` (``/v2/models/{m}/infer``) and ``gateway.embeddings`` (``/v1/embeddings``) are
 SERVER spans, children of the client's W3C ``traceparent`` header when it sends one; inside them
 the handlers open ``gateway.parse``, ``gateway.admit``, ``gateway.dispatch`` (sent to the scheduler
--> answered; its context travels on in ``InferRequest.traceparent``) and ``gateway.answer``.
+-> answered) and ``gateway.answer``. The root's context travels on in ``InferRequest.traceparent``:
+the scheduler's and executor's spans of the request hang below it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The scheduler's spans of a dispatched batch (only when tracing is on: anvil_core.tracing).
 
-* ``scheduler.queue``, one per request: admitted -> dispatched, the child of the gateway's dispatch
-  span (``InferRequest.traceparent``), so it sits in the request's own trace.
+* ``scheduler.queue``, one per request: admitted -> dispatched, the child of the gateway's root span
+  of the request (``InferRequest.traceparent``), so it sits in the request's own trace.
 * ``scheduler.batch``, one per batch: its oldest request's arrival -> dispatch (the time the batch
   took to form), with a span link to every sampled request's context. A span has one parent: it is
   the first sampled request's, so the batch shows in that trace and is reached from the others
