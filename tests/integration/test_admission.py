@@ -57,8 +57,8 @@ def test_rate_limit_set_by_the_cli_gives_429_with_retry_after(stack: Any, waiter
     waiter(lambda: not limited(), 10, "the limit to be lifted")
 
 
-def test_api_keys_are_enforced_when_required(stack_factory: Any) -> None:
-    strict = stack_factory(env={"ANVIL_REQUIRE_API_KEY": "1"})
+def test_api_keys_are_enforced_when_required(strict_stack: Any) -> None:
+    strict = strict_stack
     url = f"{strict.url}/v2/models/identity/infer"
     r = httpx.post(url, json=BODY, headers={"x-api-key": "nope"}, timeout=5)
     assert r.status_code == 401 and "unknown API key" in r.json()["error"]

@@ -230,23 +230,12 @@ def test_fuzz_http_edge(private_stack: Any, fuzz: Any) -> None:
     )
 
 
-def _zc_endpoint(stack: Any) -> str:
-    client = stack.redis(decode_responses=True)  # with the stack's password
-    try:
-        for key in client.scan_iter("anvil:svc:gateway:*"):
-            if endpoint := client.hget(key, "zerocopy_endpoint"):
-                return str(endpoint)
-    finally:
-        client.close()
-    raise AssertionError("the gateway advertises no zerocopy_endpoint")
-
-
 def test_fuzz_zerocopy_edge(private_stack: Any, fuzz: Any) -> None:
     """Random doorbells on a bare connection (each answered exactly once), then mutated metadata
     blocks in a registered region's slot (each answered exactly once), then a real request."""
     stack = private_stack
     n, watch, t0 = fuzz.cases(1500), Watch(stack, "gateway"), time.monotonic()
-    endpoint = _zc_endpoint(stack)
+    endpoint = stack.zerocopy_endpoint()
     x = np.arange(8, dtype=np.float32).reshape(1, 8)
     ctx = zmq.Context()
     bare = ctx.socket(zmq.DEALER)

@@ -41,16 +41,7 @@ ROWS = MiB // 4  # one FP32 row of 1 MiB
 def _endpoint(stack: Any) -> str:
     if not hasattr(stack, "service"):
         pytest.skip("ZeroCopy needs the client, gateway and executor on one host (local stack)")
-    client = stack.redis(decode_responses=True)
-    try:
-        for key in client.scan_iter("anvil:svc:gateway:*"):
-            endpoint = client.hget(key, "zerocopy_endpoint")
-            if endpoint:
-                return str(endpoint)
-    finally:
-        client.close()
-    # The gateway always serves ZeroCopy on a local stack: a record without the endpoint is a bug.
-    pytest.fail("the gateway does not advertise a zerocopy_endpoint (ZeroCopyServer not wired)")
+    return str(stack.zerocopy_endpoint())
 
 
 def _link_bytes(port: int) -> tuple[int, int]:

@@ -53,6 +53,28 @@ def test_profile_specific_error_is_caught(tmp_path: Path, capsys: pytest.Capture
 
 
 @needs_binary
+def test_a_profile_no_set_names_is_validated_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new profile is checked with the CPU stack without an edit to PROFILE_SETS."""
+    path = tmp_path / "compose.yaml"
+    path.write_text(
+        "services:\n"
+        "  ok:\n    image: x\n"
+        "  extra:\n    image: x\n    profiles: [tracing]\n    depends_on: [missing]\n"
+    )
+    assert main([str(path)]) != 0
+    assert "[--profile cpu --profile tracing] INVALID" in capsys.readouterr().err
+
+
+@needs_binary
+def test_real_compose_file_covers_every_declared_profile() -> None:
+    binary = compose_binary()
+    assert binary is not None
+    declared = set(lint_compose.declared_profiles(ROOT / "compose.yaml", binary))
+    assert {"cpu", "gpu", "gpu-x2", "observability"} <= declared
+    assert declared <= {p for profiles in PROFILE_SETS for p in profiles}
+
+
+@needs_binary
 def test_real_compose_file_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(ROOT / "compose.yaml")]) == 0
     out = capsys.readouterr().out

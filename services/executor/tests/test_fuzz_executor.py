@@ -6,7 +6,7 @@ batches left in flight, drop labels from the fixed set only."""
 
 from __future__ import annotations
 
-import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,53 +17,13 @@ import zmq
 
 from anvil_core import codec
 from anvil_core.codec import pb
-from anvil_core.tensors import HostTensor
 from anvil_executor.service import Executor
 from anvil_executor.settings import ExecutorSettings
 
+sys.path.insert(0, str(Path(__file__).parent))
+from wire_helpers import batch_frames, free_port, result_of
+
 CHUNK = 100
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _batch(batch_id: str, rids: list[str], model: str = "identity") -> list[bytes]:
-    frames: list[Any] = []
-    counts = []
-    for i, rid in enumerate(rids):
-        x = HostTensor.from_array("INPUT0", "FP32", np.full((1, 4), i, np.float32))
-        payloads: list[Any] = []
-        env = codec.build_request(
-            request_id=rid,
-            trace_id="t",
-            model=model,
-            version="1",
-            priority=2,
-            deadline_unix_ns=2**62,
-            tenant="",
-            inputs=codec.tensor_frames([x], payloads),
-        )
-        frames += [env, *(bytes(p) for p in payloads)]
-        counts.append(1 + len(payloads))
-    return [
-        bytes(f) for f in codec.pack(pb.BatchT(batchId=batch_id, model=model, frameCounts=counts), frames)
-    ]
-
-
-def _result_of(router: zmq.Socket[bytes], batch_id: str, timeout_s: float = 30) -> tuple[Any, list[Any]]:
-    """The BatchResult with `batch_id`, skipping heartbeats and the results of fuzzed batches."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not router.poll(100):
-            continue
-        _, *parts = router.recv_multipart()
-        body, frames = codec.unpack(parts)  # what the executor sends must always verify
-        if isinstance(body, pb.BatchResultT) and body.batchId == batch_id:
-            return body, frames
-    raise AssertionError(f"no result for batch {batch_id} within {timeout_s} s")
 
 
 def test_fuzzed_batches_never_stop_the_executor(fuzz: Any, redis_url: str, tmp_path: Path) -> None:
@@ -71,7 +31,7 @@ def test_fuzzed_batches_never_stop_the_executor(fuzz: Any, redis_url: str, tmp_p
     settings = ExecutorSettings(
         models="identity",
         redis_url=redis_url,
-        metrics_port=_free_port(),
+        metrics_port=free_port(),
         service_id="ex-fuzz",
         artifact_dir=str(tmp_path),
         shm_inputs=False,
@@ -91,15 +51,19 @@ def test_fuzzed_batches_never_stop_the_executor(fuzz: Any, redis_url: str, tmp_p
         assert router.poll(30_000), "the executor did not register"
         ident, *parts = router.recv_multipart()
         assert isinstance(codec.unpack(parts)[0], pb.RegisterT)
-        seeds = [_batch("1", ["a"]), _batch("2", ["b", "c"]), _batch("3", ["d"], model="nope")]
+        seeds = [
+            batch_frames("1", ["a"]),
+            batch_frames("2", ["b", "c"]),
+            batch_frames("3", ["d"], model="nope"),
+        ]
         sent = 0
         while sent < n:
             for _ in range(min(CHUNK, n - sent)):
                 router.send_multipart([ident, *fuzz.message(seeds)])
                 sent += 1
             probe = f"{1000 + sent}"
-            router.send_multipart([ident, *_batch(probe, ["p0", "p1"])])
-            result, frames = _result_of(router, probe)
+            router.send_multipart([ident, *batch_frames(probe, ["p0", "p1"])])
+            result, frames = result_of(router, probe)
             assert result.error is None and list(result.frameCounts) == [2, 2]
             groups = list(codec.split_groups(frames, result.frameCounts))
             for i, group in enumerate(groups):

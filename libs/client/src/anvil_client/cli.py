@@ -62,6 +62,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     url = stack.gateway_url()
     print("anvil: ready")
     print(f"  HTTP (KServe v2)   {url}")
+    grpc_target = stack.grpc_target()
+    print(f"  gRPC (KServe v2)   {grpc_target or 'off (ANVIL_GRPC_PORT=0)'}")
     for proc in stack.procs:
         port = proc.env.get("ANVIL_METRICS_PORT")
         if port:

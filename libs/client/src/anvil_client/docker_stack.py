@@ -136,6 +136,7 @@ class DockerStack:
         env: Mapping[str, str],
         http_port: int,
         *,
+        grpc_port: int | None = None,  # publish the gateway's gRPC port here too (None: not)
         profiles: set[str] | None = None,
         build: bool = True,
         restart_policies: bool = False,
@@ -150,6 +151,7 @@ class DockerStack:
         doc = yaml.safe_load(self.compose.read_text()) or {}
         self._defined_secrets: dict[str, Any] = doc.get("secrets") or {}
         self.http_port = http_port
+        self.grpc_port = grpc_port
         self.profiles = profiles or {"cpu"}
         self.build = build
         self.restart_policies = restart_policies
@@ -162,6 +164,11 @@ class DockerStack:
     @property
     def gateway_url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str | None:
+        """host:port of the gateway's KServe v2 gRPC endpoint, when it is published."""
+        return None if self.grpc_port is None else f"127.0.0.1:{self.grpc_port}"
 
     def start(self) -> None:
         """Build, create the network, run every service in dependency order, wait for the gateway.
@@ -249,6 +256,9 @@ class DockerStack:
         if svc.name == "gateway":
             port = int(svc.environment.get("ANVIL_HTTP_PORT") or _container_port(raw["ports"][0]))
             kwargs["ports"] = {f"{port}/tcp": ("127.0.0.1", self.http_port)}
+            grpc_port = int(svc.environment.get("ANVIL_GRPC_PORT") or 8001)
+            if self.grpc_port is not None and grpc_port:
+                kwargs["ports"][f"{grpc_port}/tcp"] = ("127.0.0.1", self.grpc_port)
         self.say(f"anvil: starting {svc.name} ({svc.image})")
         try:
             try:  # create, then secrets in, then start: what containers.run does, plus the secrets

@@ -35,6 +35,7 @@ SHM_MIN_BYTES = 1 << 30  # ZeroCopy regions live in /dev/shm: 1 GiB holds a few 
 MEMLOCK_MIN_BYTES = 64 << 20  # bcc's maps on kernels that still charge BPF memory to RLIMIT_MEMLOCK
 DEFAULT_PORTS = {  # port -> who listens there by default
     8000: "gateway HTTP",
+    8001: "gateway gRPC",
     8002: "gateway metrics",
     5555: "scheduler (gateways)",
     5556: "scheduler (executors)",

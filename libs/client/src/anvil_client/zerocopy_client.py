@@ -26,7 +26,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from anvil_core.tensors import DATATYPES, encode_bytes_elements
+from anvil_core.tensors import encode_bytes_elements, kserve_datatype
 from anvil_core.zerocopy import Flag, Header, Op, Region, Status, ZeroCopyError
 from anvil_core.zerocopy import header as zh
 from anvil_core.zerocopy import meta as zm
@@ -34,7 +34,6 @@ from anvil_core.zerocopy import slots as slot_io
 
 __all__ = ["AsyncZeroCopyClient", "ZeroCopyClient", "ZeroCopyError"]
 
-_KSERVE = {dt: name for name, dt in DATATYPES.items() if dt is not None and name != "BF16"}
 _CANCEL_GRACE_S = 2.0  # after a CANCEL, how long the gateway gets to send the request's one answer
 Layout = tuple[bytes, tuple[zm.TensorDesc, ...], int]
 
@@ -69,7 +68,7 @@ class _Slots:
         payloads, descs = [], []
         for name, value in inputs.items():
             arr = np.asarray(value)
-            datatype = datatypes.get(name) or ("BYTES" if arr.dtype == object else _KSERVE.get(arr.dtype))
+            datatype = datatypes.get(name) or kserve_datatype(arr.dtype)
             if datatype is None:
                 raise ZeroCopyError(Status.BAD_REQUEST, f"input {name!r}: no datatype for {arr.dtype}")
             data: Any = encode_bytes_elements(arr) if datatype == "BYTES" else np.ascontiguousarray(arr)

@@ -20,6 +20,7 @@ __all__ = [
     "decode_bytes_elements",
     "element_count",
     "encode_bytes_elements",
+    "kserve_datatype",
     "numpy_dtype",
 ]
 
@@ -44,6 +45,17 @@ DATATYPES: dict[str, np.dtype | None] = {
 }
 
 _U32 = struct.Struct("<I")
+# numpy dtype -> KServe datatype, for arrays whose datatype is not named; uint16 is not here: it is
+# BF16's carrier, and a client must say "BF16" rather than have it guessed.
+_DATATYPE_OF = {dt: name for name, dt in DATATYPES.items() if dt is not None and name != "BF16"}
+
+
+def kserve_datatype(dtype: np.dtype) -> str | None:
+    """The KServe datatype an array of `dtype` is sent as (object, bytes and str arrays: BYTES), or
+    None when it has none (e.g. uint16, complex)."""
+    if dtype.kind in "OSU":
+        return "BYTES"
+    return _DATATYPE_OF.get(dtype)
 
 
 def numpy_dtype(datatype: str) -> np.dtype | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from anvil_core import codec, tracing
@@ -20,10 +21,13 @@ from anvil_executor import metrics as m
 from anvil_executor.device import is_device_fault
 from anvil_executor.models import Model, RequestInputs
 
-__all__ = ["ShmResolver", "run_batch"]
+__all__ = ["Pending", "ShmResolver", "finish_batch", "prepare_batch", "run_batch"]
 
 # Resolves a Tensor whose bytes live in shared memory (frame = -1) into a HostTensor view.
 ShmResolver = Callable[[pb.TensorT], HostTensor]
+
+
+_UNPREPARED: Any = object()  # Pending.prepared before (or without) the model's prepare
 
 
 def _no_shm(t: pb.TensorT) -> HostTensor:
@@ -36,6 +40,27 @@ def _inputs(req: pb.InferRequestT, payloads: Sequence[Any], shm: ShmResolver) ->
     except codec.ProtocolError as exc:
         raise TensorError(str(exc)) from None
     return [shm(t) if t.frame < 0 else codec.request_tensor(t, payloads) for t in req.inputs or ()]
+
+
+@dataclass(slots=True)
+class Pending:
+    """A batch decoded and verified (and, for a model that `prepares`, prepared), waiting for the
+    compute thread. It keeps the received frames alive: its inputs are views of them."""
+
+    result: pb.BatchResultT
+    model: Model | None
+    requests: list[Any] = field(default_factory=list)
+    answers: list[tuple[bytes, list[Any]] | None] = field(default_factory=list)
+    runnable: list[tuple[int, RequestInputs]] = field(default_factory=list)
+    queue_us: list[int] = field(default_factory=list)
+    frames: list[Any] = field(default_factory=list)
+    prepared: Any = _UNPREPARED
+    busy_s: float = 0.0  # host time spent on it so far (decode, prepare), not waits between threads
+    priority: int = 0  # the most urgent priority among its runnable requests (0: none)
+    rows: list[int] = field(default_factory=list)  # inferences per runnable request (statistics)
+    copy_in_ns: tuple[int, int] = (0, 0)  # perf_counter_ns: decode/check/prepare started, ended
+    queued_us: int = 0  # received by the executor -> its preparation started
+    traceparent: str = ""  # the scheduler's batch span (Batch.traceparent), for the executor's spans
 
 
 def run_batch(
@@ -52,9 +77,25 @@ def run_batch(
     A request whose tensors do not decode or fit the spec, or whose deadline has passed, gets its
     own error; the rest of the batch still runs. A model failure fails the whole batch.
     Every answer with outputs carries the batch's measurements (codec.BatchTiming: copy-in, run,
-    copy-out, `queued_us` waited here before it started) and its place in the batch; a traced
-    batch also gets its spans (batch_spans.py).
+    copy-out, `queued_us` waited in the executor before it started) and its place in the batch; a
+    traced batch also gets its spans (batch_spans.py).
     """
+    return finish_batch(prepare_batch(models, batch, frames, executor_id, device, shm, queued_us=queued_us))
+
+
+def prepare_batch(
+    models: dict[str, Model],
+    batch: pb.BatchT,
+    frames: list[Any],
+    executor_id: str,
+    device: str,
+    shm: ShmResolver = _no_shm,
+    prepare: bool = False,
+    queued_us: int = 0,
+) -> Pending:
+    """Decode and verify every request of `batch` (its own error for each that fails); with
+    `prepare`, also run the model's host-side `prepare` on the runnable ones (the prep thread).
+    This is the batch's copy-in (statistics and spans)."""
     t0 = time.perf_counter()
     t0_ns = time.perf_counter_ns()
     result = pb.BatchResultT(batchId=batch.batchId, executorId=executor_id, device=device)
@@ -62,14 +103,14 @@ def run_batch(
     model = models.get(model_name)
     if model is None:
         result.error = codec.error(pb.ErrorCode.NOT_FOUND, f"model {model_name!r} is not loaded here")
-        return result, []
+        return Pending(result, None)
     try:
         groups = list(codec.split_groups(frames, batch.frameCounts or ()))
     except codec.ProtocolError as exc:
         result.error = codec.error(pb.ErrorCode.PROTOCOL, f"malformed batch: {exc}")
-        return result, []
-    queue_us = list(batch.queueUs or ())
-
+        return Pending(result, None)
+    pending = Pending(result, model, queue_us=list(batch.queueUs or ()), frames=frames, queued_us=queued_us)
+    pending.traceparent = batch.traceparent or ""
     answers: list[tuple[bytes, list[Any]] | None] = [None] * len(groups)
     requests: list[Any] = []
     for i, group in enumerate(groups):
@@ -83,7 +124,6 @@ def run_batch(
                 answers[i] = (codec.build_response(request_id=ids[0], trace_id=ids[1], model="",
                                                    error=(pb.ErrorCode.BAD_REQUEST, reason)), [])  # fmt: skip
     runnable: list[tuple[int, RequestInputs]] = []
-    rows: list[int] = []  # inferences per runnable request: its batch dimension (1 without one)
     now_ns = time.time_ns()
     for i, (req, group) in enumerate(zip(requests, groups, strict=True)):
         if req is None:
@@ -106,22 +146,51 @@ def run_batch(
             answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, str(exc)), [])
             continue
         runnable.append((i, inputs))
-        rows.append(tensors[0].shape[0] if model.spec.max_batch > 0 and tensors and tensors[0].shape else 1)
-
-    stamps = [t0_ns, time.perf_counter_ns()]  # copy-in ends; then run, copy-out (perf ns)
-    if runnable:
+        pending.rows.append(
+            tensors[0].shape[0] if model.spec.max_batch > 0 and tensors and tensors[0].shape else 1
+        )
+    pending.requests, pending.answers, pending.runnable = requests, answers, runnable
+    pending.priority = min((int(requests[i].priority) for i, _ in runnable), default=0)
+    if prepare and runnable:
         try:
-            produced_all = model.run([inputs for _, inputs in runnable])
+            pending.prepared = model.prepare([inputs for _, inputs in runnable])
+        except Exception as exc:  # a model bug: the whole batch hears it, as a failure of run would
+            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
+    pending.busy_s = time.perf_counter() - t0
+    pending.copy_in_ns = (t0_ns, time.perf_counter_ns())
+    return pending
+
+
+def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
+    """Run the model on a pending batch (the compute thread) and frame every answer."""
+    t0 = time.perf_counter()
+    result, model = pending.result, pending.model
+    if model is None or result.error is not None:
+        return result, []
+    requests, answers, runnable, queue_us = (
+        pending.requests,
+        pending.answers,
+        pending.runnable,
+        pending.queue_us,
+    )
+    stamps = [*pending.copy_in_ns]  # copy-in; then run start, run end, copy-out end (perf ns)
+    if runnable:
+        stamps.append(time.perf_counter_ns())
+        try:
+            if pending.prepared is _UNPREPARED:
+                produced_all = model.run([inputs for _, inputs in runnable])
+            else:
+                produced_all = model.run_prepared(pending.prepared)
         except Exception as exc:  # a model bug must not kill the executor; every request hears it
             if is_device_fault(exc):
                 raise  # the compute loop answers the batch, then the executor restarts clean
-            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
+            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model.spec.name!r} failed: {exc}")
             return result, []
         stamps.append(time.perf_counter_ns())
         specs = {s.name: s for s in model.spec.outputs}
         ran: list[tuple[int, list[tuple[HostTensor, int]], list[Any]]] = []  # copy-out, then envelopes
         size = 0
-        for (i, _), produced, n_rows in zip(runnable, produced_all, rows, strict=True):
+        for (i, _), produced, n_rows in zip(runnable, produced_all, pending.rows, strict=True):
             req = requests[i]
             wanted = list(req.outputs or ()) or list(produced)
             missing = [n for n in wanted if n not in produced]
@@ -136,11 +205,11 @@ def run_batch(
         timing = codec.BatchTiming(
             size=size,
             input_us=(stamps[1] - stamps[0]) // 1000,
-            infer_us=(stamps[2] - stamps[1]) // 1000,
-            output_us=(stamps[3] - stamps[2]) // 1000,
-            exec_queue_us=queued_us,
+            infer_us=(stamps[3] - stamps[2]) // 1000,
+            output_us=(stamps[4] - stamps[3]) // 1000,
+            exec_queue_us=pending.queued_us,
         )
-        compute_us = (stamps[3] - t0_ns) // 1000
+        compute_us = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
         for index, (i, outputs, payloads) in enumerate(ran):
             req = requests[i]
             env = codec.build_response(
@@ -164,9 +233,10 @@ def run_batch(
             out.extend(answer[1])
             counts.append(1 + len(answer[1]))
     result.frameCounts = counts
-    result.computeUs = int((time.perf_counter() - t0) * 1e6)
+    result.computeUs = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
     if tracing.ON:
-        batch_spans.record(batch, model_name, requests, [i for i, _ in runnable], stamps, executor_id, device)
+        batch_spans.record(result.batchId or "", pending.traceparent, model.spec.name, requests,
+                           len(runnable), stamps, result.executorId or "", result.device or "")  # fmt: skip
     for i, _ in runnable:  # the hop "compute", once per request that ran, by its priority
         m.hop_us.labels(hop="compute", priority=m.priority_label(int(requests[i].priority))).observe(
             result.computeUs

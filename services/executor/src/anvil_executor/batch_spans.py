@@ -17,23 +17,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from anvil_core import tracing
-from anvil_core.codec import pb
 
 __all__ = ["record"]
 
 
 def record(
-    batch: pb.BatchT,
+    batch_id: str,
+    batch_traceparent: str,
     model: str,
     requests: Sequence[Any],
-    ran: Sequence[int],
+    ran: int,
     stamps: Sequence[int],
     executor_id: str,
     device: str,
 ) -> None:
-    """Spans of a finished batch: `requests` its decoded InferRequests (None: refused), `ran` the
-    indices that ran, `stamps` perf_counter_ns at start, copy-in end, and when the model ran,
-    run end and copy-out end."""
+    """Spans of a finished batch: `requests` its decoded InferRequests (None: refused), `ran` how
+    many ran, `stamps` perf_counter_ns: copy-in start and end, and when the model ran, run start,
+    run end and copy-out end (the copy-in may have run on the prep thread, before a wait)."""
     now_perf, now_wall = time.perf_counter_ns(), time.time_ns()
 
     def wall(perf_ns: int) -> int:
@@ -41,19 +41,19 @@ def record(
 
     ctxs = [tracing.span_context(r.traceparent) for r in requests if r is not None and r.traceparent]
     sampled = [c for c in ctxs if c is not None and c.trace_flags.sampled]  # each parsed once
-    up = tracing.span_context(batch.traceparent) if batch.traceparent else None
+    up = tracing.span_context(batch_traceparent) if batch_traceparent else None
     if up is None and not sampled:
         return  # no request of it is sampled or traced (ZeroCopy, an untraced gateway): no spans
     up = up or sampled[0]
-    links = [tracing.link(c) for c in sampled]
     attrs = {
         "anvil.model": model,
-        "anvil.batch.id": batch.batchId or "",
+        "anvil.batch.id": batch_id,
         "anvil.batch.requests": len(requests),
-        "anvil.batch.ran": len(ran),
+        "anvil.batch.ran": ran,
         "anvil.executor": executor_id,
         "anvil.device": device,
     }
+    links = [tracing.link(c) for c in sampled]
     top = tracing.record(
         "executor.batch",
         wall(stamps[0]),
@@ -62,6 +62,8 @@ def record(
         links=links,
         attributes=attrs,
     )
-    names = ("executor.copy_in", "executor.compute", "executor.copy_out")
-    for name, start, end in zip(names, stamps, stamps[1:], strict=False):
+    parts = [("executor.copy_in", stamps[0], stamps[1])]
+    if len(stamps) == 5:
+        parts += [("executor.compute", stamps[2], stamps[3]), ("executor.copy_out", stamps[3], stamps[4])]
+    for name, start, end in parts:
         tracing.record(name, wall(start), wall(end), parent_of=top)

@@ -1,6 +1,12 @@
 """The executor process: a ZeroMQ poll loop that owns the DEALER to the scheduler, and one compute
 thread that runs batches (STYLE rule 5: sockets belong to the I/O loop, compute reads a queue).
 
+A batch of a model that `prepares` (a text model: tokenization) goes first to the prep thread,
+which decodes it and runs the model's host-side `prepare` while the compute thread runs the batch
+before it, then queues it for compute with its rank. Other batches, and a batch that arrives with
+nothing queued or running (a lone request: nothing to overlap with), go straight to compute. Both
+queues serve the most urgent batch first (work_queue.py).
+
 The compute thread hands results back over an inproc PAIR socket, so the I/O loop wakes on them
 like on any other message. Redis chores (registry beat, model specs, finding the scheduler) run on
 a background loop and post endpoint changes to the I/O loop.
@@ -28,14 +34,14 @@ from anvil_core.registry import Registry
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
-from anvil_executor.batch_runner import ShmResolver, run_batch
+from anvil_executor.batch_runner import Pending, ShmResolver, finish_batch, prepare_batch, run_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.loader import ModelLoader
 from anvil_executor.models import Model, load_builtin, minilm
 from anvil_executor.models.builtin import BusyModel
 from anvil_executor.settings import ExecutorSettings
 from anvil_executor.warmup import warm_up
-from anvil_executor.work_queue import BatchQueue
+from anvil_executor.work_queue import LAST_RANK, BatchQueue
 from anvil_kernels import set_blas_threads
 
 __all__ = ["Executor"]
@@ -79,7 +85,8 @@ class Executor:
             watch_handshakes(self.sock, PeerLog(log, "executor"), "scheduler")
         self.done_rx = self.ctx.socket(zmq.PAIR)
         self.done_rx.bind(f"inproc://done-{id(self)}")
-        self.work = BatchQueue()  # most urgent batch first (work_queue.py)
+        self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute thread's
+        self.prep = BatchQueue()  # batches of models that `prepare`: the prep thread's
         self.endpoint: str | None = None
         self.inflight = 0
         self._beat_seq = 0
@@ -204,6 +211,8 @@ class Executor:
         self.shm = self._shm_resolver()
         compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         compute.start()
+        prep = threading.Thread(target=self._prep_loop, name="prep", daemon=True)
+        prep.start()
         self.bg.submit(self.registry.start()).result(10)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
@@ -226,6 +235,8 @@ class Executor:
                 self._heartbeat()
                 self._device_metrics()
                 next_beat = now + self.s.heartbeat_interval_s
+        self.prep.put(None)  # ranks last: what is queued there is prepared and queued for compute first
+        prep.join(5)
         self.work.put(None)
         compute.join(5)
         self.bg.submit(self.registry.stop()).result(5)
@@ -289,9 +300,13 @@ class Executor:
                 if isinstance(body, pb.ErrorT):  # the scheduler does not know us (it restarted)
                     self._register()
                 elif isinstance(body, pb.BatchT):
+                    # prepared on the prep thread only behind other work: a lone batch (nothing
+                    # queued or running) goes straight to compute, one thread hop fewer
+                    model = self.models.get(body.model or "")
+                    prep = model is not None and model.prepares and self.inflight > 0
                     self.inflight += 1
                     m.inflight.set(self.inflight)
-                    self.work.put((body, frames))
+                    (self.prep if prep else self.work).put((body, frames))
                 else:
                     raise codec.ProtocolError(f"the scheduler sent a {type(body).__name__}", "unexpected")
             except codec.ProtocolError as exc:
@@ -316,27 +331,33 @@ class Executor:
         done_tx.connect(f"inproc://done-{id(self)}")
         try:
             while (item := self.work.get()) is not None:
-                batch, frames = item
                 t0 = time.perf_counter()
-                model = batch.model if batch.model in self.models else "_unknown"  # bounded labels
+                if isinstance(item, Pending):
+                    batch_id, name = item.result.batchId, item.model.spec.name if item.model else ""
+                else:
+                    batch_id, name = item[0].batchId, item[0].model
+                model = name if name in self.models else "_unknown"  # bounded labels
                 fault: BaseException | None = None
                 try:
-                    result, out = run_batch(
-                        self.models,
-                        batch,
-                        frames,
-                        self.s.service_id,
-                        str(self.device),
-                        **({"shm": self.shm} if self.shm is not None else {}),
-                        queued_us=self.work.last_wait_us,
-                    )
+                    if isinstance(item, Pending):
+                        t0 -= item.busy_s  # the compute metric keeps the prep thread's share
+                        result, out = finish_batch(item)
+                    else:
+                        batch, frames = item
+                        result, out = run_batch(
+                            self.models,
+                            batch,
+                            frames,
+                            self.s.service_id,
+                            str(self.device),
+                            **self._shm_arg(),
+                            queued_us=self.work.last_wait_us,
+                        )
                 except Exception as exc:  # never lose a batch: every request hears the failure
                     log.exception("batch failed")
                     fault = exc if is_device_fault(exc) else None
                     failure = codec.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
-                    result = pb.BatchResultT(
-                        batchId=batch.batchId, executorId=self.s.service_id, error=failure
-                    )
+                    result = pb.BatchResultT(batchId=batch_id, executorId=self.s.service_id, error=failure)
                     out = []
                 outcome = "error" if result.error is not None else "success"
                 m.batches.labels(model=model, outcome=outcome).inc()
@@ -347,6 +368,33 @@ class Executor:
                     return
         finally:
             done_tx.close()
+
+    def _shm_arg(self) -> dict[str, Any]:
+        return {"shm": self.shm} if self.shm is not None else {}
+
+    def _prep_loop(self) -> None:
+        """Decode, verify and `prepare` the batches of models that prepare, most urgent first, then
+        queue each for compute with its rank. Nothing here touches a device; a failure becomes the
+        batch's error result, which the compute thread sends in its turn."""
+        while (item := self.prep.get()) is not None:
+            batch, frames = item
+            try:
+                pending = prepare_batch(
+                    self.models,
+                    batch,
+                    frames,
+                    self.s.service_id,
+                    str(self.device),
+                    **self._shm_arg(),
+                    prepare=True,
+                    queued_us=self.prep.last_wait_us,
+                )
+            except Exception as exc:  # a bug: the batch is answered with it, the thread goes on
+                log.exception("batch preparation failed")
+                failure = codec.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
+                result = pb.BatchResultT(batchId=batch.batchId, executorId=self.s.service_id, error=failure)
+                pending = Pending(result, None)
+            self.work.put(pending, rank=pending.priority or LAST_RANK)
 
     def _shm_resolver(self) -> ShmResolver | None:
         if not self.s.shm_inputs:

@@ -5,8 +5,10 @@ wait here (it grants such a batch a reserved credit): that batch must run next, 
 not after every batch queued ahead of it. A batch's rank is the most urgent priority among its requests
 (read from their envelopes: 1 = interactive); equal ranks run in arrival order.
 
-Producer: the I/O loop (``put``). Consumer: the compute thread (``get``, blocking). ``None`` is the
-stop marker; it ranks after every batch, so the queued work is finished before the thread ends.
+Producers: the I/O loop (``put`` of a received batch) and the prep thread (``put`` of a prepared
+batch with its rank). Consumer: the compute thread, or the prep thread for the prep queue (``get``,
+blocking). ``None`` is the stop marker; it ranks after every batch, so the queued work is finished
+before the thread ends.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_executor import metrics as m
 
-__all__ = ["BatchQueue", "batch_priority"]
+__all__ = ["LAST_RANK", "BatchQueue", "batch_priority"]
 
-Item = tuple[pb.BatchT, list[Any]]
-_LAST = 1 << 16  # ranks after any priority (a ubyte on the wire); the stop marker's rank
+Item = Any  # (Batch, frames) as received, or a batch_runner.Pending from the prep thread
+LAST_RANK = _LAST = 1 << 16  # ranks after any priority (a ubyte on the wire); the stop marker's rank
 
 
 def batch_priority(batch: pb.BatchT, frames: list[Any]) -> int:
@@ -41,15 +43,21 @@ class BatchQueue:
     """Thread-safe priority queue of (Batch, frames); ``get`` blocks until an item is there."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, float, Item | None]] = []  # (rank, seq, put at s, item)
+        self._heap: list[tuple[int, int, float, Item | None]] = []  # (rank, seq, put at s or -1, item)
         self._seq = itertools.count()
         self._ready = threading.Condition(threading.Lock())
         self.last_wait_us = 0  # the item `get` returned last: put -> taken, µs (the one consumer reads it)
 
-    def put(self, item: Item | None) -> None:
-        rank = _LAST if item is None else batch_priority(*item)
+    def put(self, item: Item | None, rank: int | None = None) -> None:
+        """Queue a received (Batch, frames), ranked by its requests; or anything else (a prepared
+        batch) with its `rank` given, whose "queued" hop its first queue already observed."""
+        observe = rank is None and item is not None
+        if rank is None:
+            rank = _LAST if item is None else batch_priority(*item)
         with self._ready:
-            heapq.heappush(self._heap, (rank, next(self._seq), time.perf_counter(), item))
+            heapq.heappush(
+                self._heap, (rank, next(self._seq), time.perf_counter() if observe else -1.0, item)
+            )
             self._ready.notify()
 
     def get(self) -> Item | None:
@@ -57,7 +65,7 @@ class BatchQueue:
             while not self._heap:
                 self._ready.wait()
             rank, _, put_at, item = heapq.heappop(self._heap)
-        if item is not None:  # the hop "queued": received -> compute starts, by the batch's rank
+        if put_at >= 0:  # the hop "queued": received -> its work starts (prep or compute), by rank
             self.last_wait_us = int((time.perf_counter() - put_at) * 1e6)
             m.hop_us.labels(hop="queued", priority=m.priority_label(rank)).observe(self.last_wait_us)
         return item

@@ -17,6 +17,7 @@ from anvil_gateway import embeddings, infer, routes_meta, routes_shm
 from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink
 from anvil_gateway.discovery import Discovery
+from anvil_gateway.grpc_server import GrpcFront
 from anvil_gateway.peer_stats import publish
 from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import SERVER_VERSION, GatewayState, NotFound, error
@@ -27,7 +28,9 @@ from anvil_gateway.zerocopy_server import ZeroCopyServer
 __all__ = ["create_app"]
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI:
+    """The gateway's app; `shared_ports`: one of several worker processes serving the same ports
+    (the gRPC port is then bound with SO_REUSEPORT, as workers.py binds the HTTP one)."""
     zerocopy: ZeroCopyServer  # made below (it needs the state); the registry beat reads its endpoint
     stats = Stats()  # the registry beat publishes it (peer_stats.py)
     registry = Registry(
@@ -38,6 +41,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         settings.heartbeat_interval_s,
         fields=lambda: {
             "http_port": settings.http_port,
+            "grpc_port": settings.grpc_port,
             "host": settings.advertise_host,
             "zerocopy_endpoint": zerocopy.endpoint,
         },
@@ -75,6 +79,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     stats.known = lambda name, version: getattr(discovery.models.get(name), "version", None) == version
     link.on_executed = stats.executed  # every answer: each batch is counted by one gateway
     zerocopy = ZeroCopyServer(st, settings.zerocopy_dir)
+    grpc_front = GrpcFront(st, shared_port=shared_ports)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -82,7 +87,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         await zerocopy.start()
         await registry.start()
         await discovery.start()
+        await grpc_front.start()
         yield
+        await grpc_front.stop()
         await discovery.stop()
         await zerocopy.stop()  # before the registry: it uses the registry's Redis client
         await registry.stop()
@@ -93,6 +100,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.state.gw = st
     app.state.discovery = discovery
     app.state.link = link
+    app.state.grpc = grpc_front
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_exc(_: Request, exc: StarletteHTTPException) -> JSONResponse:

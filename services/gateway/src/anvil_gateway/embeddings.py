@@ -22,8 +22,9 @@ from anvil_core.tensors import HostTensor
 from anvil_gateway import json_codec, spans
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
-from anvil_gateway.infer import TRACE_HEADER, Failed, forward, parse_off_loop, read_body, trace_id
+from anvil_gateway.infer import read_body
 from anvil_gateway.kserve import BadRequest, parse_json_document
+from anvil_gateway.request_path import TRACE_HEADER, Failed, forward, parse_off_loop, trace_id
 from anvil_gateway.state import GatewayState, state_of
 
 __all__ = ["encode_embeddings", "router"]

@@ -24,6 +24,7 @@ __all__ = [
     "parse_json_request",
     "parse_request",
     "release_all",
+    "shm_ref",
 ]
 
 MAX_TENSORS = 64
@@ -207,7 +208,7 @@ def _parse_input(
                 f"{where} ({name}): binary_data_size {size} exceeds the {len(binary)} bytes left"
             )
         return _from_bytes(name, datatype, shape, binary[:size], where), size
-    ref = _shm_ref(params, where, shm, parsed)
+    ref = shm_ref(params, where, shm, parsed)
     if ref is not None:
         data = parsed.regions[-1].read(ref[1], ref[2], where)
         return _from_bytes(name, datatype, shape, memoryview(data), where), 0
@@ -234,11 +235,11 @@ def _parse_outputs(raw_outputs: Any, shm: SystemShm | None, parsed: ParsedReques
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise BadRequest(f"outputs[{i}].parameters.binary_data must be true or false")
-        outputs.append(OutputRequest(out["name"], binary, _shm_ref(params, f"outputs[{i}]", shm, parsed)))
+        outputs.append(OutputRequest(out["name"], binary, shm_ref(params, f"outputs[{i}]", shm, parsed)))
     return outputs
 
 
-def _shm_ref(
+def shm_ref(
     params: dict[str, Any], where: str, shm: SystemShm | None, parsed: ParsedRequest
 ) -> tuple[str, int, int] | None:
     """(region, offset, size) of a shared-memory reference, pinned and bounds-checked; None if absent."""

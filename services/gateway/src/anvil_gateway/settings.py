@@ -14,6 +14,12 @@ class GatewaySettings(ServiceSettings):
     # more than a few hundred such requests per second needs several (__main__.py).
     http_workers: int = 1
     metrics_port: int = 8002  # Prometheus, Triton's default
+    # KServe v2 / Triton gRPC (grpc_server.py), Triton's default port; 0: no gRPC endpoint. With
+    # http_workers > 1 every worker serves it on this port too (SO_REUSEPORT).
+    grpc_port: int = 8001
+    # Requests of one ModelStreamInfer stream unanswered at a time; past this the stream is not read
+    # (HTTP/2 flow control holds the client), so a client that never reads cannot grow our memory.
+    grpc_stream_max_pending: int = 1024
     # Largest request body accepted; larger ones get 413 before being read whole. A model whose
     # inputs have fixed sizes gets a tighter limit from its spec (body_limits.py).
     max_body_bytes: int = 64 * 1024 * 1024

@@ -1,7 +1,8 @@
 """The gateway's processes: one server (``serve``), or N workers sharing the HTTP port under a
 supervisor (``supervise``); ``python -m anvil_gateway`` picks by ``ANVIL_HTTP_WORKERS``.
 
-Workers share the port through SO_REUSEPORT (the kernel spreads connections over them), so a
+Workers share the port, and the gRPC port, through SO_REUSEPORT (the kernel spreads connections
+over them; grpc_server.py), so a
 gateway's CPU per request (HTTP, JSON, tensor packing) no longer caps the stack at one core. Each
 worker is a whole gateway: its own scheduler link, ZeroCopy doorbell, registry entry
 ``<service_id>-w<i>`` and metrics on ``metrics_port + 100 * i``. When a worker dies the supervisor
@@ -36,9 +37,10 @@ WORKER_METRICS_STEP = 100  # worker i exports metrics on metrics_port + 100 * i 
 
 
 def serve(settings: GatewaySettings, sock: socket.socket | None = None) -> None:
-    """One gateway process: metrics, the app, uvicorn on ``sock`` (shared port) or its own bind."""
+    """One gateway process: metrics, the app (with its gRPC server), uvicorn on ``sock`` (shared
+    port) or its own bind."""
     serve_metrics(settings.metrics_port, "gateway", settings.service_id)
-    app = create_app(settings)
+    app = create_app(settings, shared_ports=sock is not None)
     config = uvicorn.Config(
         FastInfer(app, app.state.gw),
         host=settings.bind_host,

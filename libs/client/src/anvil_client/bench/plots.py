@@ -24,7 +24,7 @@ def plot_all(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return [], "matplotlib is not installed (pip install matplotlib)"
+        return [], "matplotlib is not installed (pip install 'anvil-client[bench]')"
     paths = [
         _cdf(plt, out_dir / f"{name}_latency_cdf.png", r),
         _timeline(plt, out_dir / f"{name}_timeline.png", ts),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +25,9 @@ class Model(ABC):
     """
 
     spec: ModelSpec
+    # True: `prepare` does real host work (e.g. tokenization) worth running on the executor's prep
+    # thread, overlapped with the compute of the batch before it (service.py)
+    prepares: bool = False
 
     def check_request(self, inputs: RequestInputs) -> None:
         """Limits of this model that the spec cannot state (e.g. a compiled plan's longest sequence):
@@ -33,3 +37,13 @@ class Model(ABC):
     @abstractmethod
     def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
         """One output dict per request, in order."""
+
+    def prepare(self, batch: list[RequestInputs]) -> Any:
+        """The host-side part of `run` that needs no device and no compute thread (decode, tokenize,
+        pack): the executor runs it on its prep thread while the previous batch computes. Its result
+        goes to `run_prepared`. Default: nothing to prepare."""
+        return batch
+
+    def run_prepared(self, prepared: Any) -> list[RequestOutputs]:
+        """`run` on what `prepare` returned (the compute thread). Default: `run`."""
+        return self.run(prepared)

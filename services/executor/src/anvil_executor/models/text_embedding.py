@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,21 @@ import numpy as np
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
 
-__all__ = ["Encoder", "PackedEncoder", "TextEmbeddingModel"]
+__all__ = ["Encoder", "PackedEncoder", "TextEmbeddingModel", "Tokenized"]
 
 Encoder = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (ids, mask, types) -> (B, D)
 PackedEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (ids (N,), cu (S+1,)) -> (S, D)
 BUCKETS = (16, 32, 64, 128, 256)
+
+
+@dataclass(slots=True)
+class Tokenized:
+    """A batch after `prepare`: the encodings of every row, tokens per row (cut at the longest
+    bucket), and rows per request."""
+
+    encodings: list[Any]
+    counts: np.ndarray  # (rows,) int32
+    rows: list[int]
 
 
 class TextEmbeddingModel(Model):
@@ -71,7 +82,13 @@ class TextEmbeddingModel(Model):
     def bucket(self, longest: int) -> int:
         return next((b for b in self.buckets if b >= longest), self.buckets[-1])
 
+    prepares = True  # tokenization runs on the executor's prep thread (base.Model.prepare)
+
     def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        return self.run_prepared(self.prepare(batch))
+
+    def prepare(self, batch: list[RequestInputs]) -> Tokenized:
+        """Every row of the batch tokenized together (Rust, parallel, without the GIL)."""
         texts = [
             t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t)
             for req in batch
@@ -80,14 +97,17 @@ class TextEmbeddingModel(Model):
         encodings = self.tokenizer.encode_batch(texts)
         longest = self.buckets[-1]  # rows longer than every bucket are cut there
         counts = np.array([min(len(e.ids), longest) for e in encodings], np.int32)  # tokens per row
+        return Tokenized(encodings, counts, [req["TEXT"].shape[0] for req in batch])
+
+    def run_prepared(self, prepared: Tokenized) -> list[RequestOutputs]:
+        encodings, counts = prepared.encodings, prepared.counts
         if self.packed is not None:
             vectors = self._run_packed(encodings, counts)
         else:
             vectors = self._run_padded(encodings, counts)
         out: list[RequestOutputs] = []
         row = 0
-        for req in batch:
-            n = req["TEXT"].shape[0]
+        for n in prepared.rows:
             out.append({"EMBEDDING": vectors[row : row + n], "TOKENS": counts[row : row + n]})
             row += n
         return out
