@@ -125,3 +125,45 @@ def test_an_absent_field_whose_default_breaks_a_constraint_is_refused() -> None:
         codec.ProtocolError, match=r"Tensor.dtype is absent, and its default 0 is not allowed"
     ):
         codec.read_request(bytes(b.Output()))
+
+
+def _resp(**kw: object) -> bytes:
+    return codec.pack(pb.InferResponseT(requestId="rid", **kw))[0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"batchSize": (1 << 20) + 1}, r"InferResponse.batch_size is 1048577; it must be in ..1048576"),
+        ({"batchIndex": 1 << 16}, r"InferResponse.batch_index is 65536; it must be in ..65535"),
+        ({"traceId": "t" * 257}, r"InferResponse.trace_id is 257 bytes"),
+    ],
+)
+def test_a_responses_batch_statistics_are_bounded(fields: dict[str, object], match: str) -> None:
+    with pytest.raises(codec.ProtocolError, match=match):
+        codec.read_response(_resp(**fields))
+
+
+def test_batch_timing_round_trips_and_is_clamped_to_its_bounds() -> None:
+    timing = codec.BatchTiming(size=5, input_us=7, infer_us=11, output_us=-3, exec_queue_us=2**40)
+    resp = codec.read_response(
+        codec.build_response(request_id="r", trace_id="", model="m", batch=timing, batch_index=2)
+    )
+    assert (resp.batchSize, resp.batchIndex) == (5, 2)
+    assert (resp.computeInputUs, resp.computeInferUs, resp.computeOutputUs) == (7, 11, 0)
+    assert resp.execQueueUs == 2**32 - 1
+    big = codec.BatchTiming(size=1 << 30, input_us=0, infer_us=0, output_us=0)
+    resp = codec.read_response(
+        codec.build_response(request_id="r", trace_id="", model="m", batch=big, batch_index=1 << 20)
+    )
+    assert (resp.batchSize, resp.batchIndex) == (1 << 20, (1 << 16) - 1)
+
+
+def test_traceparent_travels_in_requests_and_batches_and_is_bounded() -> None:
+    tp = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    req = codec.read_request(_req(traceparent=tp))
+    assert req.traceparent == tp
+    with pytest.raises(codec.ProtocolError, match=r"InferRequest.traceparent is 257 bytes"):
+        codec.read_request(_req(traceparent="x" * 257))
+    body, _ = codec.unpack(codec.pack(pb.BatchT(batchId="1", model="m", frameCounts=[], traceparent=tp)))
+    assert isinstance(body, pb.BatchT) and body.traceparent == tp

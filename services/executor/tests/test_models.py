@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -157,3 +158,29 @@ def test_a_plan_refuses_sequences_past_its_max_seq() -> None:
     plan.check_request({"input_ids": np.zeros((1, 128), np.int64)})
     with pytest.raises(SpecError, match="sequence of 129 exceeds the model's limit of 128"):
         plan.check_request({"input_ids": np.zeros((1, 129), np.int64)})
+
+
+def test_every_answer_carries_its_batchs_measurements_and_its_place_in_it() -> None:
+    """Statistics (InferResponse.batch_size ...): rows of the requests that ran, the batch's own
+    copy-in / run / copy-out times on each answer, and indices among the answers that ran, so
+    exactly one answer (index 0) counts the batch; a refused request is in neither."""
+    rows = [np.ones((n, 16), np.float32) for n in (2, 1)]
+    batch, frames = _batch("mlp", [rows[0], np.zeros((1, 3), np.float32), rows[1]])
+    batch.queueUs = [40, 41, 42]
+    result, out = run_batch({"mlp": load_builtin("mlp", 8)}, batch, frames, "ex", "cpu", queued_us=9)
+    first, bad, last = (a for a, _ in _answers(out, result.frameCounts))
+    assert bad.error is not None and bad.batchSize == 0
+    assert (first.batchSize, first.batchIndex, last.batchSize, last.batchIndex) == (3, 0, 3, 1)
+    assert (first.queueUs, last.queueUs, first.execQueueUs, last.execQueueUs) == (40, 42, 9, 9)
+    times = [(a.computeInputUs, a.computeInferUs, a.computeOutputUs) for a in (first, last)]
+    assert times[0] == times[1]  # the batch's, on each
+    assert first.computeInputUs + first.computeInferUs + first.computeOutputUs <= first.computeUs
+    assert first.computeUs <= result.computeUs
+
+
+def test_a_model_without_a_batch_dimension_counts_one_inference_per_request() -> None:
+    model = load_builtin("identity", 8)
+    model.spec = dataclasses.replace(model.spec, max_batch=0)
+    batch, frames = _batch("identity", [np.zeros(4, np.float32), np.zeros(2, np.float32)])
+    result, out = run_batch({"identity": model}, batch, frames, "ex", "cpu")
+    assert [a.batchSize for a, _ in _answers(out, result.frameCounts)] == [2, 2]

@@ -99,6 +99,7 @@ class Harness:
             error=error,
             queue_us=11,
             compute_us=22,
+            batch=None if error else codec.BatchTiming(size=1, input_us=3, infer_us=15, output_us=4),
         )
         await self.sched.send_multipart([ident, env, *payloads])
 
@@ -147,6 +148,7 @@ async def gateway(redis_url: str) -> AsyncIterator[Harness]:
     discovery = Discovery(registry, 1, link.follow, admission.load)
     discovery.models = dict(MODELS)
     st = GatewayState(s, registry, link, discovery, SystemShm(False), admission, Stats())
+    link.on_executed = st.stats.executed  # as create_app wires it
     server = ZeroCopyServer(st)
     await server.start()
     h = Harness(server, sched, redis_url)

@@ -9,6 +9,8 @@ __all__ = [
     "PREFIX",
     "TENANT_NAME",
     "check_tenant",
+    "gateway_stats_key",
+    "gateway_stats_pattern",
     "model_key",
     "model_versions_key",
     "profile_key",
@@ -31,6 +33,16 @@ def svc_key(kind: str, service_id: str) -> str:
 
 def svc_pattern(kind: str) -> str:
     return f"anvil:svc:{kind}:*"
+
+
+def gateway_stats_key(service_id: str) -> str:
+    """String: one gateway process's Triton statistics (JSON list of model entries, its share),
+    rewritten with its registry entry's TTL at every heartbeat; the others add it to their answers."""
+    return f"anvil:gwstats:{service_id}"
+
+
+def gateway_stats_pattern() -> str:
+    return "anvil:gwstats:*"
 
 
 def model_key(name: str) -> str:

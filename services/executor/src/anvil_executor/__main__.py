@@ -1,5 +1,6 @@
 """`python -m anvil_executor`: run one executor process."""
 
+from anvil_core import tracing
 from anvil_core.logs import setup_logging
 from anvil_core.runtime import run_sync_service
 from anvil_executor.service import Executor
@@ -11,7 +12,11 @@ def main() -> None:
     # before the models load: their compile progress, warm-up times and "not served" reasons are
     # logged while Executor() runs (run_sync_service sets the same logging up again, idempotently)
     setup_logging("executor", settings.log_level)
-    run_sync_service("executor", settings, Executor(settings).run)
+    tracing.setup("executor")  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    try:
+        run_sync_service("executor", settings, Executor(settings).run)
+    finally:
+        tracing.shutdown()  # flush the queued spans
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from anvil_core import codec
+from anvil_core import codec, tracing
 from anvil_core.codec import pb
 from anvil_core.model_spec import SpecError
 from anvil_core.tensors import HostTensor, TensorError
+from anvil_executor import batch_spans
 from anvil_executor import metrics as m
 from anvil_executor.device import is_device_fault
 from anvil_executor.models import Model, RequestInputs
@@ -56,6 +57,10 @@ class Pending:
     prepared: Any = _UNPREPARED
     busy_s: float = 0.0  # host time spent on it so far (decode, prepare), not waits between threads
     priority: int = 0  # the most urgent priority among its runnable requests (0: none)
+    rows: list[int] = field(default_factory=list)  # inferences per runnable request (statistics)
+    copy_in_ns: tuple[int, int] = (0, 0)  # perf_counter_ns: decode/check/prepare started, ended
+    queued_us: int = 0  # received by the executor -> its preparation started
+    traceparent: str = ""  # the scheduler's batch span (Batch.traceparent), for the executor's spans
 
 
 def run_batch(
@@ -65,13 +70,17 @@ def run_batch(
     executor_id: str,
     device: str,
     shm: ShmResolver = _no_shm,
+    queued_us: int = 0,
 ) -> tuple[pb.BatchResultT, list[Any]]:
     """Run every request of `batch`; returns the result header and its frames.
 
     A request whose tensors do not decode or fit the spec, or whose deadline has passed, gets its
     own error; the rest of the batch still runs. A model failure fails the whole batch.
+    Every answer with outputs carries the batch's measurements (codec.BatchTiming: copy-in, run,
+    copy-out, `queued_us` waited in the executor before it started) and its place in the batch; a
+    traced batch also gets its spans (batch_spans.py).
     """
-    return finish_batch(prepare_batch(models, batch, frames, executor_id, device, shm))
+    return finish_batch(prepare_batch(models, batch, frames, executor_id, device, shm, queued_us=queued_us))
 
 
 def prepare_batch(
@@ -82,10 +91,13 @@ def prepare_batch(
     device: str,
     shm: ShmResolver = _no_shm,
     prepare: bool = False,
+    queued_us: int = 0,
 ) -> Pending:
     """Decode and verify every request of `batch` (its own error for each that fails); with
-    `prepare`, also run the model's host-side `prepare` on the runnable ones (the prep thread)."""
+    `prepare`, also run the model's host-side `prepare` on the runnable ones (the prep thread).
+    This is the batch's copy-in (statistics and spans)."""
     t0 = time.perf_counter()
+    t0_ns = time.perf_counter_ns()
     result = pb.BatchResultT(batchId=batch.batchId, executorId=executor_id, device=device)
     model_name = batch.model or ""
     model = models.get(model_name)
@@ -97,7 +109,8 @@ def prepare_batch(
     except codec.ProtocolError as exc:
         result.error = codec.error(pb.ErrorCode.PROTOCOL, f"malformed batch: {exc}")
         return Pending(result, None)
-    pending = Pending(result, model, queue_us=list(batch.queueUs or ()), frames=frames)
+    pending = Pending(result, model, queue_us=list(batch.queueUs or ()), frames=frames, queued_us=queued_us)
+    pending.traceparent = batch.traceparent or ""
     answers: list[tuple[bytes, list[Any]] | None] = [None] * len(groups)
     requests: list[Any] = []
     for i, group in enumerate(groups):
@@ -133,6 +146,9 @@ def prepare_batch(
             answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, str(exc)), [])
             continue
         runnable.append((i, inputs))
+        pending.rows.append(
+            tensors[0].shape[0] if model.spec.max_batch > 0 and tensors and tensors[0].shape else 1
+        )
     pending.requests, pending.answers, pending.runnable = requests, answers, runnable
     pending.priority = min((int(requests[i].priority) for i, _ in runnable), default=0)
     if prepare and runnable:
@@ -141,6 +157,7 @@ def prepare_batch(
         except Exception as exc:  # a model bug: the whole batch hears it, as a failure of run would
             result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
     pending.busy_s = time.perf_counter() - t0
+    pending.copy_in_ns = (t0_ns, time.perf_counter_ns())
     return pending
 
 
@@ -156,7 +173,9 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
         pending.runnable,
         pending.queue_us,
     )
+    stamps = [*pending.copy_in_ns]  # copy-in; then run start, run end, copy-out end (perf ns)
     if runnable:
+        stamps.append(time.perf_counter_ns())
         try:
             if pending.prepared is _UNPREPARED:
                 produced_all = model.run([inputs for _, inputs in runnable])
@@ -167,9 +186,11 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
                 raise  # the compute loop answers the batch, then the executor restarts clean
             result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model.spec.name!r} failed: {exc}")
             return result, []
-        compute_us = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
+        stamps.append(time.perf_counter_ns())
         specs = {s.name: s for s in model.spec.outputs}
-        for (i, _), produced in zip(runnable, produced_all, strict=True):
+        ran: list[tuple[int, list[tuple[HostTensor, int]], list[Any]]] = []  # copy-out, then envelopes
+        size = 0
+        for (i, _), produced, n_rows in zip(runnable, produced_all, pending.rows, strict=True):
             req = requests[i]
             wanted = list(req.outputs or ()) or list(produced)
             missing = [n for n in wanted if n not in produced]
@@ -178,14 +199,29 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
                 continue
             payloads: list[Any] = []
             tensors = [HostTensor.from_array(n, specs[n].datatype, produced[n]) for n in wanted]
+            ran.append((i, codec.tensor_frames(tensors, payloads), payloads))
+            size += n_rows
+        stamps.append(time.perf_counter_ns())
+        timing = codec.BatchTiming(
+            size=size,
+            input_us=(stamps[1] - stamps[0]) // 1000,
+            infer_us=(stamps[3] - stamps[2]) // 1000,
+            output_us=(stamps[4] - stamps[3]) // 1000,
+            exec_queue_us=pending.queued_us,
+        )
+        compute_us = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
+        for index, (i, outputs, payloads) in enumerate(ran):
+            req = requests[i]
             env = codec.build_response(
                 request_id=req.requestId,
                 trace_id=req.traceId,
                 model=req.model,
                 version=model.spec.version,  # the version that answered (requests may name none)
-                outputs=codec.tensor_frames(tensors, payloads),
+                outputs=outputs,
                 queue_us=queue_us[i] if i < len(queue_us) else 0,
                 compute_us=compute_us,
+                batch=timing,
+                batch_index=index,  # 0: the gateway that gets this answer counts the batch
             )
             answers[i] = (env, payloads)
 
@@ -198,6 +234,9 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
             counts.append(1 + len(answer[1]))
     result.frameCounts = counts
     result.computeUs = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
+    if tracing.ON:
+        batch_spans.record(result.batchId or "", pending.traceparent, model.spec.name, requests,
+                           len(runnable), stamps, result.executorId or "", result.device or "")  # fmt: skip
     for i, _ in runnable:  # the hop "compute", once per request that ran, by its priority
         m.hop_us.labels(hop="compute", priority=m.priority_label(int(requests[i].priority))).observe(
             result.computeUs

@@ -354,7 +354,13 @@ class Executor:
                     else:
                         batch, frames = item
                         result, out = run_batch(
-                            self.models, batch, frames, self.s.service_id, str(self.device), **self._shm_arg()
+                            self.models,
+                            batch,
+                            frames,
+                            self.s.service_id,
+                            str(self.device),
+                            **self._shm_arg(),
+                            queued_us=self.work.last_wait_us,
                         )
                 except Exception as exc:  # never lose a batch: every request hears the failure
                     log.exception("batch failed")
@@ -390,6 +396,7 @@ class Executor:
                     str(self.device),
                     **self._shm_arg(),
                     prepare=True,
+                    queued_us=self.prep.last_wait_us,
                 )
             except Exception as exc:  # a bug: the batch is answered with it, the thread goes on
                 log.exception("batch preparation failed")

@@ -46,6 +46,7 @@ class BatchQueue:
         self._heap: list[tuple[int, int, float, Item | None]] = []  # (rank, seq, put at s or -1, item)
         self._seq = itertools.count()
         self._ready = threading.Condition(threading.Lock())
+        self.last_wait_us = 0  # the item `get` returned last: put -> taken, µs (the one consumer reads it)
 
     def put(self, item: Item | None, rank: int | None = None) -> None:
         """Queue a received (Batch, frames), ranked by its requests; or anything else (a prepared
@@ -65,9 +66,8 @@ class BatchQueue:
                 self._ready.wait()
             rank, _, put_at, item = heapq.heappop(self._heap)
         if put_at >= 0:  # the hop "queued": received -> its work starts (prep or compute), by rank
-            m.hop_us.labels(hop="queued", priority=m.priority_label(rank)).observe(
-                (time.perf_counter() - put_at) * 1e6
-            )
+            self.last_wait_us = int((time.perf_counter() - put_at) * 1e6)
+            m.hop_us.labels(hop="queued", priority=m.priority_label(rank)).observe(self.last_wait_us)
         return item
 
     def __len__(self) -> int:

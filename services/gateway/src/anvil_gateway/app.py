@@ -18,6 +18,7 @@ from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink
 from anvil_gateway.discovery import Discovery
 from anvil_gateway.grpc_server import GrpcFront
+from anvil_gateway.peer_stats import publish
 from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import SERVER_VERSION, GatewayState, NotFound, error
 from anvil_gateway.stats import Stats
@@ -31,6 +32,7 @@ def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI
     """The gateway's app; `shared_ports`: one of several worker processes serving the same ports
     (the gRPC port is then bound with SO_REUSEPORT, as workers.py binds the HTTP one)."""
     zerocopy: ZeroCopyServer  # made below (it needs the state); the registry beat reads its endpoint
+    stats = Stats()  # the registry beat publishes it (peer_stats.py)
     registry = Registry(
         settings.redis_url,
         "gateway",
@@ -43,6 +45,8 @@ def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI
             "host": settings.advertise_host,
             "zerocopy_endpoint": zerocopy.endpoint,
         },
+        # this process's statistics, which the other gateways add to their answers (peer_stats.py)
+        on_beat=lambda redis: publish(redis, stats, settings.service_id, settings.heartbeat_ttl_s),
         auth=settings.redis_auth,
     )
     link = SchedulerLink(
@@ -69,9 +73,11 @@ def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI
             allow_group=settings.shm_allow_group,
         ),
         admission,
-        Stats(),
+        stats,
         ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="anvil-parse"),
     )
+    stats.known = lambda name, version: getattr(discovery.models.get(name), "version", None) == version
+    link.on_executed = stats.executed  # every answer: each batch is counted by one gateway
     zerocopy = ZeroCopyServer(st, settings.zerocopy_dir)
     grpc_front = GrpcFront(st, shared_port=shared_ports)
 

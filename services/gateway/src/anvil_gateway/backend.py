@@ -10,6 +10,7 @@ logged, and readiness reports it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 
 import zmq
@@ -58,6 +59,8 @@ class SchedulerLink:
         self.drops = DropLog(log, "gateway")
         self.died: str | None = None  # why the receive loop ended, if it did while running
         self.late_answers = 0
+        # sees every verified answer, late ones too (the statistics count batches: stats.py)
+        self.on_executed: Callable[[pb.InferResponseT], None] | None = None
 
     def start(self) -> None:
         self._rx = asyncio.create_task(self._rx_loop(), name="scheduler-rx")
@@ -185,6 +188,8 @@ class SchedulerLink:
             raise body
         if not isinstance(body, pb.InferResponseT):
             raise codec.ProtocolError(f"the scheduler sent a {type(body).__name__}", "unexpected")
+        if self.on_executed is not None:
+            self.on_executed(body)
         fut = self.pending.get(body.requestId or "")
         if fut is None or fut.done():
             self.late_answers += 1  # its caller timed out (504) or left: expected, not an error

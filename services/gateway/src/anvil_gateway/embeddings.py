@@ -16,9 +16,10 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from anvil_core import tracing
 from anvil_core.model_spec import ModelSpec
 from anvil_core.tensors import HostTensor
-from anvil_gateway import json_codec
+from anvil_gateway import json_codec, spans
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.infer import read_body
@@ -73,6 +74,12 @@ def parse(doc: dict[str, Any], max_batch: int) -> tuple[list[str], str]:
 @router.post("/v1/embeddings", response_model=None)
 async def embeddings(request: Request) -> Response:
     """OpenAI-compatible embeddings (input: string or list; encoding_format float|base64; usage)."""
+    if tracing.ON:  # the root span (spans.py)
+        return await spans.server("gateway.embeddings", request, "", lambda: _embeddings(request))
+    return await _embeddings(request)
+
+
+async def _embeddings(request: Request) -> Response:
     st: GatewayState = state_of(request)
     hdr = {TRACE_HEADER: trace_id(request.headers)}
     try:
@@ -102,7 +109,7 @@ async def embeddings(request: Request) -> Response:
     t0 = time.perf_counter()
     tensor = HostTensor.from_array(text_in, "BYTES", np.array([t.encode() for t in texts], dtype=object))
     try:
-        _, outputs = await forward(
+        resp, outputs = await forward(
             st,
             spec,
             [tensor],
@@ -114,6 +121,7 @@ async def embeddings(request: Request) -> Response:
         )
     except Failed as exc:
         m.failure.labels(model=name, version=spec.version, reason=exc.reason).inc()
+        st.stats.failure(name, spec.version, int((time.perf_counter() - t0) * 1e9))
         kind = (
             "rate_limit_error"
             if exc.status == 429
@@ -126,6 +134,7 @@ async def embeddings(request: Request) -> Response:
     vectors = np.asarray(got[vec_out], dtype=np.float32)  # (n, D)
     tokens = int(np.asarray(got[tok_out]).sum()) if tok_out and tok_out in got else 0
     m.record_success(name, spec.version, len(texts), (time.perf_counter() - t0) * 1e6, None, None)
+    st.stats.success(name, spec.version, len(texts), int((time.perf_counter() - t0) * 1e9), resp)
     return Response(encode_embeddings(vectors, fmt, name, tokens), media_type="application/json", headers=hdr)
 
 

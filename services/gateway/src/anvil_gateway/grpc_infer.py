@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from anvil_core import tracing
 from anvil_core.logs import get_logger
 from anvil_core.tensors import HostTensor
 from anvil_gateway import metrics as m
@@ -53,7 +54,18 @@ RAW_COST_PER_ELEMENT = 1
 async def infer_one(
     st: GatewayState, req: pb.ModelInferRequest, md: Any, trace: str, t0_ns: int, deadline_s: float | None
 ) -> tuple[pb.ModelInferResponse, str]:
-    """One request, start to answer: (the response, its hops header text); raises Failed."""
+    """One request, start to answer: (the response, its hops header text); raises Failed. Traced: in
+    a root span (a child of the call's `traceparent` metadata), as HTTP's (spans.py)."""
+    if tracing.ON:
+        attrs = {"anvil.model": req.model_name, "rpc.system": "grpc"}
+        with tracing.server_span("gateway.grpc_infer", md.get("traceparent"), attrs):
+            return await _infer_one(st, req, md, trace, t0_ns, deadline_s)
+    return await _infer_one(st, req, md, trace, t0_ns, deadline_s)
+
+
+async def _infer_one(
+    st: GatewayState, req: pb.ModelInferRequest, md: Any, trace: str, t0_ns: int, deadline_s: float | None
+) -> tuple[pb.ModelInferResponse, str]:
     name, version = req.model_name, req.model_version or None
     try:
         tenant = st.admission.tenant(md)
@@ -69,9 +81,10 @@ async def infer_one(
         raise Failed(413, f"request of {size} bytes exceeds the limit of {limit} bytes ({why})", "too_large")
     shm = st.shm if st.shm.enabled else None
     try:
-        parsed = await parse_off_loop(
-            st, size, parse_infer_request, req, shm, tenant, orphan=lambda p: release_all(p, shm)
-        )
+        with tracing.span("gateway.parse"):
+            parsed = await parse_off_loop(
+                st, size, parse_infer_request, req, shm, tenant, orphan=lambda p: release_all(p, shm)
+            )
     except ShmError as exc:
         raise Failed(exc.status, str(exc), "shm") from None
     except BadRequest as exc:

@@ -99,7 +99,7 @@ async def model_statistics(st: GatewayState, req: pb.ModelStatisticsRequest) -> 
         specs = [await _resolve(st, req.name, req.version)]
     else:
         specs = list(st.discovery.models.values())
-    doc = model_docs.statistics(st, specs)
+    doc = await model_docs.statistics(st, specs)
     return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
 

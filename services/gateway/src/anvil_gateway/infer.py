@@ -13,8 +13,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
+from anvil_core import tracing
 from anvil_core.tensors import HostTensor
 from anvil_gateway import metrics as m
+from anvil_gateway import spans
 from anvil_gateway.admission import Rejected
 from anvil_gateway.body_limits import model_body_limit
 from anvil_gateway.hops import HOPS_HEADER
@@ -98,6 +100,12 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
 
 async def handle_infer(st: GatewayState, request: Request, name: str, version: str | None) -> Response:
     """The infer pipeline; also called by the ASGI fast path (fastpath.py) with the same result."""
+    if tracing.ON:  # the root span (spans.py); off: not even a no-op context
+        return await spans.server("gateway.infer", request, name, lambda: _handle(st, request, name, version))
+    return await _handle(st, request, name, version)
+
+
+async def _handle(st: GatewayState, request: Request, name: str, version: str | None) -> Response:
     t0 = time.perf_counter_ns()
     hdr = {TRACE_HEADER: trace_id(request.headers)}
     m.inflight.inc()
@@ -125,16 +133,17 @@ async def _infer(
     body = await read_body(request, limit, why, st.settings.parse_offload_bytes)
     shm = st.shm if st.shm.enabled else None
     try:
-        parsed = await parse_off_loop(
-            st,
-            len(body),
-            parse_request,
-            body,
-            request.headers.get(HEADER_LENGTH),
-            shm,
-            tenant,
-            orphan=lambda p: release_all(p, shm),
-        )
+        with tracing.span("gateway.parse"):
+            parsed = await parse_off_loop(
+                st,
+                len(body),
+                parse_request,
+                body,
+                request.headers.get(HEADER_LENGTH),
+                shm,
+                tenant,
+                orphan=lambda p: release_all(p, shm),
+            )
     except ShmError as exc:
         raise Failed(exc.status, str(exc), "shm") from None
     except BadRequest as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from anvil_core.model_spec import ModelSpec, TensorSpec
+from anvil_gateway.peer_stats import stats_doc
 from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import SERVER_NAME, SERVER_VERSION, GatewayState
 
@@ -80,7 +81,7 @@ def model_config(spec: ModelSpec, s: GatewaySettings) -> dict[str, Any]:
     }
 
 
-def statistics(st: GatewayState, specs: list[ModelSpec]) -> dict[str, Any]:
-    """Triton's statistics document of these models (stats.py): `GET /v2/models[/{m}]/stats` and
-    the ModelStatistics RPC both answer this."""
-    return st.stats.doc([(spec.name, spec.version) for spec in specs])
+async def statistics(st: GatewayState, specs: list[ModelSpec]) -> dict[str, Any]:
+    """Triton's statistics document of these models (stats.py), summed over every gateway process
+    (peer_stats.py): `GET /v2/models[/{m}]/stats` and the ModelStatistics RPC both answer this."""
+    return await stats_doc(st, [(spec.name, spec.version) for spec in specs])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-from anvil_core import codec
+from anvil_core import codec, tracing
 from anvil_core.codec import pb
 from anvil_core.model_spec import ModelSpec, SpecError
 from anvil_core.tensors import HostTensor, TensorError
@@ -65,7 +65,9 @@ def trace_id(headers: Any) -> str:
     if match:
         return match.group(1)
     given = headers.get(TRACE_HEADER, "")
-    return given if re.fullmatch(r"[0-9A-Za-z-]{8,64}", given) else uuid.uuid4().hex
+    if re.fullmatch(r"[0-9A-Za-z-]{8,64}", given):
+        return given
+    return tracing.current_trace_id() or uuid.uuid4().hex  # traced: the root span's trace
 
 
 async def parse_off_loop(
@@ -156,13 +158,14 @@ async def execute(st: GatewayState, call: InferCall, encode: Encoder[_T], encode
     served = resp.modelVersion or spec.version  # what answered
     cost = encode_cost_per_element * sum(t.data.size for t in outputs)
     try:
-        answer = await encode_off_loop(st, cost, encode, served, outputs, hops.header(resp))
+        with tracing.span("gateway.answer"):
+            answer = await encode_off_loop(st, cost, encode, served, outputs, hops.header(resp))
     except (BadRequest, ShmError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
     hops.record(resp, priority)
     total_ns = time.perf_counter_ns() - call.t0_ns
     rows = parsed.inputs[0].shape[0] if spec.max_batch > 0 and parsed.inputs else 1
-    st.stats.success(spec.name, spec.version, rows, total_ns, resp.queueUs * 1000, resp.computeUs * 1000)
+    st.stats.success(spec.name, spec.version, rows, total_ns, resp)
     m.record_success(spec.name, spec.version, rows, total_ns / 1000, resp.queueUs, resp.computeUs)
     return answer
 
@@ -206,7 +209,8 @@ async def forward(
     ``version``: the one the client named, else None: whichever version serves when the request
     runs (a redeploy switches over without failing requests that named none). ``hops``, when given,
     gets the send and answer times (hops.py)."""
-    admit(st, spec.name, tenant, priority)
+    with tracing.span("gateway.admit"):
+        admit(st, spec.name, tenant, priority)
     try:
         request_id = uuid.uuid4().hex
         payloads: list[Any] = []
@@ -220,13 +224,15 @@ async def forward(
             tenant=tenant,
             inputs=codec.tensor_frames(inputs, payloads),
             outputs=outputs,
+            traceparent=tracing.traceparent(),  # the root span's, the next hops' parent; None when off
         )
         if hops is not None:
             hops.mark_sent()
         try:
-            resp, frames = await st.link.infer(
-                request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
-            )
+            with tracing.span("gateway.dispatch"):  # sent -> answered
+                resp, frames = await st.link.infer(
+                    request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
+                )
         except BackendUnavailable as exc:
             raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None
         except TimeoutError:

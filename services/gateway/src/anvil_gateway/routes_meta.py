@@ -35,6 +35,13 @@ async def ready(request: Request) -> Response:
     return JSONResponse({"ready": True}) if ok else error(503, f"not ready: {why}")
 
 
+# before /v2/models/{name}: routes match in order, and "stats" would be taken for a model name
+@router.get("/v2/models/stats")
+async def all_stats(request: Request) -> dict[str, Any]:
+    st = state_of(request)
+    return await model_docs.statistics(st, list(st.discovery.models.values()))
+
+
 @router.get("/v2/models/{name}")
 @router.get("/v2/models/{name}/versions/{version}")
 async def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
@@ -58,17 +65,11 @@ async def model_config(request: Request, name: str, version: str | None = None) 
     return model_docs.model_config(await st.resolve(name, version), st.settings)
 
 
-@router.get("/v2/models/stats")
-async def all_stats(request: Request) -> dict[str, Any]:
-    st = state_of(request)
-    return model_docs.statistics(st, list(st.discovery.models.values()))
-
-
 @router.get("/v2/models/{name}/stats")
 @router.get("/v2/models/{name}/versions/{version}/stats")
 async def model_stats(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     st = state_of(request)
-    return model_docs.statistics(st, [await st.resolve(name, version)])
+    return await model_docs.statistics(st, [await st.resolve(name, version)])
 
 
 # ---- KServe v2 model repository extension: the registry's deploy/undeploy (repository.py) ----------

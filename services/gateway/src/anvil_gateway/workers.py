@@ -22,6 +22,7 @@ from types import FrameType
 
 import uvicorn
 
+from anvil_core import tracing
 from anvil_core.logs import get_logger, setup_logging
 from anvil_core.metrics import serve_metrics
 from anvil_gateway.app import create_app
@@ -51,7 +52,11 @@ def serve(settings: GatewaySettings, sock: socket.socket | None = None) -> None:
         timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
-    server.run(sockets=[sock] if sock is not None else None)
+    tracing.setup("gateway")  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    try:
+        server.run(sockets=[sock] if sock is not None else None)
+    finally:
+        tracing.shutdown()  # flush the queued spans
 
 
 def worker_settings(base: GatewaySettings, i: int) -> GatewaySettings:

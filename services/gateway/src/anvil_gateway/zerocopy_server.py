@@ -408,7 +408,7 @@ class ZeroCopyServer:
         self._send(flight.peer, hdr, "INFER", Status.OK)
         total_ns = time.perf_counter_ns() - flight.t0_ns
         name, version = spec.name, spec.version
-        self.st.stats.success(name, version, flight.rows, total_ns, queue_us * 1000, compute_us * 1000)
+        self.st.stats.success(name, version, flight.rows, total_ns, resp)
         m.record_success(name, version, flight.rows, total_ns / 1000, queue_us, compute_us)
 
     def _fail(self, flight: _Flight, status: Status, text: str) -> None:

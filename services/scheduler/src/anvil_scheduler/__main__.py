@@ -1,5 +1,6 @@
 """`python -m anvil_scheduler`: run one scheduler process."""
 
+from anvil_core import tracing
 from anvil_core.runtime import run_sync_service
 from anvil_scheduler.service import Scheduler
 from anvil_scheduler.settings import SchedulerSettings
@@ -7,7 +8,11 @@ from anvil_scheduler.settings import SchedulerSettings
 
 def main() -> None:
     settings = SchedulerSettings()
-    run_sync_service("scheduler", settings, Scheduler(settings).run)
+    tracing.setup("scheduler")  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    try:
+        run_sync_service("scheduler", settings, Scheduler(settings).run)
+    finally:
+        tracing.shutdown()  # flush the queued spans
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from anvil_core import codec, deployments, keys
+from anvil_core import codec, deployments, keys, tracing
 from anvil_core.background import Background
 from anvil_core.codec import pb
 from anvil_core.drops import DropLog
@@ -35,6 +35,7 @@ from anvil_core.registry import Registry
 from anvil_core.zmq_auth import CurveGate
 from anvil_core.zmq_sockets import ipc_endpoint, make_socket, tcp_endpoint
 from anvil_scheduler import metrics as m
+from anvil_scheduler import spans
 from anvil_scheduler.core import (
     AdmitOutcome,
     AimdPolicy,
@@ -73,6 +74,7 @@ class Ticket:
     envelope: Any
     frames: list[Any]
     trace_id: str
+    traceparent: str = ""  # the gateway's dispatch span (W3C), when it traces
 
 
 def make_policy(s: SchedulerSettings) -> BatchingPolicy:
@@ -239,7 +241,7 @@ class Scheduler:
         req: Any = body  # verified: ids and model are non-empty str, priority 1..3, deadline >= 0
         codec.check_payloads(req.inputs, parts[1:], "input")
         rid, model = req.requestId, req.model
-        ticket = Ticket(gateway, parts[0], parts[1:], req.traceId or "")
+        ticket = Ticket(gateway, parts[0], parts[1:], req.traceId or "", req.traceparent or "")
         now = time.monotonic()
         remaining_s = (req.deadlineUnixNs - time.time_ns()) / 1e9
         if remaining_s <= 0:
@@ -357,6 +359,9 @@ class Scheduler:
             frames.append(ticket.envelope)
             frames.extend(ticket.frames)
         msg = pb.BatchT(batchId=str(batch.batch_id), model=batch.model, frameCounts=counts, queueUs=queue_us)
+        if tracing.ON:
+            contexts = [_ticket(r).traceparent for r in batch.requests]
+            msg.traceparent = spans.record(batch, contexts, now, batch.executor_id)
         m.batches.labels(model=batch.model).inc()
         m.batch_size.labels(model=batch.model).observe(batch.size)
         self.sent_at[batch.batch_id] = now

@@ -31,6 +31,7 @@ __all__ = [
     "HTTP_STATUS",
     "MAX_DIMS",
     "MAX_TENSORS",
+    "BatchTiming",
     "ShmSpan",
     "build_request",
     "build_response",
@@ -45,6 +46,8 @@ __all__ = [
 
 MAX_TENSORS = 64  # inputs or outputs of one request: no served model has more
 MAX_DIMS = 8
+MAX_BATCH_SIZE = 1 << 20  # InferResponse.batch_size's schema bound (rows)
+MAX_BATCH_INDEX = (1 << 16) - 1  # InferResponse.batch_index's schema bound
 MAX_SHM_BYTES = 1 << 40  # 1 TiB: no region is larger; larger is a crafted length
 
 ERROR_NAMES: dict[int, str] = {v: k for k, v in vars(pb.ErrorCode).items() if not k.startswith("_")}
@@ -62,6 +65,18 @@ HTTP_STATUS: dict[int, int] = {
     pb.ErrorCode.PROTOCOL: 502,
     pb.ErrorCode.INTERNAL: 500,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTiming:
+    """What the executor measured of one batch, as every answered request of it carries it
+    (InferResponse.batch_size ... exec_queue_us; docs/observability.md). Durations in µs."""
+
+    size: int  # inferences (rows) the batch executed
+    input_us: int  # copy-in: inputs decoded, checked, gathered
+    infer_us: int  # the model run
+    output_us: int  # copy-out: outputs into payload buffers
+    exec_queue_us: int = 0  # received by the executor -> the batch starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +120,11 @@ def build_request(
     inputs: Sequence[tuple[HostTensor, int]] = (),
     shm_inputs: Sequence[tuple[str, str, Sequence[int], ShmSpan]] = (),
     outputs: Sequence[str] = (),
+    traceparent: str | None = None,
 ) -> bytes:
     """An InferRequest envelope. `inputs` are (tensor, frame index); `shm_inputs` are (name,
-    datatype, shape, span) for bytes that stay in shared memory."""
+    datatype, shape, span) for bytes that stay in shared memory; `traceparent` the W3C trace
+    context of the sender's span (None: not traced)."""
     tensors = [_tensor(t.name, t.datatype, t.shape, frame, None) for t, frame in inputs]
     tensors += [_tensor(name, dt, shape, -1, span) for name, dt, shape, span in shm_inputs]
     body = pb.InferRequestT(
@@ -120,6 +137,7 @@ def build_request(
         tenant=tenant,
         inputs=tensors,
         outputs=list(outputs) or None,
+        traceparent=traceparent,
     )
     return bytes(pack(body)[0])
 
@@ -134,8 +152,12 @@ def build_response(
     error: tuple[int, str] | None = None,
     queue_us: int = 0,
     compute_us: int = 0,
+    batch: BatchTiming | None = None,
+    batch_index: int = 0,
 ) -> bytes:
-    """An InferResponse envelope: outputs (tensor, frame index), or an error (code, reason)."""
+    """An InferResponse envelope: outputs (tensor, frame index), or an error (code, reason).
+    `batch`: the executor's measurements of the batch the request ran in, `batch_index` the
+    answer's place in it (0 counts the batch in the gateway's statistics)."""
     body = pb.InferResponseT(
         requestId=request_id,
         traceId=trace_id,
@@ -143,10 +165,21 @@ def build_response(
         modelVersion=version,
         outputs=[_tensor(t.name, t.datatype, t.shape, frame, None) for t, frame in outputs],
         error=None if error is None else pb.ErrorT(code=error[0], reason=error[1]),
-        queueUs=max(0, min(queue_us, 2**32 - 1)),
-        computeUs=max(0, min(compute_us, 2**32 - 1)),
+        queueUs=_u32(queue_us),
+        computeUs=_u32(compute_us),
     )
+    if batch is not None:
+        body.batchSize = min(batch.size, MAX_BATCH_SIZE)
+        body.batchIndex = min(batch_index, MAX_BATCH_INDEX)
+        body.computeInputUs = _u32(batch.input_us)
+        body.computeInferUs = _u32(batch.infer_us)
+        body.computeOutputUs = _u32(batch.output_us)
+        body.execQueueUs = _u32(batch.exec_queue_us)
     return bytes(pack(body)[0])
+
+
+def _u32(us: int) -> int:
+    return max(0, min(us, 2**32 - 1))
 
 
 def _nbytes(frame: Frame) -> int:

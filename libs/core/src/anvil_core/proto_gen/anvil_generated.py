@@ -567,8 +567,15 @@ class InferRequest(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
         return o == 0
 
+    # InferRequest
+    def Traceparent(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def InferRequestStart(builder):
-    builder.StartObject(9)
+    builder.StartObject(10)
 
 def InferRequestAddRequestId(builder, requestId):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(requestId), 0)
@@ -603,6 +610,9 @@ def InferRequestAddOutputs(builder, outputs):
 def InferRequestStartOutputsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
+def InferRequestAddTraceparent(builder, traceparent):
+    builder.PrependUOffsetTRelativeSlot(9, flatbuffers.number_types.UOffsetTFlags.py_type(traceparent), 0)
+
 def InferRequestEnd(builder):
     return builder.EndObject()
 
@@ -626,6 +636,7 @@ class InferRequestT(object):
         tenant = None,
         inputs = None,
         outputs = None,
+        traceparent = None,
     ):
         self.requestId = requestId  # type: Optional[str]
         self.traceId = traceId  # type: Optional[str]
@@ -636,6 +647,7 @@ class InferRequestT(object):
         self.tenant = tenant  # type: Optional[str]
         self.inputs = inputs  # type: Optional[List[TensorT]]
         self.outputs = outputs  # type: Optional[List[Optional[str]]]
+        self.traceparent = traceparent  # type: Optional[str]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -677,6 +689,7 @@ class InferRequestT(object):
             self.outputs = []
             for i in range(inferRequest.OutputsLength()):
                 self.outputs.append(inferRequest.Outputs(i))
+        self.traceparent = inferRequest.Traceparent()
 
     # InferRequestT
     def Pack(self, builder):
@@ -706,6 +719,8 @@ class InferRequestT(object):
             for i in reversed(range(len(self.outputs))):
                 builder.PrependUOffsetTRelative(outputslist[i])
             outputs = builder.EndVector()
+        if self.traceparent is not None:
+            traceparent = builder.CreateString(self.traceparent)
         InferRequestStart(builder)
         if self.requestId is not None:
             InferRequestAddRequestId(builder, requestId)
@@ -723,6 +738,8 @@ class InferRequestT(object):
             InferRequestAddInputs(builder, inputs)
         if self.outputs is not None:
             InferRequestAddOutputs(builder, outputs)
+        if self.traceparent is not None:
+            InferRequestAddTraceparent(builder, traceparent)
         inferRequest = InferRequestEnd(builder)
         return inferRequest
 
@@ -821,8 +838,50 @@ class InferResponse(object):
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
+    # InferResponse
+    def BatchSize(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # InferResponse
+    def BatchIndex(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # InferResponse
+    def ComputeInputUs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # InferResponse
+    def ComputeInferUs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # InferResponse
+    def ComputeOutputUs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
+    # InferResponse
+    def ExecQueueUs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(30))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
 def InferResponseStart(builder):
-    builder.StartObject(8)
+    builder.StartObject(14)
 
 def InferResponseAddRequestId(builder, requestId):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(requestId), 0)
@@ -851,6 +910,24 @@ def InferResponseAddQueueUs(builder, queueUs):
 def InferResponseAddComputeUs(builder, computeUs):
     builder.PrependUint32Slot(7, computeUs, 0)
 
+def InferResponseAddBatchSize(builder, batchSize):
+    builder.PrependUint32Slot(8, batchSize, 0)
+
+def InferResponseAddBatchIndex(builder, batchIndex):
+    builder.PrependUint32Slot(9, batchIndex, 0)
+
+def InferResponseAddComputeInputUs(builder, computeInputUs):
+    builder.PrependUint32Slot(10, computeInputUs, 0)
+
+def InferResponseAddComputeInferUs(builder, computeInferUs):
+    builder.PrependUint32Slot(11, computeInferUs, 0)
+
+def InferResponseAddComputeOutputUs(builder, computeOutputUs):
+    builder.PrependUint32Slot(12, computeOutputUs, 0)
+
+def InferResponseAddExecQueueUs(builder, execQueueUs):
+    builder.PrependUint32Slot(13, execQueueUs, 0)
+
 def InferResponseEnd(builder):
     return builder.EndObject()
 
@@ -873,6 +950,12 @@ class InferResponseT(object):
         error = None,
         queueUs = 0,
         computeUs = 0,
+        batchSize = 0,
+        batchIndex = 0,
+        computeInputUs = 0,
+        computeInferUs = 0,
+        computeOutputUs = 0,
+        execQueueUs = 0,
     ):
         self.requestId = requestId  # type: Optional[str]
         self.traceId = traceId  # type: Optional[str]
@@ -882,6 +965,12 @@ class InferResponseT(object):
         self.error = error  # type: Optional[ErrorT]
         self.queueUs = queueUs  # type: int
         self.computeUs = computeUs  # type: int
+        self.batchSize = batchSize  # type: int
+        self.batchIndex = batchIndex  # type: int
+        self.computeInputUs = computeInputUs  # type: int
+        self.computeInferUs = computeInferUs  # type: int
+        self.computeOutputUs = computeOutputUs  # type: int
+        self.execQueueUs = execQueueUs  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -920,6 +1009,12 @@ class InferResponseT(object):
             self.error = ErrorT.InitFromObj(inferResponse.Error())
         self.queueUs = inferResponse.QueueUs()
         self.computeUs = inferResponse.ComputeUs()
+        self.batchSize = inferResponse.BatchSize()
+        self.batchIndex = inferResponse.BatchIndex()
+        self.computeInputUs = inferResponse.ComputeInputUs()
+        self.computeInferUs = inferResponse.ComputeInferUs()
+        self.computeOutputUs = inferResponse.ComputeOutputUs()
+        self.execQueueUs = inferResponse.ExecQueueUs()
 
     # InferResponseT
     def Pack(self, builder):
@@ -956,6 +1051,12 @@ class InferResponseT(object):
             InferResponseAddError(builder, error)
         InferResponseAddQueueUs(builder, self.queueUs)
         InferResponseAddComputeUs(builder, self.computeUs)
+        InferResponseAddBatchSize(builder, self.batchSize)
+        InferResponseAddBatchIndex(builder, self.batchIndex)
+        InferResponseAddComputeInputUs(builder, self.computeInputUs)
+        InferResponseAddComputeInferUs(builder, self.computeInferUs)
+        InferResponseAddComputeOutputUs(builder, self.computeOutputUs)
+        InferResponseAddExecQueueUs(builder, self.execQueueUs)
         inferResponse = InferResponseEnd(builder)
         return inferResponse
 
@@ -1046,8 +1147,15 @@ class Batch(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(10))
         return o == 0
 
+    # Batch
+    def Traceparent(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def BatchStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def BatchAddBatchId(builder, batchId):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(batchId), 0)
@@ -1067,6 +1175,9 @@ def BatchAddQueueUs(builder, queueUs):
 def BatchStartQueueUsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
+def BatchAddTraceparent(builder, traceparent):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(traceparent), 0)
+
 def BatchEnd(builder):
     return builder.EndObject()
 
@@ -1085,11 +1196,13 @@ class BatchT(object):
         model = None,
         frameCounts = None,
         queueUs = None,
+        traceparent = None,
     ):
         self.batchId = batchId  # type: Optional[str]
         self.model = model  # type: Optional[str]
         self.frameCounts = frameCounts  # type: Optional[List[int]]
         self.queueUs = queueUs  # type: Optional[List[int]]
+        self.traceparent = traceparent  # type: Optional[str]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -1128,6 +1241,7 @@ class BatchT(object):
                     self.queueUs.append(batch.QueueUs(i))
             else:
                 self.queueUs = batch.QueueUsAsNumpy()
+        self.traceparent = batch.Traceparent()
 
     # BatchT
     def Pack(self, builder):
@@ -1151,6 +1265,8 @@ class BatchT(object):
                 for i in reversed(range(len(self.queueUs))):
                     builder.PrependUint32(self.queueUs[i])
                 queueUs = builder.EndVector()
+        if self.traceparent is not None:
+            traceparent = builder.CreateString(self.traceparent)
         BatchStart(builder)
         if self.batchId is not None:
             BatchAddBatchId(builder, batchId)
@@ -1160,6 +1276,8 @@ class BatchT(object):
             BatchAddFrameCounts(builder, frameCounts)
         if self.queueUs is not None:
             BatchAddQueueUs(builder, queueUs)
+        if self.traceparent is not None:
+            BatchAddTraceparent(builder, traceparent)
         batch = BatchEnd(builder)
         return batch
 
