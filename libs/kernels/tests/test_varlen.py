@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from anvil_kernels import attention, layer_norm, mean_pool_l2
+from anvil_kernels import attention, gemm_f32_avx512, layer_norm, mean_pool_l2
 from anvil_kernels.linear_f32 import f32_linear
 from anvil_kernels.varlen import (
     attention_varlen,
@@ -256,3 +256,38 @@ def test_exp_fast_is_within_2e_7_of_exp_and_clamps() -> None:
     run(edges, got)
     assert got[0] == got[1] and 0 < got[0] < 2e-38  # underflow clamps at exp(-87), no NaN
     assert got[2] == 1.0 and np.isfinite(got[3])
+
+
+@pytest.mark.skipif(not gemm_f32_avx512.available(), reason="the packed fp32 GEMM needs AVX-512")
+@pytest.mark.parametrize("m", [1, 3, 5, 9, 12, 13, 22, 40, 128])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_f32_linear_on_packed_weights_matches_the_reference(m: int, threads: int) -> None:
+    """Every block height (12, 8, 4, 1) and its padded rows, the GELU and the LN epilogues."""
+    import numba
+
+    k, n = 72, 96
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    w = (RNG.standard_normal((k, n)) / 8).astype(np.float32)
+    wp = gemm_f32_avx512.pack(w)
+    assert wp.shape == (n // 16, k, 16) and wp.ctypes.data % 64 == 0
+    bias, g, b = (RNG.standard_normal(n).astype(np.float32) for _ in range(3))
+    res = RNG.standard_normal((m, n)).astype(np.float32)
+    y = x.astype(np.float64) @ w + bias
+    gelu, normed = np.full((m, n), np.nan, np.float32), np.full((m, n), np.nan, np.float32)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]
+    try:
+        f32_linear(x, w, gelu, bias, "gelu_erf", packed=wp)
+        f32_linear(x, w, normed, bias, "none", res, (g, b, 1e-12), packed=wp)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_allclose(gelu, _gelu(y), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(normed, _ln(y + res, g, b, 1e-12), rtol=1e-4, atol=1e-4)
+
+
+def test_pack_refuses_what_the_kernel_cannot_take() -> None:
+    assert not gemm_f32_avx512.packable(np.zeros((8, 40), np.float32))  # N not a multiple of 32
+    assert not gemm_f32_avx512.packable(np.zeros((8, 64), np.float64))
+    x = np.zeros((2, 8), np.float32)
+    with pytest.raises(ValueError, match="packed"):
+        f32_linear(x, np.zeros((8, 64), np.float32), np.zeros((2, 64), np.float32), packed=np.zeros((4, 8, 8), np.float32))

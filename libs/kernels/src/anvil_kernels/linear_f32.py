@@ -20,10 +20,10 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from anvil_kernels import _jit, _openblas
+from anvil_kernels import _jit, _openblas, gemm_f32_avx512
 from anvil_kernels import _validate as v
 from anvil_kernels.activations import ACTIVATIONS
-from anvil_kernels.varlen import _act_row, _bias_act, _bias_res_ln
+from anvil_kernels.varlen import _act_row, _bias_act, _bias_res_ln, _ln_row
 from anvil_kernels.workspace import Workspace
 
 __all__ = ["f32_linear", "tiles"]
@@ -31,37 +31,6 @@ __all__ = ["f32_linear", "tiles"]
 # rows per tile: enough that packing the tile's W slice (every sgemm call does) is small next to
 # its FMAs, few enough for balance between threads
 MIN_BLOCK, MAX_BLOCK = 64, 256
-
-
-@njit(fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
-def _ln_row(
-    y: np.ndarray,
-    bias: np.ndarray,
-    res: np.ndarray,
-    gamma: np.ndarray,
-    beta: np.ndarray,
-    eps: float,
-    o: np.ndarray,
-) -> None:  # pragma: no cover (numba)
-    h = y.size
-    if bias.size:
-        for i in range(h):
-            y[i] += bias[i]
-    if res.size:
-        for i in range(h):
-            y[i] += res[i]
-    mean = 0.0
-    for i in range(h):
-        mean += y[i]
-    mean /= h
-    var = 0.0
-    for i in range(h):
-        d = y[i] - mean
-        var += d * d
-    rstd = np.float32(1.0 / np.sqrt(var / h + eps))
-    mu = np.float32(mean)
-    for i in range(h):
-        o[i] = (y[i] - mu) * rstd * gamma[i] + beta[i]
 
 
 @njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
@@ -131,11 +100,13 @@ def f32_linear(
     residual: np.ndarray | None = None,
     ln: tuple[np.ndarray, np.ndarray, float] | None = None,
     workspace: Workspace | None = None,
+    packed: np.ndarray | None = None,
 ) -> np.ndarray:
     """``out = LN(act(x @ w + bias) + residual)`` (LN only when ``ln = (gamma, beta, eps)``).
     x (M, K), w (K, N), out and residual (M, N), bias/gamma/beta (N,): float32, C-contiguous;
     out must not alias x or w (it may alias residual only row for row, i.e. be residual itself,
-    when ``ln`` is given). Returns out."""
+    when ``ln`` is given). ``packed``: ``gemm_f32_avx512.pack(w)``, made once by the caller; with it,
+    M <= gemm_f32_avx512.MAX_M runs on that kernel (no per-call repack of w). Returns out."""
     v.array("x", x, np.float32, 2)
     m, k = x.shape
     v.array("w", w, np.float32, 2)
@@ -167,6 +138,13 @@ def f32_linear(
         y, eps_f = out, 1.0
         if residual is not None and np.shares_memory(out, residual):
             raise ValueError("out must not share memory with residual (without ln)")
+    if packed is not None and m <= gemm_f32_avx512.MAX_M:
+        v.array("packed", packed, np.float32, 3, (n // 16, k, 16))
+        xt = ws.get("f32_linear.xt", (k * gemm_f32_avx512.padded_rows(m),)).reshape(-1)
+        gemm_f32_avx512.matmul_packed(
+            x, packed, y, b, ACTIVATIONS[act], res, ln is not None, gamma, beta, eps_f, out, xt
+        )
+        return out
     if _openblas.SGEMM is None:  # another BLAS: its matmul, then the epilogue kernels
         np.matmul(x, w, out=y)
         if ln is not None:

@@ -94,6 +94,37 @@ def _act_row(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no c
         y[i] = t
 
 
+@njit(fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
+def _ln_row(
+    y: np.ndarray,
+    bias: np.ndarray,
+    res: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    eps: float,
+    o: np.ndarray,
+) -> None:  # pragma: no cover (numba)
+    h = y.size
+    if bias.size:
+        for i in range(h):
+            y[i] += bias[i]
+    if res.size:
+        for i in range(h):
+            y[i] += res[i]
+    mean = 0.0
+    for i in range(h):
+        mean += y[i]
+    mean /= h
+    var = 0.0
+    for i in range(h):
+        d = y[i] - mean
+        var += d * d
+    rstd = np.float32(1.0 / np.sqrt(var / h + eps))
+    mu = np.float32(mean)
+    for i in range(h):
+        o[i] = (y[i] - mu) * rstd * gamma[i] + beta[i]
+
+
 @njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
 def _bias_act(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no cover (numba)
     for r in prange(y.shape[0]):

@@ -21,6 +21,7 @@ from anvil_core.tensors import HostTensor
 from anvil_gateway import json_codec
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
+from anvil_gateway.hops import HOPS_HEADER, Hops
 from anvil_gateway.infer import TRACE_HEADER, Failed, forward, parse_off_loop, read_body, trace_id
 from anvil_gateway.kserve import BadRequest, parse_json_document
 from anvil_gateway.state import GatewayState, state_of
@@ -71,8 +72,10 @@ def parse(doc: dict[str, Any], max_batch: int) -> tuple[list[str], str]:
 
 @router.post("/v1/embeddings", response_model=None)
 async def embeddings(request: Request) -> Response:
-    """OpenAI-compatible embeddings (input: string or list; encoding_format float|base64; usage)."""
+    """OpenAI-compatible embeddings (input: string or list; encoding_format float|base64; usage).
+    The per-hop split travels back in ``x-anvil-hops-us`` as for KServe infer (hops.py)."""
     st: GatewayState = state_of(request)
+    hops = Hops(time.perf_counter_ns())
     hdr = {TRACE_HEADER: trace_id(request.headers)}
     try:
         tenant = st.admission.tenant(request.headers)
@@ -101,7 +104,7 @@ async def embeddings(request: Request) -> Response:
     t0 = time.perf_counter()
     tensor = HostTensor.from_array(text_in, "BYTES", np.array([t.encode() for t in texts], dtype=object))
     try:
-        _, outputs = await forward(
+        resp, outputs = await forward(
             st,
             spec,
             [tensor],
@@ -110,6 +113,7 @@ async def embeddings(request: Request) -> Response:
             priority,
             timeout_s,
             hdr[TRACE_HEADER],
+            hops=hops,
         )
     except Failed as exc:
         m.failure.labels(model=name, version=spec.version, reason=exc.reason).inc()
@@ -125,7 +129,10 @@ async def embeddings(request: Request) -> Response:
     vectors = np.asarray(got[vec_out], dtype=np.float32)  # (n, D)
     tokens = int(np.asarray(got[tok_out]).sum()) if tok_out and tok_out in got else 0
     m.record_success(name, spec.version, len(texts), (time.perf_counter() - t0) * 1e6, None, None)
-    return Response(encode_embeddings(vectors, fmt, name, tokens), media_type="application/json", headers=hdr)
+    hdr[HOPS_HEADER] = hops.header(resp)
+    body = encode_embeddings(vectors, fmt, name, tokens)
+    hops.record(resp, priority)
+    return Response(body, media_type="application/json", headers=hdr)
 
 
 def encode_embeddings(vectors: np.ndarray, fmt: str, model: str, tokens: int) -> bytes:
