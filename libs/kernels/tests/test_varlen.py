@@ -11,13 +11,13 @@ import pytest
 from anvil_kernels import attention, gemm_f32_avx512, layer_norm, mean_pool_l2
 from anvil_kernels.linear_f32 import f32_linear
 from anvil_kernels.varlen import (
-    attention_varlen,
     bias_act,
     bias_residual_layer_norm,
     embed_ln_varlen,
     erf_fast,
     mean_pool_l2_varlen,
 )
+from anvil_kernels.varlen_attention import attention_varlen
 
 RNG = np.random.default_rng(2026)
 LENS = [1, 7, 3, 12, 5]  # sequences of a packed batch (lengths differ, one of a single token)
