@@ -272,7 +272,8 @@ def main() -> None:
         torch.set_num_threads(args.compute_threads)  # the same threads as Anvil's computation
         for batch in (1, 16, 64):
             r = st_speed(st, texts, batch, args.seconds)
-            speed.append({"system": ST, "batch": batch, **r})
+            # read here: numba's OpenMP layer (the in-process rows) resets the shared OpenMP count
+            speed.append({"system": ST, "batch": batch, **r, "torch_threads": torch.get_num_threads()})
             print(speed[-1], flush=True)
         import numba
 
@@ -319,13 +320,15 @@ def _label(row: dict[str, Any]) -> str:
     return f"plan INT4 g{o['group_size']} {how}{' + clip search' if o.get('clip_search') else ''}{keep}"
 
 
-def _meta(note: str, threads: int) -> dict[str, Any]:
+def _meta(note: str, threads: int, speed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "commit": commit.stdout.strip(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "torch_threads": __import__("torch").get_num_threads(),
+        "torch_threads": next(
+            (r["torch_threads"] for r in speed or () if "torch_threads" in r), __import__("torch").get_num_threads()
+        ),
         "compute_threads": threads,
         "load_1min_at_end": round(os.getloadavg()[0], 1),  # other work on the machine during the run
         "note": note,
@@ -338,7 +341,7 @@ def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None, note: str = "
     Rows of encoders that no longer exist (the numpy reference) are dropped."""
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    meta = _meta(note, threads)
+    meta = _meta(note, threads, speed)
     path = out / "minilm.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     rows = old.get("accuracy", [])
