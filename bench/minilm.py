@@ -327,7 +327,8 @@ def _meta(note: str, threads: int, speed: list[dict[str, Any]] | None = None) ->
         "commit": commit.stdout.strip(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "torch_threads": next(
-            (r["torch_threads"] for r in speed or () if "torch_threads" in r), __import__("torch").get_num_threads()
+            (r["torch_threads"] for r in speed or () if "torch_threads" in r),
+            __import__("torch").get_num_threads(),
         ),
         "compute_threads": threads,
         "load_1min_at_end": round(os.getloadavg()[0], 1),  # other work on the machine during the run

@@ -227,7 +227,7 @@ def test_attention_varlen_paths_agree(monkeypatch: pytest.MonkeyPatch, blas: boo
     offs = (0, heads * d, 2 * heads * d)
     out = np.empty((n, heads * d), np.float32)
     attention_varlen(qkv, _cu(lens), heads, d, offs, 0.25, out)
-    for s, (lo, ln) in enumerate(zip(_cu(lens)[:-1], lens, strict=True)):
+    for lo, ln in zip(_cu(lens)[:-1], lens, strict=True):
         for h in range(heads):
             q, k, v = (qkv[lo : lo + ln, o + h * d : o + (h + 1) * d].astype(np.float64) for o in offs)
             sc = q @ k.T * 0.25
@@ -290,4 +290,5 @@ def test_pack_refuses_what_the_kernel_cannot_take() -> None:
     assert not gemm_f32_avx512.packable(np.zeros((8, 64), np.float64))
     x = np.zeros((2, 8), np.float32)
     with pytest.raises(ValueError, match="packed"):
-        f32_linear(x, np.zeros((8, 64), np.float32), np.zeros((2, 64), np.float32), packed=np.zeros((4, 8, 8), np.float32))
+        bad = np.zeros((4, 8, 8), np.float32)  # strips of 8 columns: not what pack makes
+        f32_linear(x, np.zeros((8, 64), np.float32), np.zeros((2, 64), np.float32), packed=bad)

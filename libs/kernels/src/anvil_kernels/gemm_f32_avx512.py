@@ -62,7 +62,9 @@ def pack(w: np.ndarray) -> np.ndarray:
 
 
 def _c(arr: Any, ndim: int) -> bool:
-    return isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == ndim and arr.layout == "C"
+    return (
+        isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == ndim and arr.layout == "C"
+    )
 
 
 def _make_block(rows: int) -> Any:
@@ -111,7 +113,9 @@ def _make_block(rows: int) -> Any:
                 xrow = builder.gep(xa.data, [builder.add(builder.mul(k, mp), m0_v)])
                 for r in range(rows):
                     xs = builder.load(builder.gep(xrow, [const(r)]))
-                    xv = builder.shuffle_vector(builder.insert_element(undef, xs, ir.Constant(i32, 0)), undef, zeros)
+                    xv = builder.shuffle_vector(
+                        builder.insert_element(undef, xs, ir.Constant(i32, 0)), undef, zeros
+                    )
                     for j, wv in enumerate((w0, w1)):
                         builder.store(builder.call(fma, [xv, wv, builder.load(accs[r][j])]), accs[r][j])
             col = builder.mul(pair_v, const(PAIR))
@@ -142,7 +146,9 @@ def padded_rows(m: int) -> int:
     return mp
 
 
-@njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, boundscheck=False, error_model="numpy")
+@njit(
+    parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, boundscheck=False, error_model="numpy"
+)
 def _matmul_packed(
     x: np.ndarray,  # (M, K) f32
     xt: np.ndarray,  # (K, MP) f32 scratch: x transposed, rows M..MP zero

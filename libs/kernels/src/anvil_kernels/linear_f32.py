@@ -5,8 +5,9 @@ Design (x (M, K), W (K, N), out (M, N), float32, row-major):
   numba task each; a task calls numpy's own OpenBLAS sgemm single-threaded on its tile
   (``_openblas``), then applies the epilogue to it while it is in cache: bias + activation (GELU
   through ``varlen.erf_fast``), or bias + residual + LayerNorm (whole rows; after a second pass
-  where tiles split the columns). One pass over the output instead of three, and one thread pool: numba's threads run
-  the BLAS calls, so OpenBLAS's own spinning workers never compete with numba's (see _openblas).
+  where tiles split the columns). One pass over the output instead of three, and one thread pool:
+  numba's threads run the BLAS calls, so OpenBLAS's own spinning workers never compete with
+  numba's (see _openblas).
 - Where numpy uses another BLAS (SGEMM is None): numpy's matmul, then the same epilogue kernels.
 
 Used by the plan runtime's CPU backend for unquantized linears (packed token rows or padded).

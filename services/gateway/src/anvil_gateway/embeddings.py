@@ -94,9 +94,7 @@ async def handle_embeddings(st: GatewayState, request: Request) -> Response:
         if isinstance(name, str) and name not in st.discovery.models:
             await st.discovery.learn(name)  # deployed a moment ago: not in the snapshot yet
         if not isinstance(name, str) or name not in st.discovery.models:
-            return oa_error(
-                404, f"unknown model {name!r}; known: {sorted(st.discovery.models)}", headers=hdr
-            )
+            return oa_error(404, f"unknown model {name!r}; known: {sorted(st.discovery.models)}", headers=hdr)
         spec = st.discovery.models[name]
         text_in, vec_out, tok_out = embedding_io(spec)
         texts, fmt = parse(doc, spec.max_batch)
