@@ -63,7 +63,9 @@ class PlanModel(PlanIO):
             group = int(attrs["group"])
             w["int4"] = Int4Weight(w["packed"], w["scales"], w["zeros"], group, 2 * k2, n, "fp16")
         if _s(op.kind) == "linear" and "weight" in w and gemm_f32_avx512.packable(w["weight"]):
-            w["weight_packed"] = gemm_f32_avx512.pack(w["weight"])  # small-M GEMM without repacking
+            # the small-M GEMM reads this copy (no repack per call); sgemm, for large M, the bank's
+            # (a second copy of each fp32 linear weight: 42 MB for all-MiniLM-L6-v2)
+            w["weight_packed"] = gemm_f32_avx512.pack(w["weight"])
         if "table" in w and w["table"].dtype != np.float32:
             w["table"] = w["table"].astype(np.float32)  # anvil_kernels.embedding gathers fp32 rows
         ins = {_s(r): int(i) for r, i in zip(_l(op.inputRoles), _l(op.inputs), strict=True)}
