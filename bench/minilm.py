@@ -226,7 +226,8 @@ def main() -> None:
         "--compute-threads",
         type=int,
         default=1,
-        help="numba threads: executor, in-process rows",
+        help="threads of the computation on both sides: the executor's numba threads "
+        "(ANVIL_COMPUTE_THREADS), the in-process rows' and sentence-transformers' (torch.set_num_threads)",
     )
     ap.add_argument("--note", default="", help="a sentence about the run's conditions, kept in the results")
     args = ap.parse_args()
@@ -266,9 +267,13 @@ def main() -> None:
         proc.terminate()
         proc.wait(30)
     if speed is not None:
+        import torch
+
+        torch.set_num_threads(args.compute_threads)  # the same threads as Anvil's computation
         for batch in (1, 16, 64):
             r = st_speed(st, texts, batch, args.seconds)
-            speed.append({"system": ST, "batch": batch, **r})
+            # read here: numba's OpenMP layer (the in-process rows) resets the shared OpenMP count
+            speed.append({"system": ST, "batch": batch, **r, "torch_threads": torch.get_num_threads()})
             print(speed[-1], flush=True)
         import numba
 
@@ -315,14 +320,18 @@ def _label(row: dict[str, Any]) -> str:
     return f"plan INT4 g{o['group_size']} {how}{' + clip search' if o.get('clip_search') else ''}{keep}"
 
 
-def _meta(note: str, threads: int) -> dict[str, Any]:
+def _meta(note: str, threads: int, speed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "commit": commit.stdout.strip(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "torch_threads": __import__("torch").get_num_threads(),
+        "torch_threads": next(
+            (r["torch_threads"] for r in speed or () if "torch_threads" in r),
+            __import__("torch").get_num_threads(),
+        ),
         "compute_threads": threads,
+        "load_1min_at_end": round(os.getloadavg()[0], 1),  # other work on the machine during the run
         "note": note,
     }
 
@@ -333,7 +342,7 @@ def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None, note: str = "
     Rows of encoders that no longer exist (the numpy reference) are dropped."""
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    meta = _meta(note, threads)
+    meta = _meta(note, threads, speed)
     path = out / "minilm.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     rows = old.get("accuracy", [])
@@ -383,7 +392,8 @@ def write(acc: dict[str, Any], speed: list[dict[str, Any]] | None, note: str = "
         "",
         f"{speed_meta['date']}, commit {speed_meta.get('commit', '?')}, {speed_meta['machine']}, "
         f"torch threads {speed_meta['torch_threads']}, "
-        f"Anvil's compute threads (numba) {speed_meta.get('compute_threads', '?')}. HTTP rows: "
+        f"Anvil's compute threads (numba) {speed_meta.get('compute_threads', '?')}, "
+        f"1-minute load average at the end {speed_meta.get('load_1min_at_end', '?')}. HTTP rows: "
         "`--seconds` of closed-loop clients, one sentence a request; the other rows: batches of "
         "that many sentences in one call. Same machine, same run. " + (speed_meta.get("note") or ""),
         "",

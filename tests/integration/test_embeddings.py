@@ -59,7 +59,11 @@ def test_openai_client_gets_normalised_embeddings_with_usage(minilm: Any) -> Non
 
 def test_base64_encoding_decodes_to_the_float_vector(minilm: Any) -> None:
     doc = {"model": "minilm", "input": OTHER}
-    as_float = httpx.post(f"{minilm.url}/v1/embeddings", json=doc, timeout=30).json()
+    first = httpx.post(f"{minilm.url}/v1/embeddings", json=doc, timeout=30)
+    as_float = first.json()
+    # the per-hop split travels back as for KServe infer (the executor ran the text: compute > 0)
+    hops = dict(kv.split("=") for kv in first.headers["x-anvil-hops-us"].split(","))
+    assert set(hops) == {"in", "queue", "compute", "transit"} and int(hops["compute"]) > 0
     as_b64 = httpx.post(
         f"{minilm.url}/v1/embeddings", json={**doc, "encoding_format": "base64"}, timeout=30
     ).json()

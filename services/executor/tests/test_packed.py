@@ -17,6 +17,7 @@ from anvil_executor.device import parse_device
 from anvil_executor.models.text_embedding import TextEmbeddingModel
 from anvil_executor.plan_runtime import PlanModel
 from anvil_executor.plan_runtime.packed import packable
+from anvil_kernels import gemm_f32_avx512
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_bert import WORDS, make_tiny_bert
@@ -49,6 +50,25 @@ def test_packed_run_equals_the_padded_run(tiny: Path) -> None:
     assert hidden.shape == (sum(lens), ref["last_hidden_state"].shape[-1])
     for i, (lo, n) in enumerate(zip(cu[:-1], lens, strict=True)):
         np.testing.assert_allclose(hidden[lo : lo + n], ref["last_hidden_state"][i, :n], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not gemm_f32_avx512.available(), reason="the packed fp32 GEMM needs AVX-512")
+def test_fp32_linears_run_on_weights_packed_at_load_like_on_sgemm(tiny: Path) -> None:
+    """Every fp32 linear whose N is a multiple of 32 gets its weight packed once at load (the small-M
+    GEMM); the encoder's outputs equal those of the same plan on OpenBLAS's sgemm."""
+    model = PlanModel.load(tiny)
+    assert model.packed is not None
+    linears = [op for op in model.ops if op.kind == "linear"]
+    assert linears and all("weight_packed" in op.weights for op in linears)  # hidden 32, FFN 128, QKV 96
+    rng = np.random.default_rng(5)
+    lens = [3, 11, 1]
+    ids = rng.integers(4, 4 + len(WORDS), sum(lens)).astype(np.int64)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    got = model.packed.run(ids, cu)["sentence_embedding"].copy()
+    for op in linears:
+        del op.weights["weight_packed"]
+    ref = model.packed.run(ids, cu)["sentence_embedding"]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_packed_run_refuses_more_than_the_plan_holds(tiny: Path) -> None:

@@ -9,9 +9,7 @@ Fused epilogues of a BLAS GEMM's output, one pass over memory each:
   for MiniLM's 384 -> 1536 layer; this one is 3.7e-7 from math.erf over all of fp32);
 - ``bias_residual_layer_norm``: out = LN(y + bias + residual).
 
-``attention_varlen`` is fused attention for short sequences: one task per (sequence, head) reads q,
-k and v straight from the fused QKV rows (no head transposes), keeps one row of scores, and never
-forms a (T, T) matrix in memory.
+Attention over the same rows: ``varlen_attention.attention_varlen``.
 """
 
 from __future__ import annotations
@@ -24,10 +22,8 @@ from numba import njit, prange
 from anvil_kernels import _jit
 from anvil_kernels import _validate as v
 from anvil_kernels.activations import ACTIVATIONS
-from anvil_kernels.workspace import Workspace
 
 __all__ = [
-    "attention_varlen",
     "bias_act",
     "bias_residual_layer_norm",
     "embed_ln_varlen",
@@ -86,6 +82,37 @@ def _act_row(y: np.ndarray, bias: np.ndarray, act: int) -> None:  # pragma: no c
         elif act == 4:
             t = t / (np.float32(1.0) + math.exp(-t))
         y[i] = t
+
+
+@njit(fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
+def _ln_row(
+    y: np.ndarray,
+    bias: np.ndarray,
+    res: np.ndarray,
+    gamma: np.ndarray,
+    beta: np.ndarray,
+    eps: float,
+    o: np.ndarray,
+) -> None:  # pragma: no cover (numba)
+    h = y.size
+    if bias.size:
+        for i in range(h):
+            y[i] += bias[i]
+    if res.size:
+        for i in range(h):
+            y[i] += res[i]
+    mean = 0.0
+    for i in range(h):
+        mean += y[i]
+    mean /= h
+    var = 0.0
+    for i in range(h):
+        d = y[i] - mean
+        var += d * d
+    rstd = np.float32(1.0 / np.sqrt(var / h + eps))
+    mu = np.float32(mean)
+    for i in range(h):
+        o[i] = (y[i] - mu) * rstd * gamma[i] + beta[i]
 
 
 @njit(parallel=True, fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, error_model="numpy")
@@ -249,83 +276,6 @@ def embed_ln_varlen(
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ValueError(f"ids must lie in [0, V={vocab}), got min {int(ids.min())}, max {int(ids.max())}")
     _embed_ln(ids, cu, table, pos, gamma, beta, v.finite_scalar("eps", eps, positive=True), out)
-    return out
-
-
-@njit(parallel=True, fastmath=_jit.REDUCE, cache=True, nogil=True, error_model="numpy")
-def _attention_varlen(
-    qkv: np.ndarray,  # (N, C) f32: q, k, v of every head at column offsets q0, k0, v0
-    cu: np.ndarray,  # (S+1,) int64
-    heads: int,
-    d_size: int,
-    q0: int,
-    k0: int,
-    v0: int,
-    scale: float,
-    probs: np.ndarray,  # (S*heads, longest) f32 scratch
-    out: np.ndarray,  # (N, heads*d) f32
-) -> None:  # pragma: no cover (numba)
-    n_seq = cu.size - 1
-    sc = np.float32(scale)
-    for task in prange(n_seq * heads):
-        s = task // heads
-        h = task % heads
-        start, length = cu[s], cu[s + 1] - cu[s]
-        p = probs[task]
-        qc, kc, vc, oc = q0 + h * d_size, k0 + h * d_size, v0 + h * d_size, h * d_size
-        for i in range(length):
-            qi = qkv[start + i, qc : qc + d_size]
-            mx = np.float32(-np.inf)
-            for j in range(length):
-                kj = qkv[start + j, kc : kc + d_size]
-                dot = np.float32(0.0)
-                for d in range(d_size):
-                    dot += qi[d] * kj[d]
-                dot *= sc
-                p[j] = dot
-                mx = max(mx, dot)
-            total = np.float32(0.0)
-            for j in range(length):
-                e = np.float32(math.exp(p[j] - mx))
-                p[j] = e
-                total += e
-            inv = np.float32(1.0) / total
-            oi = out[start + i, oc : oc + d_size]
-            for d in range(d_size):
-                oi[d] = 0.0
-            for j in range(length):
-                pj = p[j] * inv
-                vj = qkv[start + j, vc : vc + d_size]
-                for d in range(d_size):
-                    oi[d] += pj * vj[d]
-
-
-def attention_varlen(
-    qkv: np.ndarray,
-    cu: np.ndarray,
-    heads: int,
-    head_dim: int,
-    offsets: tuple[int, int, int],
-    scale: float,
-    out: np.ndarray,
-    workspace: Workspace | None = None,
-) -> np.ndarray:
-    """softmax(q k^T * scale) v per (sequence, head), every key of a sequence valid (no padding).
-    qkv (N, C) float32 holds head h's q at columns ``offsets[0] + h*head_dim`` (k, v likewise);
-    out (N, heads*head_dim) float32. Returns out."""
-    v.array("qkv", qkv, np.float32, 2)
-    n, c = qkv.shape
-    n_seq = _check_cu(cu, n)
-    v.array("out", out, np.float32, 2, (n, heads * head_dim))
-    v.writable("out", out)
-    v.no_overlap("out", out, qkv=qkv)
-    if heads < 1 or head_dim < 1 or any(o < 0 or o + heads * head_dim > c for o in offsets):
-        raise ValueError(f"heads {heads} x head_dim {head_dim} at offsets {offsets} exceed {c} columns")
-    ws = workspace or Workspace()
-    probs = ws.get("varlen.attn.probs", (n_seq * heads, int(np.diff(cu).max())))
-    q0, k0, v0 = (int(o) for o in offsets)
-    s = v.finite_scalar("scale", scale)
-    _attention_varlen(qkv, cu, int(heads), int(head_dim), q0, k0, v0, s, probs, out)
     return out
 
 

@@ -22,18 +22,19 @@ from anvil_core.tensors import HostTensor
 from anvil_gateway import json_codec, spans
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
+from anvil_gateway.hops import HOPS_HEADER, Hops
 from anvil_gateway.infer import read_body
 from anvil_gateway.kserve import BadRequest, parse_json_document
 from anvil_gateway.request_path import TRACE_HEADER, Failed, forward, parse_off_loop, trace_id
 from anvil_gateway.state import GatewayState, state_of
 
-__all__ = ["encode_embeddings", "router"]
+__all__ = ["encode_embeddings", "handle_embeddings", "oa_error", "router"]
 
 router = APIRouter()
 MAX_CHARS = 100_000  # per input string; the tokenizer truncates long inputs anyway
 
 
-def _oa_error(
+def oa_error(
     status: int, message: str, kind: str = "invalid_request_error", headers: dict[str, str] | None = None
 ) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
@@ -73,19 +74,26 @@ def parse(doc: dict[str, Any], max_batch: int) -> tuple[list[str], str]:
 
 @router.post("/v1/embeddings", response_model=None)
 async def embeddings(request: Request) -> Response:
-    """OpenAI-compatible embeddings (input: string or list; encoding_format float|base64; usage)."""
+    """OpenAI-compatible embeddings (input: string or list; encoding_format float|base64; usage).
+    The per-hop split travels back in ``x-anvil-hops-us`` as for KServe infer (hops.py)."""
+    return await handle_embeddings(state_of(request), request)
+
+
+async def handle_embeddings(st: GatewayState, request: Request) -> Response:
+    """The route's body; the ASGI front (fastpath.py) calls it without FastAPI's routing and
+    middleware around it, as for KServe infer. Traced under the root span when tracing is on."""
     if tracing.ON:  # the root span (spans.py)
-        return await spans.server("gateway.embeddings", request, "", lambda: _embeddings(request))
-    return await _embeddings(request)
+        return await spans.server("gateway.embeddings", request, "", lambda: _embeddings(st, request))
+    return await _embeddings(st, request)
 
 
-async def _embeddings(request: Request) -> Response:
-    st: GatewayState = state_of(request)
+async def _embeddings(st: GatewayState, request: Request) -> Response:
+    hops = Hops(time.perf_counter_ns())
     hdr = {TRACE_HEADER: trace_id(request.headers)}
     try:
         tenant = st.admission.tenant(request.headers)
     except Rejected as exc:
-        return _oa_error(exc.status, str(exc), "authentication_error", hdr)
+        return oa_error(exc.status, str(exc), "authentication_error", hdr)
     try:
         # The model is named in the body: the global cap bounds it; a large one is parsed off the loop.
         raw = await read_body(request, st.settings.max_body_bytes, large=st.settings.parse_offload_bytes)
@@ -94,16 +102,14 @@ async def _embeddings(request: Request) -> Response:
         if isinstance(name, str) and name not in st.discovery.models:
             await st.discovery.learn(name)  # deployed a moment ago: not in the snapshot yet
         if not isinstance(name, str) or name not in st.discovery.models:
-            return _oa_error(
-                404, f"unknown model {name!r}; known: {sorted(st.discovery.models)}", headers=hdr
-            )
+            return oa_error(404, f"unknown model {name!r}; known: {sorted(st.discovery.models)}", headers=hdr)
         spec = st.discovery.models[name]
         text_in, vec_out, tok_out = embedding_io(spec)
         texts, fmt = parse(doc, spec.max_batch)
     except BadRequest as exc:
-        return _oa_error(400, str(exc), headers=hdr)
+        return oa_error(400, str(exc), headers=hdr)
     except Failed as exc:
-        return _oa_error(exc.status, str(exc), headers=hdr)
+        return oa_error(exc.status, str(exc), headers=hdr)
     priority = st.settings.default_priority
     timeout_s = st.settings.slo_ms(priority) / 1000
     t0 = time.perf_counter()
@@ -118,6 +124,7 @@ async def _embeddings(request: Request) -> Response:
             priority,
             timeout_s,
             hdr[TRACE_HEADER],
+            hops=hops,
         )
     except Failed as exc:
         m.failure.labels(model=name, version=spec.version, reason=exc.reason).inc()
@@ -129,13 +136,16 @@ async def _embeddings(request: Request) -> Response:
             if exc.status >= 500
             else "invalid_request_error"
         )
-        return _oa_error(exc.status, str(exc), kind, {**hdr, **exc.headers})
+        return oa_error(exc.status, str(exc), kind, {**hdr, **exc.headers})
     got = {t.name: t.data for t in outputs}
     vectors = np.asarray(got[vec_out], dtype=np.float32)  # (n, D)
     tokens = int(np.asarray(got[tok_out]).sum()) if tok_out and tok_out in got else 0
     m.record_success(name, spec.version, len(texts), (time.perf_counter() - t0) * 1e6, None, None)
     st.stats.success(name, spec.version, len(texts), int((time.perf_counter() - t0) * 1e9), resp)
-    return Response(encode_embeddings(vectors, fmt, name, tokens), media_type="application/json", headers=hdr)
+    hdr[HOPS_HEADER] = hops.header(resp)
+    body = encode_embeddings(vectors, fmt, name, tokens)
+    hops.record(resp, priority)
+    return Response(body, media_type="application/json", headers=hdr)
 
 
 def encode_embeddings(vectors: np.ndarray, fmt: str, model: str, tokens: int) -> bytes:

@@ -1,4 +1,5 @@
-"""An ASGI front for the hot route: POST .../infer goes straight to the infer pipeline.
+"""An ASGI front for the hot routes: POST .../infer and POST /v1/embeddings go straight to their
+handlers.
 
 FastAPI's routing, dependency solving and middleware stack cost more CPU per request than the
 whole infer pipeline (measured with py-spy at ~35% of the gateway's time under load). The same
@@ -15,6 +16,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from anvil_core.logs import get_logger
+from anvil_gateway.embeddings import handle_embeddings, oa_error
 from anvil_gateway.infer import handle_infer
 from anvil_gateway.state import GatewayState, error
 
@@ -22,6 +24,7 @@ __all__ = ["FastInfer"]
 
 log = get_logger("anvil.gateway.fastpath")
 _INFER = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+EMBEDDINGS = "/v1/embeddings"
 
 
 class FastInfer:
@@ -38,6 +41,14 @@ class FastInfer:
                 except Exception:  # a bug, never bad input: answer 500 and keep serving
                     log.exception("infer failed")
                     response = error(500, "internal error (logged by the gateway)")
+                await response(scope, receive, send)
+                return
+            if scope["path"] == EMBEDDINGS:
+                try:
+                    response = await handle_embeddings(self.state, Request(scope, receive))
+                except Exception:  # a bug, never bad input: answer 500 and keep serving
+                    log.exception("embeddings failed")
+                    response = oa_error(500, "internal error (logged by the gateway)", "server_error")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

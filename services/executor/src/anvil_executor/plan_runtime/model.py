@@ -23,7 +23,7 @@ from anvil_executor.plan_runtime.io import PlanIO, _l
 from anvil_executor.plan_runtime.ops import CPU_OPS, OpState
 from anvil_executor.plan_runtime.packed import PackedRunner, packable
 from anvil_executor.plan_runtime.plan import DTYPES, LoadedPlan, _s, attrs_of, load_plan
-from anvil_kernels import Int4Weight, Workspace
+from anvil_kernels import Int4Weight, Workspace, gemm_f32_avx512
 
 __all__ = ["PlanModel"]
 
@@ -62,6 +62,10 @@ class PlanModel(PlanIO):
             k2, n = w["packed"].shape
             group = int(attrs["group"])
             w["int4"] = Int4Weight(w["packed"], w["scales"], w["zeros"], group, 2 * k2, n, "fp16")
+        if _s(op.kind) == "linear" and "weight" in w and gemm_f32_avx512.packable(w["weight"]):
+            # the small-M GEMM reads this copy (no repack per call); sgemm, for large M, the bank's
+            # (a second copy of each fp32 linear weight: 42 MB for all-MiniLM-L6-v2)
+            w["weight_packed"] = gemm_f32_avx512.pack(w["weight"])
         if "table" in w and w["table"].dtype != np.float32:
             w["table"] = w["table"].astype(np.float32)  # anvil_kernels.embedding gathers fp32 rows
         ins = {_s(r): int(i) for r, i in zip(_l(op.inputRoles), _l(op.inputs), strict=True)}

@@ -82,7 +82,7 @@ def linear(op: OpState, v: Views, ws: Workspace) -> None:
     if not isinstance(w.get("int4"), Int4Weight) and act in ACTIVATIONS and (act == "none" or not ln):
         # fp32: row blocks of BLAS sgemm with the epilogue (bias+act, or bias+residual+LN) fused
         norm = (w["gamma"], w["beta"], float(op.attrs["eps"])) if ln else None
-        f32_linear(x, w["weight"], out, bias, act, res, norm, ws)
+        f32_linear(x, w["weight"], out, bias, act, res, norm, ws, w.get("weight_packed"))
         return
     target = ws.get("plan.linear", (m, n)) if ln else out
     if isinstance(w.get("int4"), Int4Weight) and act in ACTIVATIONS:

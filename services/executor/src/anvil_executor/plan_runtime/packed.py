@@ -24,7 +24,8 @@ import numpy as np
 
 from anvil_executor.plan_runtime.ops import layer_norm_op, linear, unary
 from anvil_executor.plan_runtime.plan import DTYPES
-from anvil_kernels.varlen import attention_varlen, embed_ln_varlen, mean_pool_l2_varlen
+from anvil_kernels.varlen import embed_ln_varlen, mean_pool_l2_varlen
+from anvil_kernels.varlen_attention import attention_varlen
 
 if TYPE_CHECKING:
     from anvil_executor.plan_runtime.model import PlanModel
