@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from anvil_client.launcher import private_port_env
+from anvil_core import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -250,7 +251,7 @@ def zerocopy_endpoint(env: dict[str, str]) -> str | None:
     from anvil_client.stack_redis import open_redis
 
     r = open_redis(env=env, decode_responses=True)  # the stack's URL and password, from its state file
-    for key in r.scan_iter("anvil:svc:gateway:*"):
+    for key in r.scan_iter(keys.svc_pattern("gateway")):
         ep = r.hget(key, "zerocopy_endpoint")
         if ep:
             return str(ep)

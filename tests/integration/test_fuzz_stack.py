@@ -21,10 +21,11 @@ import pytest
 import zmq
 
 from anvil_client import ZeroCopyClient
-from anvil_core import codec
+from anvil_core import codec, keys
 from anvil_core.codec import pb
 from anvil_core.tensors import HostTensor
 from anvil_core.zerocopy import header as zh
+from anvil_core.zmq_sockets import make_socket
 
 pytestmark = pytest.mark.integration
 
@@ -233,7 +234,7 @@ def test_fuzz_http_edge(private_stack: Any, fuzz: Any) -> None:
 def _zc_endpoint(stack: Any) -> str:
     client = stack.redis(decode_responses=True)  # with the stack's password
     try:
-        for key in client.scan_iter("anvil:svc:gateway:*"):
+        for key in client.scan_iter(keys.svc_pattern("gateway")):
             if endpoint := client.hget(key, "zerocopy_endpoint"):
                 return str(endpoint)
     finally:
@@ -249,9 +250,7 @@ def test_fuzz_zerocopy_edge(private_stack: Any, fuzz: Any) -> None:
     endpoint = _zc_endpoint(stack)
     x = np.arange(8, dtype=np.float32).reshape(1, 8)
     ctx = zmq.Context()
-    bare = ctx.socket(zmq.DEALER)
-    bare.setsockopt(zmq.LINGER, 0)
-    bare.connect(endpoint)
+    bare = make_socket(ctx, zmq.DEALER, connect=endpoint)
     heads = [
         zh.encode(7, zh.Op.INFER, 256, zh.Flag.META, 0, zh.pack_reserved(1, 0)),
         zh.encode(8, zh.Op.PING),

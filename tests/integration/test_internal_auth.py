@@ -21,7 +21,7 @@ import zmq
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from anvil_core import codec
+from anvil_core import codec, keys
 from anvil_core.codec import pb
 from anvil_core.curve import CurveClient
 from anvil_core.tensors import HostTensor
@@ -104,7 +104,7 @@ def test_impostors_get_nothing_from_the_schedulers_gateway_port(
 
 def test_impostors_cannot_register_as_executors(local: Any, ctx: Any, waiter: Callable[..., float]) -> None:
     r = local.redis(decode_responses=True)
-    scheduler = next(iter(r.scan_iter("anvil:svc:scheduler:*")))
+    scheduler = next(iter(r.scan_iter(keys.svc_pattern("scheduler"))))
     executors = int(r.hget(scheduler, "executors") or 0)
     before = _refused(local, "executor")
     rogues = []

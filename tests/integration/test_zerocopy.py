@@ -29,6 +29,7 @@ import pytest
 import redis
 
 from anvil_client import AsyncZeroCopyClient, ZeroCopyClient, ZeroCopyError
+from anvil_core import keys
 from anvil_core.zerocopy import Status
 from anvil_executor.models.builtin import mlp_reference
 
@@ -43,7 +44,7 @@ def _endpoint(stack: Any) -> str:
         pytest.skip("ZeroCopy needs the client, gateway and executor on one host (local stack)")
     client = stack.redis(decode_responses=True)
     try:
-        for key in client.scan_iter("anvil:svc:gateway:*"):
+        for key in client.scan_iter(keys.svc_pattern("gateway")):
             endpoint = client.hget(key, "zerocopy_endpoint")
             if endpoint:
                 return str(endpoint)
@@ -212,8 +213,9 @@ def test_latency_of_one_mebibyte_identity(stack: Any, http: httpx.Client) -> Non
 def test_executor_resolver_checks_the_registry_and_every_span(redis_url: str) -> None:
     """ShmInputs on its own (no stack): registry gate, bounds, zero-copy views, unmapping."""
     from anvil_core import codec
+    from anvil_core.keys import shm_key
     from anvil_core.tensors import TensorError
-    from anvil_core.zerocopy import Region, shm_key
+    from anvil_core.zerocopy import Region
     from anvil_executor.shm_inputs import ShmInputs
 
     def tensor(key: str, offset: int, length: int, shape: tuple[int, ...], dt: str = "FP32") -> Any:

@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 
 from anvil_client import AsyncZeroCopyClient, ZeroCopyClient, ZeroCopyError
 from anvil_core import codec
+from anvil_core.keys import shm_key
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.registry import Registry
 from anvil_core.tensors import HostTensor
-from anvil_core.zerocopy import Flag, Header, Op, Region, Status, shm_key
+from anvil_core.zerocopy import Flag, Header, Op, Region, Status
 from anvil_core.zerocopy import header as zh
 from anvil_core.zerocopy import meta as zm
 from anvil_core.zerocopy import slots as slot_io

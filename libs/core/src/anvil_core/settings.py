@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from anvil_core.curve import HINT, CurveClient, CurveError, CurveServer, parse_public_keys, read_secret_key
+from anvil_core.priorities import DEFAULT_SLO_MS
 from anvil_core.redis_conn import RedisAuth, load_redis_auth
 
 __all__ = ["ServiceSettings", "redact_url"]
@@ -58,9 +59,19 @@ class ServiceSettings(BaseSettings):
     # (0700: only this user can connect; nothing is encrypted or leaves the host) instead of tcp
     # with CURVE, which stays open for peers on other hosts. Empty: tcp with CURVE.
     link_ipc_dir: str = ""
-    # Redis credentials: this password, else <secrets_dir>/redis_password, else the URL's own.
+    # Redis credentials: this user and password, else <secrets_dir>/redis_password, else the URL's own.
     redis_username: str = ""
     redis_password: SecretStr | None = None
+    # Priority classes' SLOs (anvil_core.priorities): deadline = arrival + SLO of the class at the
+    # gateway, EDF and shedding at the scheduler, priority 1's target at qos. Every service reads the
+    # same ANVIL_SLO_P*_MS (compose sets them once for all).
+    slo_p1_ms: int = DEFAULT_SLO_MS[1]  # interactive
+    slo_p2_ms: int = DEFAULT_SLO_MS[2]  # standard (the default class)
+    slo_p3_ms: int = DEFAULT_SLO_MS[3]  # batch
+
+    def slo_ms(self, priority: int) -> int:
+        """The SLO of `priority` (1..3) in ms; KeyError for any other."""
+        return {1: self.slo_p1_ms, 2: self.slo_p2_ms, 3: self.slo_p3_ms}[priority]
 
     @property
     def heartbeat_interval_s(self) -> float:

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from anvil_core import deployments
 from anvil_core.model_spec import ModelSpec
+from anvil_core.priorities import PRIORITIES
 from anvil_gateway.admission import Rejected
 from anvil_gateway.state import SERVER_NAME, SERVER_VERSION, error, state_of
 
@@ -107,7 +108,7 @@ async def model_config(request: Request, name: str, version: str | None = None) 
             "priority_levels": 3,
             "default_priority_level": s.default_priority,
             "priority_queue_policy": {
-                str(p): {"default_timeout_microseconds": s.slo_ms(p) * 1000} for p in (1, 2, 3)
+                str(p): {"default_timeout_microseconds": s.slo_ms(p) * 1000} for p in PRIORITIES
             },
         },
         "instance_group": [{"name": spec.name, "kind": "KIND_AUTO", "count": 1}],
