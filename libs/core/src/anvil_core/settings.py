@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from typing import ClassVar
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,7 +18,10 @@ from anvil_core.curve import HINT, CurveClient, CurveError, CurveServer, parse_p
 from anvil_core.priorities import DEFAULT_SLO_MS
 from anvil_core.redis_conn import RedisAuth, load_redis_auth
 
-__all__ = ["ServiceSettings", "redact_url"]
+__all__ = ["COMPILER_API_KEY_FILE", "ServiceSettings", "redact_url"]
+
+# The compiler API's key in a secrets directory (`anvil up`: generated per run; compose: a secret).
+COMPILER_API_KEY_FILE = "compiler_api_key"
 
 
 def _default_service_id() -> str:
@@ -28,6 +32,8 @@ class ServiceSettings(BaseSettings):
     """Settings every Anvil process reads at start-up."""
 
     model_config = SettingsConfigDict(env_prefix="ANVIL_", frozen=True, extra="ignore")
+    # This service's Redis user (anvil_core.redis_acl), used when its password file is in secrets_dir.
+    REDIS_ROLE: ClassVar[str] = ""
 
     # Where the registry lives. The launcher starts an embedded server when this is unset.
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -84,7 +90,7 @@ class ServiceSettings(BaseSettings):
     @property
     def redis_auth(self) -> RedisAuth:
         password = self.redis_password.get_secret_value() if self.redis_password else None
-        return load_redis_auth(password, self.secrets_dir, self.redis_username)
+        return load_redis_auth(password, self.secrets_dir, self.redis_username, self.REDIS_ROLE)
 
     def curve_client(self, role: str) -> CurveClient | None:
         """CURVE options of this process's client socket as `role`; None when CURVE is off or the

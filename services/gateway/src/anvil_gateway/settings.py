@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from anvil_core.settings import ServiceSettings
 
 __all__ = ["GatewaySettings"]
 
 
 class GatewaySettings(ServiceSettings):
+    REDIS_ROLE: ClassVar[str] = "gateway"
     http_port: int = 8000  # KServe v2 HTTP, Triton's default
     # Processes serving http_port together (SO_REUSEPORT). One process spends ~1-5 ms of CPU per
     # request of 32 sentences on /v1/embeddings (JSON floats dominate), so a GPU host that serves

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -14,6 +14,7 @@ __all__ = ["QosSettings"]
 
 
 class QosSettings(ServiceSettings):
+    REDIS_ROLE: ClassVar[str] = "qos"
     metrics_port: int = 8006
 
     # -- observation -----------------------------------------------------------------------------

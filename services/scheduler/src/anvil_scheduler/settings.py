@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from anvil_core.settings import ServiceSettings
 
@@ -10,6 +10,7 @@ __all__ = ["SchedulerSettings"]
 
 
 class SchedulerSettings(ServiceSettings):
+    REDIS_ROLE: ClassVar[str] = "scheduler"
     # ROUTER that gateways connect to, and ROUTER that executors connect to.
     gateway_port: int = 5555
     executor_port: int = 5556
