@@ -7,6 +7,14 @@ driven from Python (`anvil_client.rawhttp`) at concurrency 1. The script starts 
 (`anvil up`, client shm allowed) on free ports and writes bench/results/gateway_overhead.{json,md}.
 
     uv run python bench/gateway_overhead.py [--seconds 5]
+
+`--baseline TREE` measures instead the CPU cost per request of the request path (gateway +
+scheduler + executor processes, utime + stime from /proc over each round / requests wrk completed)
+of this tree's stack with its defaults (auth on) against the stack of another checkout TREE (its own
+`.venv`), both started here on free ports, the order alternating every round, medians of the rounds;
+writes bench/results/gateway_cpu_vs_base.{json,md}:
+
+    flock /tmp/anvil-timing.lock uv run python bench/gateway_overhead.py --baseline ../base --rounds 5
 """
 
 from __future__ import annotations
@@ -39,11 +47,12 @@ CONCURRENCY = (1, 16)
 
 
 def start_stack(
-    tmp: Path, extra: dict[str, str] | None = None
+    tmp: Path, extra: dict[str, str] | None = None, root: Path = ROOT, python: str = sys.executable
 ) -> tuple[subprocess.Popen[str], dict[str, str], str]:
-    """`anvil up` on free ports in a private run root; waits for its ready line."""
+    """`anvil up` of the checkout `root` (run by `python`) on free ports in a private run root;
+    waits for its ready line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_")}
-    env.update(private_port_env(ROOT / "compose.yaml"))
+    env.update(private_port_env(root / "compose.yaml"))
     env.update(
         {
             "ANVIL_RUN_ROOT": str(tmp / "run"),
@@ -56,8 +65,8 @@ def start_stack(
     )
     env.update(extra or {})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "anvil_client.cli", "up", "--no-restart", "--timeout", "180"],
-        cwd=ROOT,
+        [python, "-m", "anvil_client.cli", "up", "--no-restart", "--timeout", "180"],
+        cwd=root,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -261,9 +270,16 @@ def zerocopy_endpoint(env: dict[str, str]) -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--baseline", type=Path, help="another checkout: CPU per request, this tree vs it")
+    ap.add_argument("--rounds", type=int, default=5, help="with --baseline")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is required (apt-get install wrk)")
+    if args.baseline is not None:
+        from gateway_cpu import compare
+
+        compare(args.baseline.resolve(), args.seconds, args.rounds)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="anvil-gw-bench-"))
     proc, env, url = start_stack(tmp)
     rows: list[dict[str, Any]] = []
