@@ -42,7 +42,8 @@ def serve(port: int) -> None:
     from anvil_gateway.http_protocol import CoalescingHttpToolsProtocol
     from anvil_gateway.settings import GatewaySettings
 
-    app = create_app(GatewaySettings(redis_url="redis://127.0.0.1:1/0"))  # no lifespan below
+    # no lifespan below and no scheduler: the link is never used, so it needs no CURVE keys
+    app = create_app(GatewaySettings(redis_url="redis://127.0.0.1:1/0", zmq_curve=False))
     app.state.gw.discovery.models = {
         "big": ModelSpec("big", max_batch=0, inputs=(TensorSpec("x", "FP32", (-1,)),), outputs=())
     }
@@ -134,6 +135,8 @@ def main() -> None:
                     httpx.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=1)
                     break
                 except httpx.HTTPError:
+                    if proc.poll() is not None:
+                        raise SystemExit(f"the {label} gateway exited with code {proc.returncode}") from None
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
