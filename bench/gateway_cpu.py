@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from auth_overhead import cpu_s, path_pids, wrk_count
+from auth_overhead import PATH_SERVICES, cpu_s, wrk_count
 from gateway_overhead import RESULTS, ROOT, bodies, lua_for, start_stack
 
 # transport, size label, FP32 elements, connections
@@ -35,6 +35,13 @@ LOADS = (
     ("http_binary", "1MB", 262_144, 4),
 )
 STACK_ENV = {"ANVIL_MODELS": "identity"}
+PROFILE_S = 15  # py-spy seconds per stack (--profile)
+
+
+def service_pids(env: dict[str, str]) -> dict[str, int]:
+    """service -> pid of the request path's processes (one replica each here)."""
+    state = json.loads((Path(env["ANVIL_RUN_ROOT"]) / "current.json").read_text())
+    return {s["service"]: int(s["pid"]) for s in state["services"] if s["service"] in PATH_SERVICES}
 
 
 def _commit(tree: Path) -> str:
@@ -42,7 +49,7 @@ def _commit(tree: Path) -> str:
     return out.stdout.strip()
 
 
-def compare(baseline: Path, seconds: int, rounds: int) -> None:
+def compare(baseline: Path, seconds: int, rounds: int, profile: bool = False) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="anvil-cpu-vs-"))
     trees = {"now": (ROOT, sys.executable), "base": (baseline, str(baseline / ".venv/bin/python"))}
     stacks: dict[str, Any] = {}
@@ -51,7 +58,7 @@ def compare(baseline: Path, seconds: int, rounds: int) -> None:
         for name, (root, python) in trees.items():
             (tmp / name).mkdir()
             proc, env, url = start_stack(tmp / name, STACK_ENV, root=root, python=python)
-            stacks[name] = (proc, env, url, path_pids(env))
+            stacks[name] = (proc, env, url, service_pids(env))
         for transport, size, n, conns in LOADS:
             luas = {}
             for name, (_, _, url, _) in stacks.items():
@@ -60,17 +67,23 @@ def compare(baseline: Path, seconds: int, rounds: int) -> None:
             for rnd in range(rounds):
                 for name in list(trees)[:: 1 if rnd % 2 == 0 else -1]:
                     _, _, url, pids = stacks[name]
-                    c0 = cpu_s(pids)
+                    c0 = {svc: cpu_s([pid]) for svc, pid in pids.items()}
                     count, rps, bad = wrk_count(f"{url}/v2/models/identity/infer", luas[name], conns, seconds)
-                    used = cpu_s(pids) - c0
+                    per = {svc: cpu_s([pid]) - c0[svc] for svc, pid in pids.items()}
+                    used = sum(per.values())
                     if bad:
                         raise SystemExit(
                             f"{bad} non-2xx answers from the {name} stack: the comparison is void"
                         )
                     row = {"transport": transport, "size": size, "conns": conns, "tree": name, "round": rnd}
                     row |= {"requests": count, "rps": rps, "cpu_us_per_request": used / max(count, 1) * 1e6}
+                    row |= {f"cpu_us_{svc}": t / max(count, 1) * 1e6 for svc, t in per.items()}
                     rows.append(row)
                     print(row, flush=True)
+        if profile:
+            for name, (_, _, url, pids) in stacks.items():
+                body, headers = bodies(tmp / name, 256, url)["http_binary"]
+                py_spy(name, pids, url, lua_for(body, headers), tmp)
     finally:
         for proc, *_ in stacks.values():
             proc.send_signal(signal.SIGINT)
@@ -102,6 +115,9 @@ def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int)
             s[f"cpu_us_{tree}"] = med(tree, "cpu_us_per_request")
             s[f"rps_{tree}"] = med(tree, "rps")
         s["cpu_ratio"] = s["cpu_us_now"] / s["cpu_us_base"]
+        for svc in PATH_SERVICES:
+            for tree in ("now", "base"):
+                s[f"cpu_us_{svc}_{tree}"] = med(tree, f"cpu_us_{svc}")
         summary.append(s)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "gateway_cpu_vs_base.json").write_text(
@@ -116,13 +132,53 @@ def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int)
         "alternates every round. CPU = gateway + scheduler + executor processes (utime + stime) / "
         "requests completed; medians of the rounds.",
         "",
-        "| transport | size | conns | CPU us/req now | base | now / base | req/s now | base |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| transport | size | conns | CPU us/req now | base | now / base | gateway now / base | "
+        "scheduler now / base | executor now / base | req/s now | base |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summary:
         lines.append(
             f"| {s['transport']} | {s['size']} | {s['conns']} | {s['cpu_us_now']:.0f} | "
-            f"{s['cpu_us_base']:.0f} | {s['cpu_ratio']:.3f} | {s['rps_now']:.0f} | {s['rps_base']:.0f} |"
+            f"{s['cpu_us_base']:.0f} | {s['cpu_ratio']:.3f} | "
+            + " | ".join(f"{s[f'cpu_us_{v}_now']:.0f} / {s[f'cpu_us_{v}_base']:.0f}" for v in PATH_SERVICES)
+            + f" | {s['rps_now']:.0f} | {s['rps_base']:.0f} |"
         )
     (RESULTS / "gateway_cpu_vs_base.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def py_spy(name: str, pids: dict[str, int], url: str, lua: Path, tmp: Path) -> None:
+    """Sample every request-path process of one stack with py-spy while wrk drives 1 KB binary
+    requests (16 connections), and write the top self-time functions per service to
+    bench/results/gateway_cpu_profile_<name>.txt (collapsed stacks beside it)."""
+
+    def record(svc: str, pid: int) -> subprocess.Popen[bytes]:
+        out = str(tmp / f"{name}-{svc}.txt")
+        argv = ["py-spy", "record", "--pid", str(pid), "--duration", str(PROFILE_S), "--rate", "250"]
+        argv += ["--format", "raw", "--output", out, "--nonblocking"]
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    spies = {svc: record(svc, pid) for svc, pid in pids.items()}
+    wrk_count(f"{url}/v2/models/identity/infer", lua, 16, PROFILE_S + 1)
+    lines = [f"# py-spy, {name} stack, 1 KB HTTP binary identity requests, 16 connections, {PROFILE_S} s", ""]
+    for svc, spy in spies.items():
+        spy.wait(60)
+        own: dict[str, int] = {}
+        inclusive: dict[str, int] = {}
+        total = 0
+        path = tmp / f"{name}-{svc}.txt"
+        for row in path.read_text().splitlines() if path.exists() else []:
+            stack, _, count = row.rpartition(" ")
+            frames = stack.split(";")[1:]  # the first is the thread
+            own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+            for frame in set(frames):
+                inclusive[frame] = inclusive.get(frame, 0) + int(count)
+            total += int(count)
+        lines.append(f"## {svc}: {total} samples")
+        for title, table in (("self", own), ("inclusive", inclusive)):
+            lines.append(f"### {title}")
+            for frame, n in sorted(table.items(), key=lambda kv: -kv[1])[:30]:
+                lines.append(f"{100 * n / max(total, 1):5.1f}%  {frame}")
+        lines.append("")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"gateway_cpu_profile_{name}.txt").write_text("\n".join(lines) + "\n")

@@ -272,13 +272,14 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--baseline", type=Path, help="another checkout: CPU per request, this tree vs it")
     ap.add_argument("--rounds", type=int, default=5, help="with --baseline")
+    ap.add_argument("--profile", action="store_true", help="with --baseline: py-spy both stacks after")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is required (apt-get install wrk)")
     if args.baseline is not None:
         from gateway_cpu import compare
 
-        compare(args.baseline.resolve(), args.seconds, args.rounds)
+        compare(args.baseline.resolve(), args.seconds, args.rounds, args.profile)
         return
     tmp = Path(tempfile.mkdtemp(prefix="anvil-gw-bench-"))
     proc, env, url = start_stack(tmp)
