@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -154,7 +155,8 @@ def py_spy(name: str, pids: dict[str, int], url: str, lua: Path, tmp: Path) -> N
 
     def record(svc: str, pid: int) -> subprocess.Popen[bytes]:
         out = str(tmp / f"{name}-{svc}.txt")
-        argv = ["py-spy", "record", "--pid", str(pid), "--duration", str(PROFILE_S), "--rate", "250"]
+        exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))  # pip install py-spy
+        argv = [exe, "record", "--pid", str(pid), "--duration", str(PROFILE_S), "--rate", "250"]
         argv += ["--format", "raw", "--output", out, "--nonblocking"]
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
