@@ -91,7 +91,8 @@ def compare(baseline: Path, seconds: int, rounds: int, profile: bool = False) ->
             proc.wait(30)
         for f in Path("/dev/shm").glob("anvil-bench-*"):
             f.unlink(missing_ok=True)
-    write(rows, baseline, seconds, rounds)
+    if rows:  # --rounds 0 --profile: the profiles only
+        write(rows, baseline, seconds, rounds)
 
 
 def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int) -> None:
@@ -171,7 +172,7 @@ def py_spy(name: str, pids: dict[str, int], url: str, lua: Path, tmp: Path) -> N
         path = tmp / f"{name}-{svc}.txt"
         for row in path.read_text().splitlines() if path.exists() else []:
             stack, _, count = row.rpartition(" ")
-            frames = stack.split(";")[1:]  # the first is the thread
+            frames = stack.split(";")[1:] or [stack]  # the first is the thread
             own[frames[-1]] = own.get(frames[-1], 0) + int(count)
             for frame in set(frames):
                 inclusive[frame] = inclusive.get(frame, 0) + int(count)
