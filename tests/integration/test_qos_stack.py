@@ -43,6 +43,7 @@ import redis
 from anvil_client.bench.arrivals import schedule
 from anvil_client.bench.engine import Engine, RunResult
 from anvil_client.bench.workload import Workload
+from anvil_core import keys
 from anvil_qos import ctl
 
 pytestmark = pytest.mark.integration
@@ -131,7 +132,7 @@ def hog_cpu() -> Iterator[int]:
 def _executor_baselines(r: redis.Redis) -> dict[str, dict[str, Any]]:
     """The run-queue baselines qos's registry record shows for executors ("name subject" -> fields)."""
     out: dict[str, dict[str, Any]] = {}
-    for key in r.keys("anvil:svc:qos:*"):
+    for key in r.keys(keys.svc_pattern("qos")):
         for what, b in json.loads(r.hget(key, "baselines") or "{}").items():
             if what.startswith("runq_") and " executor:" in what:
                 out[what] = b
@@ -143,7 +144,7 @@ def _qos_view(stack: Any, r: redis.Redis) -> str:
     port = stack.env["ANVIL_QOS_METRICS_PORT"]
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     measures = [ln for ln in body.splitlines() if ln.startswith("anvil_qos_measure{")]
-    return f"measures {measures}; baselines {_executor_baselines(r)}; slo {r.hget('anvil:slo', '1')!r}"
+    return f"measures {measures}; baselines {_executor_baselines(r)}; slo {r.hget(keys.slo_key(), '1')!r}"
 
 
 def _pin(pid: int, cpu: int) -> None:
@@ -182,7 +183,7 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
     stack = new_local_stack(env=ENV)
     redis_url = f"redis://:{stack.redis_password}@127.0.0.1:{stack.redis_port}/0"
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    keys = (_cli(stack.env, "tenant", "add", "gold"), _cli(stack.env, "tenant", "add", "bulk"))
+    api_keys = (_cli(stack.env, "tenant", "add", "gold"), _cli(stack.env, "tenant", "add", "bulk"))
     assert (
         ctl.main(
             ["--redis-url", redis_url, "base", "set", "bulk", "3", str(P3_BASE), "--burst", str(P3_BURST)]
@@ -191,19 +192,19 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
     )
 
     def rate() -> float | None:
-        doc = r.hget("anvil:qos:limits", "bulk:3")
+        doc = r.hget(keys.qos_limits_key(), "bulk:3")
         return float(json.loads(doc)["rate_rps"]) if doc else None
 
     events: list[dict[str, Any]] = []
     pubsub = r.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(**{"anvil:events": lambda m: events.append(json.loads(m["data"]))})
+    pubsub.subscribe(**{keys.EVENTS: lambda m: events.append(json.loads(m["data"]))})
     listener = pubsub.run_in_thread(sleep_time=0.05, daemon=True)
     hog: subprocess.Popen[bytes] | None = None
     try:
         waiter(lambda: rate() == P3_BASE, 20, "qos to apply the operator's base rate")
         _pin(int(stack.service("executor")["pid"]), hog_cpu)
 
-        calm = _load(stack.url, keys, 6, seed=1)
+        calm = _load(stack.url, api_keys, 6, seed=1)
         assert rate() == P3_BASE, "qos throttled without a hog"
         assert _share(calm[1], 429) < 0.05, calm[1].reasons
         learned = _executor_baselines(r)
@@ -218,7 +219,7 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
             )
         )
         escalator.start()
-        hogged = _load(stack.url, keys, 14, seed=2)
+        hogged = _load(stack.url, api_keys, 14, seed=2)
         stop_escalating.set()
         escalator.join(10)
         throttled = [e for e in events if e.get("event") == "qos.decrease"]
@@ -238,7 +239,7 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
 
         hog.kill()
         hog.wait(10)
-        after = _load(stack.url, keys, 12, seed=3)
+        after = _load(stack.url, api_keys, 12, seed=3)
         try:
             waiter(lambda: rate() == P3_BASE, 30, "priority 3's rate to climb back to its base")
         except AssertionError as exc:

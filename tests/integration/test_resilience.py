@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from anvil_client.embedded_redis import start_redis, wait_redis
+from anvil_client.embedded_redis import start_redis, users_in, wait_redis
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +79,7 @@ def test_redis_restart_is_survived_with_no_service_restarted(
     wait_for(lambda: _ready(url), 30, "a ready stack")
     os.kill(state["redis_pid"], 9)
     wait_for(lambda: not _ready(url), 10, "readiness to notice the registry is gone")
-    redis_proc = start_redis(stack.redis_port, tmp_path, stack.redis_password)
+    redis_proc = start_redis(stack.redis_port, tmp_path, users=users_in(stack.secrets_dir))  # the same users
     try:
         assert wait_redis(stack.redis_port, 10, stack.redis_password)
         wait_for(lambda: _ready(url), 30, "re-registration after the Redis restart")

@@ -203,8 +203,9 @@ def test_latency_of_one_mebibyte_identity(stack: Any, http: httpx.Client) -> Non
 def test_executor_resolver_checks_the_registry_and_every_span(redis_url: str) -> None:
     """ShmInputs on its own (no stack): registry gate, bounds, zero-copy views, unmapping."""
     from anvil_core import codec
+    from anvil_core.keys import shm_key
     from anvil_core.tensors import TensorError
-    from anvil_core.zerocopy import Region, shm_key
+    from anvil_core.zerocopy import Region
     from anvil_executor.shm_inputs import ShmInputs
 
     def tensor(key: str, offset: int, length: int, shape: tuple[int, ...], dt: str = "FP32") -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from anvil_client.cli import main
+from anvil_core import keys
 
 
 def test_qos_show_prints_learned_baselines(redis_url: str, capsys: Any) -> None:
@@ -28,8 +29,10 @@ def test_qos_show_prints_learned_baselines(redis_url: str, capsys: Any) -> None:
             "threshold": 5000.0,
         },
     }
-    r.hset("anvil:svc:qos:q1", mapping={"mode": "ebpf", "reason": "", "baselines": json.dumps(baselines)})
-    r.hset("anvil:svc:qos:q2", mapping={"mode": "procfs", "reason": "not root (`anvil doctor` ...)"})
+    r.hset(
+        keys.svc_key("qos", "q1"), mapping={"mode": "ebpf", "reason": "", "baselines": json.dumps(baselines)}
+    )
+    r.hset(keys.svc_key("qos", "q2"), mapping={"mode": "procfs", "reason": "not root (`anvil doctor` ...)"})
     assert main(["qos", "--redis-url", redis_url, "show"]) == 0
     out = capsys.readouterr().out
     assert "anvil:svc:qos:q1: mode=ebpf" in out

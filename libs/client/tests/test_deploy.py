@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from anvil_core import keys
+
 
 def test_deploy_registers_model_and_publishes_event(
     redis_url: str, tmp_path: Path, monkeypatch: Any, capsys: Any
@@ -48,12 +50,12 @@ def test_deploy_registers_model_and_publishes_event(
 
         monkeypatch.setattr(httpx, "Client", Borrowed)
         sub = redis.Redis.from_url(redis_url).pubsub()
-        sub.subscribe("anvil:events")
+        sub.subscribe(keys.EVENTS)
         parser = argparse.ArgumentParser()
         deploy.add_deploy_commands(parser.add_subparsers())
         args = parser.parse_args(["deploy", str(model), "--name", "tiny", "--redis-url", redis_url])
         assert args.fn(args) == 0
-    doc = redis.Redis.from_url(redis_url, decode_responses=True).hgetall("anvil:model:tiny")
+    doc = redis.Redis.from_url(redis_url, decode_responses=True).hgetall(keys.model_key("tiny"))
     assert doc["status"] == "COMPILED" and len(doc["artifact"]) == 32
     assert json.loads(doc["spec"])["name"] == "tiny"
     msgs = [m for m in iter(lambda: sub.get_message(timeout=1.0), None) if m["type"] == "message"]
@@ -182,7 +184,7 @@ def test_unmeetable_budget_fails_the_deploy_and_keeps_the_previous_version(
 
     assert deploy_cli([str(_onnx(tmp_path / "v1.onnx", seed=1, embed=True)), "--name", "emb"]) == 0
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    v1 = r.hget("anvil:model:emb", "artifact")
+    v1 = r.hget(keys.model_key("emb"), "artifact")
     capsys.readouterr()
     model = _onnx(tmp_path / "v2.onnx", seed=2, embed=True)
     assert deploy_cli([str(model), "--name", "emb", "--max-rel-error", "1e-7"]) == 1
@@ -190,7 +192,7 @@ def test_unmeetable_budget_fails_the_deploy_and_keeps_the_previous_version(
     assert "compile failed at accuracy: error budget not met: max relative error" in out
     assert "> --max-rel-error 1e-07 with all 2 INT4 linears kept fp32" in out
     assert "fc1:" in out and "fc2:" in out  # the per-linear sensitivities
-    assert r.hget("anvil:model:emb", "artifact") == v1
+    assert r.hget(keys.model_key("emb"), "artifact") == v1
 
 
 def test_max_rel_error_flag() -> None:

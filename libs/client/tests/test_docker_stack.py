@@ -130,8 +130,8 @@ def test_container_requests_for_the_real_compose_file(profiles: set[str]) -> Non
     assert all("RestartPolicy" not in b["HostConfig"] for b in bodies.values())
     # secrets (issue #18): each container gets its own, 0400 for the services' user, and no other's
     secrets = {name: sorted(files) for name, files in archives.items()}
-    assert secrets["t-gateway-1"] == ["secrets/gateway.key_secret", "secrets/redis_password"]
-    assert secrets["t-scheduler-1"] == ["secrets/redis_password", "secrets/scheduler.key_secret"]
+    assert secrets["t-gateway-1"] == ["secrets/gateway.key_secret", "secrets/gateway.redis_password"]
+    assert secrets["t-scheduler-1"] == ["secrets/scheduler.key_secret", "secrets/scheduler.redis_password"]
     assert secrets["t-redis-1"] == ["secrets/redis.acl"]
     key = archives["t-gateway-1"]["secrets/gateway.key_secret"]
     assert (key.uid, key.mode, key.size) == (10001, 0o400, 64)

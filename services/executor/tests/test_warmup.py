@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from anvil_core import codec
+from anvil_core import codec, keys
 from anvil_core.codec import pb
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.tensors import HostTensor
@@ -206,13 +206,13 @@ def test_deployed_model_is_ready_only_after_warm_up(executor: tuple[Any, Any], r
 
     ex, slow = executor
     r = redis.Redis.from_url(redis_url, decode_responses=True)
-    record = "anvil:svc:executor:ex-warm"
+    record = keys.svc_key("executor", "ex-warm")
 
     def advertised() -> list[str]:
         return list(json.loads(r.hget(record, "models") or "[]"))
 
     _wait(lambda: advertised() == ["identity"], "the executor's first beat")
-    r.hset("anvil:model:slow", mapping={"artifact": "a1a1a1a1", "status": "COMPILED", "spec": "{}"})
+    r.hset(keys.model_key("slow"), mapping={"artifact": "a1a1a1a1", "status": "COMPILED", "spec": "{}"})
     assert slow.entered.wait(20), "the deployed model was never run"
     # warm-up is under way (its first run blocked): beats go on without the model
     beat = r.hget(record, "beat_at")
@@ -220,12 +220,12 @@ def test_deployed_model_is_ready_only_after_warm_up(executor: tuple[Any, Any], r
     beat = r.hget(record, "beat_at")
     _wait(lambda: r.hget(record, "beat_at") != beat, "a second beat during warm-up")
     assert "slow" not in advertised() and "slow" not in ex.models
-    assert r.hget("anvil:model:slow", "status") == "COMPILED"
+    assert r.hget(keys.model_key("slow"), "status") == "COMPILED"
     assert _metric("slow") is None or not slow.calls  # no warm-up figure before it ran
 
     t_open = time.perf_counter()
     slow.gate.set()
-    _wait(lambda: "slow" in advertised() and r.hget("anvil:model:slow", "status") == "READY", "READY")
+    _wait(lambda: "slow" in advertised() and r.hget(keys.model_key("slow"), "status") == "READY", "READY")
     # every bucket the scheduler can send (1..4) had run when the model was advertised
     assert {n for n, _ in slow.calls} == {1, 2, 3, 4} and slow.cold == [1, 2, 3, 4]
     warm_s = _metric("slow")

@@ -22,11 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from anvil_client import AsyncZeroCopyClient, ZeroCopyClient, ZeroCopyError
-from anvil_core import codec
+from anvil_core import codec, keys
+from anvil_core.keys import shm_key
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_core.registry import Registry
 from anvil_core.tensors import HostTensor
-from anvil_core.zerocopy import Flag, Header, Op, Region, Status, shm_key
+from anvil_core.zerocopy import Flag, Header, Op, Region, Status
 from anvil_core.zerocopy import header as zh
 from anvil_core.zerocopy import meta as zm
 from anvil_core.zerocopy import slots as slot_io
@@ -281,9 +282,9 @@ def test_clients_round_trip_sync_and_async(redis_url: str) -> None:
             outs = await asyncio.gather(*(zc.infer("identity", {"INPUT0": x}) for x in xs))
             assert all(np.array_equal(o["OUTPUT0"], x) for o, x in zip(outs, xs, strict=True))
             name = zc.region.name
-            assert h.redis.keys("anvil:shm:*")
+            assert h.redis.keys(keys.shm_key("*"))
         assert not os.path.exists(os.path.join(SHM_DIR, name))  # close() unlinked it ...
-        assert not h.redis.keys("anvil:shm:*")  # ... after the gateway withdrew the region
+        assert not h.redis.keys(keys.shm_key("*"))  # ... after the gateway withdrew the region
 
         def sync() -> bool:
             with ZeroCopyClient(h.server.endpoint, slots=1, slot_bytes=64 << 10) as zc:
@@ -470,12 +471,12 @@ def test_unregister_waits_for_requests_in_flight(redis_url: str) -> None:
         await raw.sock.send(zh.encode(2, Op.UNREGISTER, reserved=raw.region_id << 16))
         head, _ = await raw.call(raw.write(1, 3, np.ones((1, 4), np.float32)))
         assert (head.request_id, head.status) == (3, Status.BAD_REGION)  # closing: no new work
-        assert h.redis.keys("anvil:shm:*")  # still announced: the executor may need it
+        assert h.redis.keys(keys.shm_key("*"))  # still announced: the executor may need it
         await h.answer(ident, req, {"OUTPUT0": np.ones((1, 4), np.float32)})
         done, _ = zh.decode_reply(await raw.sock.recv())
         gone, _ = zh.decode_reply(await raw.sock.recv())
         assert (done.op, done.request_id, gone.op, gone.request_id) == (Op.INFER_OK, 1, Op.UNREGISTER_OK, 2)
-        assert not h.redis.keys("anvil:shm:*")
+        assert not h.redis.keys(keys.shm_key("*"))
         raw.close()
 
     run(redis_url, body)
@@ -510,10 +511,10 @@ def test_a_region_its_owner_unlinked_is_withdrawn(redis_url: str) -> None:
         await raw.registered()
         os.unlink(os.path.join(SHM_DIR, raw.region.name))
         for _ in range(50):
-            if not h.redis.keys("anvil:shm:*"):
+            if not h.redis.keys(keys.shm_key("*")):
                 break
             await asyncio.sleep(0.05)
-        assert not h.redis.keys("anvil:shm:*")
+        assert not h.redis.keys(keys.shm_key("*"))
         head, _ = await raw.call(raw.write(0, 1, np.ones((1, 4), np.float32)))
         assert head.status == Status.BAD_REGION
         raw.region.owner = False  # already unlinked

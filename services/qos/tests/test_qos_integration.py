@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import redis
 
+from anvil_core import keys
 from anvil_qos import ctl
 from anvil_qos.probes.bpf_loader import unavailable_reason
 
@@ -61,13 +62,13 @@ class World(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             now = time.time()
-            key = "anvil:svc:executor:standin"
+            key = keys.svc_key("executor", "standin")
             rec = {"kind": "executor", "id": "standin", "pid": str(self.pid), "host": socket.gethostname()}
             self.r.hset(key, mapping=rec)
             self.r.pexpire(key, 3000)
             attainment = 0.9 if self.hog_on.is_set() else 1.0
             slo = {"attainment": attainment, "p99_ms": 20.0, "requests": 400, "window_s": 10.0, "ts": now}
-            self.r.hset("anvil:slo", "1", json.dumps(slo))
+            self.r.hset(keys.slo_key(), "1", json.dumps(slo))
             self.stop.wait(0.2)
 
 
@@ -82,7 +83,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 def events(redis_url: str) -> Iterator[list[dict[str, Any]]]:
     got: list[dict[str, Any]] = []
     pubsub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(**{"anvil:events": lambda m: got.append(json.loads(m["data"]))})
+    pubsub.subscribe(**{keys.EVENTS: lambda m: got.append(json.loads(m["data"]))})
     thread = pubsub.run_in_thread(sleep_time=0.05, daemon=True)
     yield got
     thread.stop()
@@ -124,11 +125,11 @@ def test_qos_throttles_p3_under_a_cpu_hog_and_restores_after(
     qos = subprocess.Popen([sys.executable, "-m", "anvil_qos"], env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def limit(key: str) -> dict[str, Any]:
-        return dict(json.loads(r.hget("anvil:qos:limits", key) or "{}"))
+        return dict(json.loads(r.hget(keys.qos_limits_key(), key) or "{}"))
 
     try:
-        _wait(lambda: len(r.keys("anvil:svc:qos:*")) == 1, 20, "qos to register")
-        (qos_key,) = r.keys("anvil:svc:qos:*")
+        _wait(lambda: len(r.keys(keys.svc_pattern("qos"))) == 1, 20, "qos to register")
+        (qos_key,) = r.keys(keys.svc_pattern("qos"))
         _wait(lambda: r.hget(qos_key, "mode") != "starting", 20, "the probes to load")
         assert r.hget(qos_key, "mode") == mode
         _wait(lambda: limit("acme:3").get("rate_rps") == 100.0, 10, "base rates applied")
@@ -170,11 +171,11 @@ def test_qos_throttles_p3_under_a_cpu_hog_and_restores_after(
         decrease = next(e for e in events if e["event"] == "qos.decrease")
         assert decrease["key"] == "acme:3" and decrease["cause"] == "cpu_runqueue"
         assert ctl.main(["--redis-url", redis_url, "base", "clear", "acme:3"]) == 0
-        _wait(lambda: r.hget("anvil:qos:limits", "acme:3") is None, 10, "qos to drop a withdrawn base")
+        _wait(lambda: r.hget(keys.qos_limits_key(), "acme:3") is None, 10, "qos to drop a withdrawn base")
     except AssertionError as exc:
         log.flush()
         tail = "\n".join((tmp_path / "qos.log").read_text().splitlines()[-25:])
-        records = {k: r.hgetall(k) for k in r.keys("anvil:svc:qos:*")}
+        records = {k: r.hgetall(k) for k in r.keys(keys.svc_pattern("qos"))}
         raise AssertionError(f"{exc}\nqos record: {records}\n--- qos log (last 25 lines) ---\n{tail}") from (
             exc
         )

@@ -15,6 +15,7 @@ import redis
 
 from anvil_client.stack_redis import open_redis
 from anvil_core import keys
+from anvil_core.priorities import PRIORITIES
 
 __all__ = ["add_admin_commands"]
 
@@ -152,7 +153,7 @@ def add_admin_commands(sub: Any) -> None:
     qsub = qos.add_subparsers(dest="qos_cmd", required=True)
     s = qsub.add_parser("set", help="set TENANT (or *) PRIORITY (1-3 or *) to RATE req/s")
     s.add_argument("tenant")
-    s.add_argument("priority", choices=["1", "2", "3", "*"])
+    s.add_argument("priority", choices=[*map(str, PRIORITIES), "*"])
     s.add_argument("rate", type=float, help="requests per second")
     s.add_argument("--burst", type=int, default=None, help="bucket size (default: rate, at least 1)")
     s.set_defaults(fn=_guard(qos_set))

@@ -21,6 +21,7 @@ from anvil_client.doctor import add_doctor_command
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
 from anvil_client.procs import running, stop_group
 from anvil_client.stack_redis import open_redis_async, stack_state
+from anvil_core import keys
 
 __all__ = ["main"]
 
@@ -111,10 +112,10 @@ def cmd_status(_: argparse.Namespace) -> int:
         # the stack's password, never printed (redis errors do not carry it)
         redis = open_redis_async(decode_responses=True, socket_timeout=1.0, socket_connect_timeout=1.0)
         try:
-            keys = sorted([k async for k in redis.scan_iter(match="anvil:svc:*", count=200)])
-            if not keys:
+            found = sorted([k async for k in redis.scan_iter(match=keys.svc_pattern("*"), count=200)])
+            if not found:
                 print("no services registered")
-            for key in keys:
+            for key in found:
                 rec = {str(k): str(v) for k, v in (await redis.hgetall(key)).items()}
                 ttl = await redis.pttl(key)
                 extra = {k: v for k, v in rec.items() if k not in ("kind", "id", "started_at", "beat_at")}

@@ -37,7 +37,7 @@ from typing import Any, cast
 
 import httpx
 
-from anvil_client.stack_redis import open_redis, redis_target
+from anvil_client.stack_redis import compiler_key, open_redis, redis_target
 from anvil_core import keys
 from anvil_core.registry import connect_redis
 
@@ -132,7 +132,8 @@ def add_deploy_commands(subparsers: Any) -> None:
     d.add_argument(
         "--api-key",
         default=None,
-        help="the compiler's API key (default: env ANVIL_COMPILER_API_KEY, else ANVIL_API_KEY)",
+        help="the compiler's API key (default: env ANVIL_COMPILER_API_KEY, else the running `anvil up` "
+        "stack's, else ANVIL_SECRET_COMPILER_API_KEY of ./.env, else env ANVIL_API_KEY)",
     )
     d.add_argument("--redis-url", default=redis_url, help="env ANVIL_REDIS_URL")
     d.add_argument("--timeout-s", type=float, default=900.0, help="for the compile, and for --wait")
@@ -228,11 +229,7 @@ def compile_remote(args: argparse.Namespace, on_progress: Any = None) -> dict[st
     """Upload, follow the job to its end; returns the final job document."""
     path: Path = args.model
     fmt, data = ("hf", hf_bundle(path)) if path.is_dir() else ("onnx", path.read_bytes())
-    key = (
-        getattr(args, "api_key", None)
-        or os.environ.get("ANVIL_COMPILER_API_KEY")
-        or os.environ.get("ANVIL_API_KEY")
-    )
+    key = getattr(args, "api_key", None) or compiler_key(args.compiler)
     headers = {"authorization": f"Bearer {key}"} if key else {}
     with httpx.Client(base_url=args.compiler, timeout=60, headers=headers) as http:
         files = {"file": (path.name, data)}

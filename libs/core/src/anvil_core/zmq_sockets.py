@@ -40,6 +40,7 @@ def make_socket(
     immediate: bool = False,
     curve: CurveServer | CurveClient | None = None,
     plain_bind: str | None = None,
+    max_msg_bytes: int = -1,
 ) -> S:
     """Create a socket with Anvil's defaults (a sync or an asyncio one, as `ctx` is).
 
@@ -49,11 +50,14 @@ def make_socket(
     (EAGAIN) instead of waiting for a peer that may never come.
     curve: CURVE server or client options, applied before bind/connect (None: plain ZMTP).
     plain_bind: an endpoint bound before the CURVE options are set (an ipc path in a private dir).
+    max_msg_bytes: a peer sending a larger message is disconnected before it is buffered (-1: no limit).
     """
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
+    if max_msg_bytes >= 0:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity.encode())
     if kind == zmq.ROUTER:

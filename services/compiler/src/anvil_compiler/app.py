@@ -11,7 +11,8 @@
 A bad model fails its job (the error names the op/node); the service keeps serving.
 
 Boundaries (docs/security.md): every route but health takes an API key when one is configured
-(`compiler_api_key`, and the tenants' keys with `require_api_key`); a server-side `path` is read
+(`compiler_api_key` or the secrets dir's file: on by default under `anvil up` and compose, and the
+tenants' keys with `require_api_key`); a server-side `path` is read
 only from beneath `model_root` (model_paths.py); an upload is refused from its Content-Length, and
 cut off as soon as its stream passes the cap, before anything is buffered past it; the job table is
 bounded (jobs.py).
@@ -116,7 +117,8 @@ def create_app(settings: CompilerSettings) -> FastAPI:
         settings.max_finished_jobs,
         settings.max_pending_jobs,
     )
-    auth_on = bool(settings.compiler_api_key) or settings.require_api_key
+    api_key = settings.api_key()
+    auth_on = bool(api_key) or settings.require_api_key
 
     def _tenant_key(key: str) -> bool:
         try:
@@ -129,7 +131,7 @@ def create_app(settings: CompilerSettings) -> FastAPI:
         if not auth_on:
             return
         key = _presented_key(request)
-        if key and settings.compiler_api_key and hmac.compare_digest(key, settings.compiler_api_key):
+        if key and api_key and hmac.compare_digest(key, api_key):
             return
         if key and settings.require_api_key and await run_in_threadpool(_tenant_key, key):
             return

@@ -17,13 +17,14 @@ from typing import Any
 import redis
 
 from anvil_compiler.artifacts import read_manifest
+from anvil_core import keys
 from anvil_core.redis_conn import RedisAuth, sync_redis
 
 __all__ = ["ArtifactCache", "artifact_index_key"]
 
 
 def artifact_index_key(artifact_id: str) -> str:
-    return f"anvil:artifact:{artifact_id}"
+    return keys.artifact_key(artifact_id)
 
 
 class ArtifactCache:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
-from anvil_core.settings import ServiceSettings
+from anvil_core.settings import COMPILER_API_KEY_FILE, ServiceSettings
 
 __all__ = ["CompilerSettings"]
 
 
 class CompilerSettings(ServiceSettings):
+    REDIS_ROLE: ClassVar[str] = "compiler"
     http_port: int = 8010  # compile API
     metrics_port: int = 8005
     artifact_dir: str = "/var/lib/anvil/artifacts"  # the compose volume; `make up` points it at the run dir
@@ -24,10 +26,11 @@ class CompilerSettings(ServiceSettings):
     # The directory a server-side `path` must lie under (symlinks resolved, then opened without
     # following any). "": `<artifact_dir>/models`, made at start.
     model_root: str = ""
-    # The API key every route but /v1/health requires when set (`anvil deploy` sends
-    # ANVIL_COMPILER_API_KEY). With require_api_key (the gateway's ANVIL_REQUIRE_API_KEY), the
-    # tenants' API keys (`anvil tenant add`, anvil:tenants) are accepted too, and a key is
-    # required even when compiler_api_key is empty.
+    # The API key every route but /v1/health requires: this, else the compiler_api_key file of
+    # secrets_dir (`anvil up` makes one per run, compose a secret: on by default). Empty and no
+    # file: no key (a compiler reachable by anyone). `anvil deploy` sends it. With require_api_key
+    # (the gateway's ANVIL_REQUIRE_API_KEY), the tenants' API keys (`anvil tenant add`,
+    # anvil:tenants) are accepted too, and a key is required even without this one.
     compiler_api_key: str = ""
     require_api_key: bool = False
     # Jobs kept for GET /v1/jobs/{id}: finished ones for this long, at most this many (oldest
@@ -43,3 +46,15 @@ class CompilerSettings(ServiceSettings):
     @property
     def max_model_bytes(self) -> int:
         return self.max_model_mib << 20
+
+    def api_key(self) -> str:
+        """The key clients must present ("": none): compiler_api_key, else the secrets file."""
+        if self.compiler_api_key or not self.secrets_dir:
+            return self.compiler_api_key
+        path = Path(self.secrets_dir) / COMPILER_API_KEY_FILE
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:  # present but unreadable: fail the start, never run open
+            raise PermissionError(f"cannot read the compiler API key file {path}: {exc.strerror}") from None

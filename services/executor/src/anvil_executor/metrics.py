@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from anvil_core.priorities import PRIORITIES
+
 batches = Counter("anvil_executor_batches_total", "Batches run", ["model", "outcome"])
 compute_us = Histogram(
     "anvil_executor_compute_duration_us",
@@ -54,4 +56,4 @@ hop_us = Histogram(
 
 
 def priority_label(priority: int) -> str:
-    return str(priority) if priority in (1, 2, 3) else "other"
+    return str(priority) if priority in PRIORITIES else "other"

@@ -83,8 +83,7 @@ class Executor:
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=settings.service_id, curve=curve)
         if curve is not None:  # a scheduler with the wrong key is logged once, not per retry
             watch_handshakes(self.sock, PeerLog(log, "executor"), "scheduler")
-        self.done_rx = self.ctx.socket(zmq.PAIR)
-        self.done_rx.bind(f"inproc://done-{id(self)}")
+        self.done_rx = make_socket(self.ctx, zmq.PAIR, bind=f"inproc://done-{id(self)}")
         self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute thread's
         self.prep = BatchQueue()  # batches of models that `prepare`: the prep thread's
         self.endpoint: str | None = None
@@ -336,8 +335,7 @@ class Executor:
     # ---- compute thread -----------------------------------------------------------------------
     def _compute_loop(self) -> None:
         self._set_compute_threads()
-        done_tx = self.ctx.socket(zmq.PAIR)
-        done_tx.connect(f"inproc://done-{id(self)}")
+        done_tx = make_socket(self.ctx, zmq.PAIR, connect=f"inproc://done-{id(self)}")
         try:
             while (item := self.work.get()) is not None:
                 t0 = time.perf_counter()

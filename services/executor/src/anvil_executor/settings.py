@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from anvil_core.settings import ServiceSettings
 
@@ -10,6 +10,7 @@ __all__ = ["ExecutorSettings"]
 
 
 class ExecutorSettings(ServiceSettings):
+    REDIS_ROLE: ClassVar[str] = "executor"
     metrics_port: int = 8004
     device: str = "cpu"
     # Largest batch this executor accepts; the scheduler never sends more.

@@ -23,10 +23,11 @@ from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from anvil_core.codec import DTYPE_NAMES, pb
+from anvil_core.keys import shm_key
 from anvil_core.logs import get_logger
 from anvil_core.redis_conn import RedisAuth, sync_redis
 from anvil_core.tensors import HostTensor, TensorError
-from anvil_core.zerocopy import Region, ZeroCopyError, shm_key
+from anvil_core.zerocopy import Region, ZeroCopyError
 
 __all__ = ["ShmInputs"]
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_core import keys
+from anvil_core.priorities import PRIORITIES
 from anvil_gateway.overload import LoopDelay
 
 __all__ = ["Admission", "Rejected", "TokenBucket", "hash_key"]
 
+_PRIORITY_FIELDS = frozenset({*map(str, PRIORITIES), "*"})  # "tenant:priority" fields of limits
 _PROTECT_S = 1.0  # a lower priority is shed for the loop's delay only within this of a higher one
 
 
@@ -76,7 +78,7 @@ class Admission:
         parsed: dict[str, tuple[float, float]] = {}
         for key, raw in limits.items():
             tenant, _, prio = key.rpartition(":")
-            if not (tenant == "*" or keys.TENANT_NAME.fullmatch(tenant)) or prio not in ("1", "2", "3", "*"):
+            if not (tenant == "*" or keys.TENANT_NAME.fullmatch(tenant)) or prio not in _PRIORITY_FIELDS:
                 continue  # not "tenant:priority": ignored, like a malformed value
             try:
                 doc: dict[str, Any] = json.loads(raw)

@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from anvil_core.priorities import PRIORITIES
+
 _US = (100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 5_000_000)
 
 success = Counter("anvil_inference_request_success", "Successful inference requests", ["model", "version"])
@@ -84,6 +86,6 @@ def hop_series(priority: int) -> tuple[Any, ...]:
     """The five hop histograms of `priority`, resolved once (in HOP_NAMES order)."""
     series = _hop_series.get(priority)
     if series is None:
-        label = str(priority) if priority in (1, 2, 3) else "other"
+        label = str(priority) if priority in PRIORITIES else "other"
         series = _hop_series[priority] = tuple(hop_us.labels(hop=h, priority=label) for h in HOP_NAMES)
     return series

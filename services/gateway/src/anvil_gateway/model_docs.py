@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from anvil_core.model_spec import ModelSpec, TensorSpec
+from anvil_core.priorities import PRIORITIES
 from anvil_gateway.peer_stats import stats_doc
 from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.state import SERVER_NAME, SERVER_VERSION, GatewayState
@@ -74,7 +75,7 @@ def model_config(spec: ModelSpec, s: GatewaySettings) -> dict[str, Any]:
             "priority_levels": 3,
             "default_priority_level": s.default_priority,
             "priority_queue_policy": {
-                str(p): {"default_timeout_microseconds": s.slo_ms(p) * 1000} for p in (1, 2, 3)
+                str(p): {"default_timeout_microseconds": s.slo_ms(p) * 1000} for p in PRIORITIES
             },
         },
         "instance_group": [{"name": spec.name, "kind": "KIND_AUTO", "count": 1}],

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from anvil_core.settings import ServiceSettings
 
 __all__ = ["GatewaySettings"]
 
 
 class GatewaySettings(ServiceSettings):
+    REDIS_ROLE: ClassVar[str] = "gateway"
     http_port: int = 8000  # KServe v2 HTTP, Triton's default
     # Processes serving http_port together (SO_REUSEPORT). One process spends ~1-5 ms of CPU per
     # request of 32 sentences on /v1/embeddings (JSON floats dominate), so a GPU host that serves
@@ -28,10 +31,8 @@ class GatewaySettings(ServiceSettings):
     parse_offload_bytes: int = 64 * 1024
     # Parse threads: large bodies parsed at once (each holds its body and its tensors in memory).
     parse_threads: int = 2
-    # Priority classes: deadline = arrival + SLO of the class (a request's timeout may only tighten it).
-    slo_p1_ms: int = 50  # interactive
-    slo_p2_ms: int = 200  # standard (the default class)
-    slo_p3_ms: int = 2000  # batch
+    # Priority classes: deadline = arrival + SLO of the class (ServiceSettings.slo_ms; a request's
+    # timeout may only tighten it).
     default_priority: int = 2
     # How often the registry snapshot (scheduler endpoint, model specs, rate limits) is refreshed.
     discovery_interval_ms: int = 250
@@ -64,6 +65,3 @@ class GatewaySettings(ServiceSettings):
     # shared core's run-queue delays stay under ~5 ms); 25 ms for standard, half the budget. 0: never.
     shed_delay_ms_p2: float = 25.0
     shed_delay_ms_p3: float = 10.0
-
-    def slo_ms(self, priority: int) -> int:
-        return {1: self.slo_p1_ms, 2: self.slo_p2_ms, 3: self.slo_p3_ms}[priority]

@@ -34,20 +34,21 @@ from redis.exceptions import RedisError
 from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.drops import DropLog
+from anvil_core.keys import shm_key
 from anvil_core.logs import get_logger
 from anvil_core.model_spec import ModelSpec, SpecError
 from anvil_core.tensors import HostTensor
-from anvil_core.zerocopy import Flag, HeaderError, Op, Status, ZeroCopyError, shm_key
+from anvil_core.zerocopy import Flag, HeaderError, Op, Status, ZeroCopyError
 from anvil_core.zerocopy import header as zh
 from anvil_core.zerocopy import meta as zm
 from anvil_core.zerocopy import slots as slot_io
-from anvil_core.zerocopy.forward import request_envelope, response_outputs
-from anvil_core.zerocopy.served import ServedRegion, ServedRegions
 from anvil_core.zmq_sockets import make_socket
 from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.backend import BackendUnavailable
 from anvil_gateway.state import GatewayState, NotFound
+from anvil_gateway.zc_forward import request_envelope, response_outputs
+from anvil_gateway.zc_regions import ServedRegion, ServedRegions
 
 __all__ = ["SOCKET_NAME", "ZeroCopyServer"]
 
@@ -116,9 +117,12 @@ class ZeroCopyServer:
         self._ctx = zmq.asyncio.Context()
         old = os.umask(0o077)  # the socket file is born 0600 ...
         try:
-            self.sock = make_socket(self._ctx, zmq.ROUTER)
-            self.sock.setsockopt(zmq.MAXMSGSIZE, zh.HEADER_BYTES + zh.MAX_INLINE_BYTES)
-            self.sock.bind(f"ipc://{path}")
+            self.sock = make_socket(
+                self._ctx,
+                zmq.ROUTER,
+                bind=f"ipc://{path}",
+                max_msg_bytes=zh.HEADER_BYTES + zh.MAX_INLINE_BYTES,
+            )
         finally:
             os.umask(old)
         os.chmod(path, 0o600)  # ... and stays so whatever the umask was

@@ -19,6 +19,7 @@ import sys
 import redis
 
 from anvil_core import keys
+from anvil_core.priorities import PRIORITIES
 from anvil_core.redis_conn import env_redis_auth, sync_redis
 from anvil_qos.rates import BASE_KEY, parse_bases, parse_key
 
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     bsub = base.add_subparsers(dest="cmd", required=True)
     s = bsub.add_parser("set", help="TENANT PRIORITY(2, 3; 1 or * are copied, never throttled) RATE")
     s.add_argument("tenant")
-    s.add_argument("priority", choices=["1", "2", "3", "*"])
+    s.add_argument("priority", choices=[*map(str, PRIORITIES), "*"])
     s.add_argument("rate", type=float, help="req/s when healthy")
     s.add_argument("--burst", type=int, default=None, help="bucket size (default: the rate)")
     s.set_defaults(fn=_set)

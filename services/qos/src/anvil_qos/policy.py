@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from anvil_core.priorities import DEFAULT_SLO_MS
 from anvil_qos.rates import QOS_REASON_PREFIX, BaseRate, SloReading, parse_key
 from anvil_qos.signals import Measure
 
@@ -61,7 +62,7 @@ class PolicyConfig:
     attainment_ok: float = 0.995  # p1 healthy at or above this
     headroom_low: float = 0.2  # p1 at risk when p99 is within 20% of its SLO
     headroom_ok: float = 0.35
-    p1_slo_ms: float = 50.0  # p1's SLO when the reading has no slo_ms (gateway's slo_p1_ms)
+    p1_slo_ms: float = float(DEFAULT_SLO_MS[1])  # p1's SLO when the reading has no slo_ms (ANVIL_SLO_P1_MS)
     min_requests: int = 20  # fewer p1 requests in the window: attainment means nothing
     slo_stale_s: float = 5.0  # older p1 readings count as none (the scheduler writes every 1 s)
     # Pressure thresholds per measure (signals.py). 2 ms waiting for a CPU, at p99, is 4% of p1's

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_core import keys
+from anvil_core.priorities import PRIORITIES
 
 __all__ = [
     "BASE_KEY",
@@ -59,7 +60,7 @@ def parse_key(key: str) -> tuple[str, int | None]:
         raise ValueError(f"{key!r}: a limit field is '{{tenant}}:{{priority}}' (priority 1-3 or *)")
     if prio == "*":
         return tenant, None
-    if prio not in ("1", "2", "3"):
+    if prio not in {str(p) for p in PRIORITIES}:
         raise ValueError(f"{key!r}: priority must be 1, 2, 3 or *")
     return tenant, int(prio)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -14,6 +14,7 @@ __all__ = ["QosSettings"]
 
 
 class QosSettings(ServiceSettings):
+    REDIS_ROLE: ClassVar[str] = "qos"
     metrics_port: int = 8006
 
     # -- observation -----------------------------------------------------------------------------
@@ -45,8 +46,6 @@ class QosSettings(ServiceSettings):
     attainment_ok: float = 0.995
     headroom_low: float = 0.2
     headroom_ok: float = 0.35
-    # p1's SLO when anvil:slo readings carry no slo_ms: the ANVIL_SLO_P1_MS every service shares.
-    slo_p1_ms: float = 50.0
     slo_min_requests: int = 20
     slo_stale_ms: int = 5000
     # -- calibration (anvil_qos.baseline): pressure = a measure over
@@ -86,7 +85,7 @@ class QosSettings(ServiceSettings):
             attainment_ok=self.attainment_ok,
             headroom_low=self.headroom_low,
             headroom_ok=self.headroom_ok,
-            p1_slo_ms=self.slo_p1_ms,
+            p1_slo_ms=float(self.slo_p1_ms),  # when anvil:slo readings carry no slo_ms
             min_requests=self.slo_min_requests,
             slo_stale_s=self.slo_stale_ms / 1000,
             thresholds={name: band.ceiling for name, band in self.bands().items()},

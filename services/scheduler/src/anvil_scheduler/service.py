@@ -31,6 +31,7 @@ from anvil_core.codec import pb
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
+from anvil_core.priorities import PRIORITIES, PRIORITY_NAMES
 from anvil_core.registry import Registry
 from anvil_core.zmq_auth import CurveGate
 from anvil_core.zmq_sockets import ipc_endpoint, make_socket, tcp_endpoint
@@ -100,11 +101,7 @@ class Scheduler:
             os.chmod(settings.link_ipc_dir, 0o700)
         self.gw = self._router(settings.gateway_port, "gateway")
         self.ex = self._router(settings.executor_port, "executor")
-        priorities = (
-            PriorityClass(1, "interactive", settings.slo_p1_ms),
-            PriorityClass(2, "standard", settings.slo_p2_ms),
-            PriorityClass(3, "batch", settings.slo_p3_ms),
-        )
+        priorities = tuple(PriorityClass(p, PRIORITY_NAMES[p], settings.slo_ms(p)) for p in PRIORITIES)
         config = SchedulerConfig(
             priorities=priorities,
             max_queue_depth=settings.max_queue_per_model,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from anvil_core.settings import ServiceSettings
 
@@ -10,6 +10,7 @@ __all__ = ["SchedulerSettings"]
 
 
 class SchedulerSettings(ServiceSettings):
+    REDIS_ROLE: ClassVar[str] = "scheduler"
     # ROUTER that gateways connect to, and ROUTER that executors connect to.
     gateway_port: int = 5555
     executor_port: int = 5556
@@ -22,10 +23,6 @@ class SchedulerSettings(ServiceSettings):
     # fixed_delay only (Triton's dynamic batcher knobs).
     fixed_max_batch: int = 32
     fixed_max_queue_delay_us: int = 1000
-    # Priority classes (must match the gateway's: compose passes the same ANVIL_SLO_P*_MS to both).
-    slo_p1_ms: int = 50
-    slo_p2_ms: int = 200
-    slo_p3_ms: int = 2000
     # SLO attainment and p99 (published to `anvil:slo` for qos) are over answers of this window.
     slo_window_ms: int = 10000
     # Requests waiting per model before the lowest-priority ones are shed with OVERLOAD.

@@ -15,10 +15,11 @@ import numpy as np
 
 from anvil_client.bench.engine import HOPS, RunResult
 from anvil_client.bench.scrape import BatchSamples
+from anvil_core.priorities import DEFAULT_SLO_MS
 
 __all__ = ["SLO_MS", "summarize", "write_reports"]
 
-SLO_MS = {1: 50.0, 2: 200.0, 3: 2000.0}  # the gateway's defaults (ANVIL_SLO_P{1,2,3}_MS)
+SLO_MS = {p: float(ms) for p, ms in DEFAULT_SLO_MS.items()}  # the defaults of ANVIL_SLO_P{1,2,3}_MS
 _Q = (50, 90, 99, 99.9)
 
 

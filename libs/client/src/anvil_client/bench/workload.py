@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from anvil_core.priorities import PRIORITIES
+
 __all__ = ["ID_WIDTH", "Workload", "parse_mix", "request_id", "response_id"]
 
 ID_WIDTH = 10  # request ids are zero-padded decimals, so every body of a kind has the same length
@@ -26,7 +28,7 @@ def parse_mix(text: str) -> dict[int, float]:
     for part in text.split(","):
         prio, _, weight = part.strip().partition(":")
         p = int(prio)
-        if p not in (1, 2, 3):
+        if p not in PRIORITIES:
             raise ValueError(f"priority must be 1, 2 or 3, got {p}")
         out[p] = float(weight) if weight else 1.0
     total = sum(out.values())

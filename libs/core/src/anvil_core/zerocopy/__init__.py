@@ -1,6 +1,9 @@
 """ZeroCopy ingress protocol: doorbell header, shared-memory region of slots, slot metadata.
 
-The byte-level specification is docs/protocol.md; the code here is its single definition.
+The byte-level specification is docs/protocol.md; the code here is its single definition, shared by
+the client, the gateway (which serves it: ``anvil_gateway.zerocopy_server`` and its ``zc_*``
+modules) and the executor (which reads inputs in place). The region's Redis key is
+``anvil_core.keys.shm_key``.
 """
 
 from anvil_core.zerocopy.header import (
@@ -15,7 +18,6 @@ from anvil_core.zerocopy.header import (
 )
 from anvil_core.zerocopy.meta import InferMeta, MetaError, ResultMeta, TensorDesc
 from anvil_core.zerocopy.region import Region, RegionError
-from anvil_core.zerocopy.served import shm_key
 
 __all__ = [
     "HEADER",
@@ -32,5 +34,4 @@ __all__ = [
     "Status",
     "TensorDesc",
     "ZeroCopyError",
-    "shm_key",
 ]

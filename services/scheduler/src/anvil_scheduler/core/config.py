@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from anvil_core.priorities import DEFAULT_SLO_MS, PRIORITIES, PRIORITY_NAMES
+
 __all__ = ["DEFAULT_PRIORITIES", "PriorityClass", "SchedulerConfig"]
 
 
@@ -26,14 +28,10 @@ class PriorityClass:
             raise ValueError(f"slo_ms of priority {self.priority} must be > 0, got {self.slo_ms}")
 
 
-DEFAULT_PRIORITIES: tuple[PriorityClass, ...] = (
-    # 50 ms: a person is waiting on a UI; ~100 ms is where interaction stops feeling instant, and the
-    # gateway, network and client take the other half.
-    PriorityClass(1, "interactive", 50.0),
-    # 200 ms: service-to-service calls inside a larger request (retrieval, ranking) with their own budget.
-    PriorityClass(2, "standard", 200.0),
-    # 2 s: offline/bulk work that still wants an answer soon; it is what batching feeds on.
-    PriorityClass(3, "batch", 2000.0),
+# The classes with their default SLOs (anvil_core.priorities says why each number); the service
+# builds its own from the settings (ANVIL_SLO_P*_MS).
+DEFAULT_PRIORITIES: tuple[PriorityClass, ...] = tuple(
+    PriorityClass(p, PRIORITY_NAMES[p], float(DEFAULT_SLO_MS[p])) for p in PRIORITIES
 )
 
 

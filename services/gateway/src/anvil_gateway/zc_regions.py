@@ -1,5 +1,5 @@
 """The regions a server has mapped for its clients: ids, ownership, slots in use, and their
-announcement in Redis (`anvil:shm:{key}`), which is what lets an executor map them too.
+announcement in Redis (`anvil_core.keys.shm_key`), which is what lets an executor map them too.
 
 Owned by the server's event loop (no locking). A region is identified three ways: its client's shm
 name (never logged or echoed), its 16-bit `id` in headers (reused after it is dropped), and its
@@ -13,17 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from anvil_core.keys import shm_key
 from anvil_core.zerocopy.header import Status, ZeroCopyError
 from anvil_core.zerocopy.region import Region
 
-__all__ = ["ServedRegion", "ServedRegions", "shm_key"]
-
-
-def shm_key(region: str) -> str:
-    """Redis hash of one served region: name, bytes, slot_bytes, slot_count, gateway. Written with a
-    TTL and refreshed every heartbeat by the server that mapped it; deleted when it is dropped.
-    The executor maps a region only while this key exists. (Belongs in anvil_core.keys.)"""
-    return f"anvil:shm:{region}"
+__all__ = ["ServedRegion", "ServedRegions"]
 
 
 @dataclass(eq=False)
