@@ -62,5 +62,5 @@ lint: sync
 	$(PY) mypy libs/core/src libs/client/src services/gateway/src services/scheduler/src \
 		services/executor/src services/compiler/src services/qos/src
 	$(PY) python -m anvil_client.lint_compose compose.yaml
-	$(PY) hadolint services/*/Dockerfile
+	$(PY) hadolint Dockerfile
 	$(PY) pytest -q libs/core/tests/test_proto_fresh.py
