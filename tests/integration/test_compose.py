@@ -39,6 +39,9 @@ def _shm_client(script: str, env: dict[str, str] | None = None, timeout_s: float
         pytest.skip(f"the shm client must run as uid {SERVICE_UID} (or as root, to act as it)")
     prelude = textwrap.dedent(f"""
         import contextlib, os
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()  # a helper process: started now, as this process's user
 
         @contextlib.contextmanager
         def service_uid():
@@ -161,7 +164,7 @@ def test_zerocopy_client_on_the_host(compose_stack: Any) -> None:
     """A ZeroCopy client on the host: the doorbell socket in the host directory mounted as the
     gateway's ZeroCopy volume, the region in the host's /dev/shm, read in place by the executor."""
     stack = compose_stack
-    zc_dir = stack.env.get("ANVIL_ZEROCOPY_HOST_DIR")
+    zc_dir = stack.compose_env.get("ANVIL_ZEROCOPY_HOST_DIR")
     if not zc_dir:
         pytest.skip("the project's env file sets no ANVIL_ZEROCOPY_HOST_DIR (a named volume instead)")
     before = _metric(stack.metrics("executor"), "anvil_executor_shm_inputs_total")
@@ -228,7 +231,10 @@ def test_anvil_deploy_through_the_compiler_container(compose_stack: Any) -> None
     assert code == 0, out
     try:
         x = np.random.default_rng(6).standard_normal((3, 16)).astype(np.float32)
-        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 16], "data": x.ravel().tolist()}]}
+        body = {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 16], "data": x.ravel().tolist()}],
+            "parameters": {"priority": 3},  # a 2 s budget: containers on a loaded 2-vCPU host
+        }
         r = httpx.post(f"{stack.url}/v2/models/{name}/infer", json=body, timeout=60)
         assert r.status_code == 200, r.text
         (output,) = r.json()["outputs"]

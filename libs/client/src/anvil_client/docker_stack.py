@@ -387,14 +387,15 @@ class ComposeStack:
     what `make test-compose` runs the integration tests against (ANVIL_STACK=docker with
     ANVIL_COMPOSE_PROJECT set). It creates and removes nothing; compose owns the containers.
 
-    `env` is the project's env file (ports, secrets); services are reached on their compose-network
+    `compose_env` is the project's env file (ports, secrets; not named `env`, which tests read as
+    "a local stack's environment"); services are reached on their compose-network
     address from this host (a Linux bridge is routable from its host), the gateway and compiler also
     on their published ports. `kill(service)` is a SIGKILL; compose's `restart: unless-stopped`
     brings the container back."""
 
     def __init__(self, project: str, env: Mapping[str, str], say: Callable[[str], None] = print) -> None:
         self.project = project
-        self.env = dict(env)
+        self.compose_env = dict(env)
         self.say = say
         self._client: Any = None
         self.engine = ""
@@ -402,7 +403,7 @@ class ComposeStack:
     # ---- attach ------------------------------------------------------------------------------
     def start(self, timeout_s: float = 120.0) -> None:
         """Connect and wait until every service of the project runs and is healthy."""
-        self._client = connect_engine({**os.environ, **self.env})
+        self._client = connect_engine({**os.environ, **self.compose_env})
         version = self._client.version()
         names = " ".join(str(c.get("Name", "")) for c in version.get("Components") or [])
         self.engine = "podman" if "podman" in names.lower() else "docker"
@@ -433,13 +434,13 @@ class ComposeStack:
     # ---- addresses ---------------------------------------------------------------------------
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.env.get('ANVIL_HTTP_PORT', '8000')}"
+        return f"http://127.0.0.1:{self.compose_env.get('ANVIL_HTTP_PORT', '8000')}"
 
     gateway_url = url
 
     @property
     def compiler_url(self) -> str:
-        return f"http://127.0.0.1:{self.env.get('ANVIL_COMPILER_PORT', '8010')}"
+        return f"http://127.0.0.1:{self.compose_env.get('ANVIL_COMPILER_PORT', '8010')}"
 
     def address(self, service: str) -> str:
         """The service container's address on the project's network."""
@@ -476,7 +477,7 @@ class ComposeStack:
 
     @property
     def redis_password(self) -> str:
-        return self.env["ANVIL_SECRET_REDIS_PASSWORD"]
+        return self.compose_env["ANVIL_SECRET_REDIS_PASSWORD"]
 
     # ---- state -------------------------------------------------------------------------------
     def state(self, service: str) -> dict[str, Any]:
