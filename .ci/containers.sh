@@ -5,6 +5,8 @@
 #   .ci/containers.sh images-gpu     build anvil/executor-gpu:dev and import CuPy in it
 #   .ci/containers.sh test           images, `compose --profile cpu up -d --wait`, tests/integration
 #                                    against the containers (ANVIL_STACK=docker), `compose down -v`
+#                                    (ANVIL_NO_BUILD=1: use the images built before; PYTEST_ARGS: more
+#                                    pytest arguments)
 #
 # Engine: a Docker engine when one answers (DOCKER_HOST or /var/run/docker.sock); otherwise podman
 # (Debian: installed with apt when missing, as root). For podman this script:
@@ -223,7 +225,7 @@ test_compose() {
     local project="anvil-ci-$$"
     local run="$WORK/$project"
     mkdir -p "$run"
-    chmod 0700 "$run"
+    chmod 0711 "$run"  # uid 10001 passes through to the ZeroCopy directory; the env file is 0600
     # Fresh secrets (0600) in the project's env file; free host ports for what compose publishes.
     .venv/bin/anvil secrets --env-file "$run/env" >/dev/null
     local http metrics compiler
