@@ -73,16 +73,16 @@ EOF
 
 podman_service() {
     mkdir -p "$WORK"
-    local sock="$WORK/podman.sock"
+    local sock="$WORK/podman-$$.sock"  # one per run: two runs never share (or remove) a socket
     rm -f "$sock"
-    podman system service --time=0 "unix://$sock" >"$WORK/podman-service.log" 2>&1 &
+    podman system service --time=0 "unix://$sock" >"$WORK/podman-service-$$.log" 2>&1 &
     PIDS+=($!)
     local i
     for i in $(seq 100); do
         [[ -S "$sock" ]] && break
         sleep 0.1
     done
-    [[ -S "$sock" ]] || die "podman system service did not create $sock: $(tail -5 "$WORK/podman-service.log")"
+    [[ -S "$sock" ]] || die "podman system service did not create $sock: $(tail -5 "$WORK/podman-service-$$.log")"
     export DOCKER_HOST="unix://$sock"
     say "podman $(podman --version | awk '{print $3}') serves the Docker API at $DOCKER_HOST"
     # The healthchecks' scheduler (see the header): every container with a healthcheck, every 2 s.
@@ -110,7 +110,9 @@ engine() {
             || die "no Docker engine answers and podman is missing (install Docker, or podman as root on Debian)"
         say "no Docker engine: installing podman (apt)"
         apt-get update -qq
-        apt-get install -y -qq podman runc debootstrap >/dev/null
+        # netavark + aardvark-dns: the compose network and its service-name DNS, even where apt
+        # installs no recommended packages.
+        apt-get install -y -qq podman runc netavark aardvark-dns debootstrap >/dev/null
     fi
     ENGINE=podman
     podman_conf

@@ -98,6 +98,23 @@ def test_only_the_gateway_and_compiler_are_published(compose_stack: Any) -> None
         assert stack.container(service).attrs["HostConfig"].get("PortBindings"), service
 
 
+def test_each_service_has_its_secrets_0400_and_owned_by_its_user(compose_stack: Any) -> None:
+    """compose.yaml's secrets as docs/security.md states them: /run/secrets/<name>, 0400, uid 10001."""
+    stack = compose_stack
+    wanted = {
+        "gateway": ["gateway.key_secret", "redis_password"],
+        "scheduler": ["scheduler.key_secret", "redis_password"],
+        "executor": ["executor.key_secret", "redis_password"],
+        "compiler": ["redis_password"],
+    }
+    for service, names in wanted.items():
+        code, out = stack.exec(service, ["stat", "-c", "%n %a %u", *(f"/run/secrets/{n}" for n in names)])
+        assert code == 0, (service, out)
+        assert sorted(out.split("\n")[: len(names)]) == sorted(f"/run/secrets/{n} 400 10001" for n in names)
+    code, out = stack.exec("gateway", ["ls", "/run/secrets"])
+    assert "scheduler.key_secret" not in out and "executor.key_secret" not in out, out  # its own only
+
+
 def test_redis_on_the_internal_network_wants_its_password(compose_stack: Any) -> None:
     """From inside the network (the gateway's container): no password, NOAUTH; the secret, PONG."""
     stack = compose_stack

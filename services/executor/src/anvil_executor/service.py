@@ -129,7 +129,8 @@ class Executor:
             if twin is not None:
                 inner = twin.inner if isinstance(twin, minilm.AliasModel) else twin
                 return inner if name == minilm.SERVED_ID else minilm.AliasModel(inner, name)
-            art, gpu = Path(self.s.builtin_artifact_dir or self.s.artifact_dir), {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
+            art = Path(self.s.builtin_artifact_dir or self.s.artifact_dir)
+            gpu = {"gemm": self.s.gpu_gemm, "tf32": self.s.gpu_tf32}
             models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
             self._warm(models[minilm.SERVED_ID])
             return models[name]
