@@ -1,5 +1,9 @@
 """`ANVIL_STACK=docker`: the services of compose.yaml as containers, through the Docker SDK.
 
+Two ways. `ComposeStack` attaches to a project that `docker compose up` started (what `make
+test-compose` does; ANVIL_COMPOSE_PROJECT names it): it creates nothing and reads, execs into and
+kills the project's containers. `DockerStack` (below) starts the services itself:
+
 What `docker compose --profile cpu up` does, reduced to what the integration tests need: images built
 from the repo root, one user network where each container answers to its service name, every service
 started once its dependencies are healthy (Redis first), only the gateway's HTTP port published (on
@@ -227,6 +231,8 @@ class DockerStack:
             self.say(f"anvil: building {svc.image} from {dockerfile} (context {context})")
             try:
                 args = {"dockerfile": dockerfile, "tag": svc.image, "buildargs": spec.get("args")}
+                if spec.get("target"):  # one Dockerfile, a stage per service
+                    args["target"] = spec["target"]
                 self._client.images.build(path=str(context), rm=True, forcerm=True, **args)
             except docker.errors.BuildError as exc:
                 log = "".join(str(c.get("stream") or c.get("error") or "") for c in list(exc.build_log)[-30:])
@@ -250,6 +256,8 @@ class DockerStack:
         kwargs.update(_healthcheck(raw), **self._mounts(svc.name, raw), **_gpus(raw))
         if raw.get("pid") == "host":
             kwargs["pid_mode"] = "host"
+        if raw.get("ipc"):  # `ipc: host`: the host's /dev/shm (ZeroCopy, client system shm)
+            kwargs["ipc_mode"] = raw["ipc"]
         if self.restart_policies and svc.restart != "no":
             kwargs["restart_policy"] = {"Name": svc.restart}
         if svc.name == "gateway":
