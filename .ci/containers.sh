@@ -41,6 +41,7 @@ die() { say "ERROR: $*"; exit 1; }
 cleanup() {
     local pid
     for pid in "${PIDS[@]}"; do
+        pkill -P "$pid" 2>/dev/null || true  # the healthcheck runner's children (checks, sleep)
         kill "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
@@ -263,17 +264,35 @@ EOF
         say "tests/integration against the containers: rc=$rc in $((SECONDS - t2)) s"
         [[ $rc == 0 ]] || compose "${up[@]}" logs --tail 60 || true
     fi
+    local ids
+    ids=$($ENGINE ps -aq --no-trunc --filter "label=com.docker.compose.project=$project")
     compose "${up[@]}" down -v --remove-orphans --timeout 10 || rc=1
+    # podman: an exec session (a healthcheck) cut off by its timeout leaves its conmon waiting out
+    # an exit delay of 300 s after the container is gone; they are this run's, so they go now.
+    local id
+    for id in $ids; do
+        pkill -f "conmon .*-c $id" 2>/dev/null || true
+    done
+    local i
+    for i in $(seq 50); do
+        [[ -z "$ids" ]] || ! pgrep -f -- "$(echo "$ids" | paste -sd'|')" >/dev/null || { sleep 0.1; continue; }
+        break
+    done
     # Nothing of the project may be left: containers, networks, volumes.
     local left
     left=$($ENGINE ps -aq --filter "label=com.docker.compose.project=$project"
         $ENGINE network ls -q --filter "label=com.docker.compose.project=$project"
         $ENGINE volume ls -q --filter "label=com.docker.compose.project=$project")
+    for id in $ids; do
+        if pgrep -f -- "$id" >/dev/null; then
+            left+=" processes of container ${id:0:12}: $(pgrep -f -- "$id" | tr '\n' ' ')"
+        fi
+    done
     if [[ -n "$left" ]]; then
         say "ERROR: left after compose down: $left"
         rc=1
     else
-        say "compose down -v: no container, network or volume of $project left"
+        say "compose down -v: no container, network, volume or process of $project left"
     fi
     rm -rf "$run"
     say "test-compose: rc=$rc in $((SECONDS - t0)) s"
