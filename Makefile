@@ -5,12 +5,14 @@ PY := $(UV) run --frozen
 PROTO_OUT := libs/core/src/anvil_core/proto_gen
 GRPC_OUT := services/gateway/src/anvil_gateway/proto_gen
 
-.PHONY: help sync up demo down status test test-unit test-integration test-gpu lint proto bench-kernels bench-batching
+.PHONY: help sync up demo down status test test-unit test-integration test-gpu test-compose images images-gpu lint proto bench-kernels bench-batching
 
 help:
 	@echo "make up      run the whole stack on this machine (no docker), Ctrl-C stops it"
 	@echo "make test    unit tests of every member + tests/integration"
 	@echo "make test-gpu  the GPU tests (on a host with a CUDA device)"
+	@echo "make images  build the container images (Docker, else podman; README \"Containers\")"
+	@echo "make test-compose  images, \`docker compose --profile cpu up\`, tests/integration against the containers, down"
 	@echo "make lint    ruff, mypy, compose config, hadolint, proto staleness"
 	@echo "make proto   regenerate $(PROTO_OUT) (flatc code + codec field tables) from proto/*.fbs"
 	@echo "             and $(GRPC_OUT) (the gateway's KServe gRPC stubs) from proto/grpc_service.proto"
@@ -44,6 +46,19 @@ test-gpu:
 	$(GPU_PY) -m pytest -m gpu -q -p no:cacheprovider -rs \
 		$(shell grep -rl --include='test_*.py' 'mark.gpu' libs services tests)
 
+# Containers (.ci/containers.sh says how: a Docker engine, else podman with a local base image).
+images: sync
+	bash .ci/containers.sh images
+
+# The `gpu` profile's executor image (CuPy + CUDA wheels; builds and imports CuPy without a GPU).
+images-gpu: sync
+	bash .ci/containers.sh images-gpu
+
+# Build, `compose --profile cpu up -d --wait`, tests/integration with ANVIL_STACK=docker against the
+# containers, `compose down -v`, and a check that nothing of the project is left.
+test-compose: sync
+	bash .ci/containers.sh test
+
 test-unit: sync
 	$(PY) pytest libs services -q
 
@@ -67,5 +82,5 @@ lint: sync
 	$(PY) mypy libs/core/src libs/client/src services/gateway/src services/scheduler/src \
 		services/executor/src services/compiler/src services/qos/src
 	$(PY) python -m anvil_client.lint_compose compose.yaml
-	$(PY) hadolint services/*/Dockerfile
+	$(PY) hadolint Dockerfile
 	$(PY) pytest -q libs/core/tests/test_proto_fresh.py services/gateway/tests/test_grpc_proto.py

@@ -167,9 +167,23 @@ class LocalStack:
                 proc.wait(10)
 
 
-def _docker_stack(tmp: Path) -> Any:
-    from anvil_client.docker_stack import DockerStack, DockerUnavailable
+DOCKER = os.environ.get("ANVIL_STACK", "local") == "docker"
+# In docker mode the suite runs against containers; what starts its own local stack skips saying so.
+LOCAL_ONLY = "starts a local stack of its own (`make test` runs it); ANVIL_STACK=docker tests the containers"
 
+
+def _docker_stack(tmp: Path) -> Any:
+    from anvil_client.docker_stack import ComposeStack, DockerStack, DockerUnavailable, read_env_file
+
+    project = os.environ.get("ANVIL_COMPOSE_PROJECT")
+    if project:  # `make test-compose`: attach to what `docker compose up` started
+        env_file = os.environ.get("ANVIL_COMPOSE_ENV_FILE")
+        compose = ComposeStack(project, read_env_file(Path(env_file)) if env_file else {})
+        try:
+            compose.start()
+        except DockerUnavailable as exc:
+            pytest.fail(f"ANVIL_COMPOSE_PROJECT={project}, but no Docker engine is usable: {exc}")
+        return compose
     port, grpc_port = free_ports(2)
     stack = DockerStack(
         ROOT / "compose.yaml",
@@ -202,6 +216,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     local.stop()
 
 
+@pytest.fixture
+def compose_stack(request: pytest.FixtureRequest) -> Any:
+    """The stack, when it is the containers of `make test-compose` (else the test skips)."""
+    if not os.environ.get("ANVIL_COMPOSE_PROJECT"):
+        pytest.skip("runs against the containers of `make test-compose` (ANVIL_COMPOSE_PROJECT unset)")
+    return request.getfixturevalue("stack")
+
+
 @pytest.fixture(scope="module")
 def private_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """A stack of the module's own, for tests that kill services or Redis."""
@@ -228,6 +250,8 @@ def waiter() -> Callable[..., float]:
 
 def _stacks(tmp_path_factory: pytest.TempPathFactory, label: str) -> Iterator[Callable[..., LocalStack]]:
     """A maker of stacks with their own settings; every stack it made is stopped when it closes."""
+    if DOCKER:
+        pytest.skip(LOCAL_ONLY)
     made: list[LocalStack] = []
 
     def make(env: dict[str, str] | None = None, scale: dict[str, int] | None = None) -> LocalStack:

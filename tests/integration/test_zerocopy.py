@@ -266,7 +266,11 @@ def _bench(stack: Any, tmp_path: Any, *extra: str) -> subprocess.CompletedProces
     argv = ["anvil_client.cli", "bench", "--protocol", "zerocopy", "--model", "identity", "--width", "256"]
     argv += ["--quiet", "--out", str(tmp_path), "--name", "zc", "--seed", "3", *extra]
     return subprocess.run(
-        [sys.executable, "-m", *argv], env=stack.env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", *argv],
+        env=getattr(stack, "env", None),  # a local stack's environment; containers: this process's
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

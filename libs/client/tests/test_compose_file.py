@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from anvil_client.compose_file import ComposeError, interpolate, load_services
 from anvil_client.launcher import _in_dependency_order, _local_hosts
@@ -127,3 +128,14 @@ def test_per_gpu_marker_must_be_a_boolean(tmp_path: Path) -> None:
     bad.write_text("services:\n  a:\n    image: x\n    x-anvil-per-gpu: 'yes'\n")
     with pytest.raises(ComposeError, match="x-anvil-per-gpu must be true or false"):
         load_services(bad, {}, set())
+
+
+def test_no_healthcheck_argument_holds_whitespace() -> None:
+    """podman 4's Docker API splits healthcheck arguments at whitespace (a `python -c "import x"`
+    check arrives as `python -c import` and never passes), so compose.yaml's hold none."""
+    doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    checks = {n: s["healthcheck"]["test"] for n, s in doc["services"].items() if "healthcheck" in s}
+    assert checks, "compose.yaml has no healthcheck"
+    for name, test in checks.items():
+        assert test[0] == "CMD", (name, test)
+        assert not [arg for arg in test if any(c.isspace() for c in arg)], (name, test)

@@ -1,5 +1,9 @@
 """`ANVIL_STACK=docker`: the services of compose.yaml as containers, through the Docker SDK.
 
+Two ways. `ComposeStack` attaches to a project that `docker compose up` started (what `make
+test-compose` does; ANVIL_COMPOSE_PROJECT names it): it creates nothing and reads, execs into and
+kills the project's containers. `DockerStack` (below) starts the services itself:
+
 What `docker compose --profile cpu up` does, reduced to what the integration tests need: images built
 from the repo root, one user network where each container answers to its service name, every service
 started once its dependencies are healthy (Redis first), only the gateway's HTTP port published (on
@@ -29,7 +33,7 @@ import yaml
 from anvil_client.compose_file import ServiceDef, interpolate, load_services
 from anvil_client.compose_secrets import compose_secrets_env
 
-__all__ = ["DockerStack", "DockerStackError", "DockerUnavailable"]
+__all__ = ["ComposeStack", "DockerStack", "DockerStackError", "DockerUnavailable", "connect_engine"]
 
 LABEL = "io.anvil.project"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|ms|s|m|h)")
@@ -128,6 +132,26 @@ def _ordered(services: Mapping[str, ServiceDef]) -> list[ServiceDef]:
     return [services[n] for n in done]
 
 
+def connect_engine(env: Mapping[str, str]) -> Any:
+    """A docker SDK client of the engine DOCKER_HOST names (else /var/run/docker.sock), pinged;
+    DockerUnavailable says which endpoint failed and how."""
+    try:
+        import docker
+    except ImportError:
+        raise DockerUnavailable("the `docker` Python package is not installed (root dev group)") from None
+    host = env.get("DOCKER_HOST")
+    where = f"DOCKER_HOST={host}" if host else "DOCKER_HOST unset: unix:///var/run/docker.sock"
+    try:
+        client = docker.from_env(environment=dict(env), timeout=30)
+        client.ping()
+    except (docker.errors.DockerException, OSError) as exc:
+        raise DockerUnavailable(
+            f"no Docker engine reachable ({where}): {exc}. docker-py does not follow "
+            "`docker context`; set DOCKER_HOST to the engine's socket"
+        ) from None
+    return client
+
+
 class DockerStack:
     def __init__(
         self,
@@ -198,21 +222,7 @@ class DockerStack:
             raise
 
     def _connect(self) -> Any:
-        try:
-            import docker
-        except ImportError:
-            raise DockerUnavailable("the `docker` Python package is not installed (root dev group)") from None
-        host = self.env.get("DOCKER_HOST")
-        where = f"DOCKER_HOST={host}" if host else "DOCKER_HOST unset: unix:///var/run/docker.sock"
-        try:
-            client = docker.from_env(environment=self.env, timeout=30)
-            client.ping()
-        except (docker.errors.DockerException, OSError) as exc:
-            raise DockerUnavailable(
-                f"no Docker engine reachable ({where}): {exc}. docker-py does not follow "
-                "`docker context`; set DOCKER_HOST to the engine's socket"
-            ) from None
-        return client
+        return connect_engine(self.env)
 
     def _build_images(self, services: Iterable[ServiceDef], raw: Mapping[str, dict[str, Any]]) -> None:
         import docker
@@ -228,6 +238,8 @@ class DockerStack:
             self.say(f"anvil: building {svc.image} from {dockerfile} (context {context})")
             try:
                 args = {"dockerfile": dockerfile, "tag": svc.image, "buildargs": spec.get("args")}
+                if spec.get("target"):  # one Dockerfile, a stage per service
+                    args["target"] = spec["target"]
                 self._client.images.build(path=str(context), rm=True, forcerm=True, **args)
             except docker.errors.BuildError as exc:
                 log = "".join(str(c.get("stream") or c.get("error") or "") for c in list(exc.build_log)[-30:])
@@ -251,6 +263,8 @@ class DockerStack:
         kwargs.update(_healthcheck(raw), **self._mounts(svc.name, raw), **_gpus(raw))
         if raw.get("pid") == "host":
             kwargs["pid_mode"] = "host"
+        if raw.get("ipc"):  # `ipc: host`: the host's /dev/shm (ZeroCopy, client system shm)
+            kwargs["ipc_mode"] = raw["ipc"]
         if self.restart_policies and svc.restart != "no":
             kwargs["restart_policy"] = {"Name": svc.restart}
         if svc.name == "gateway":
@@ -366,3 +380,163 @@ class DockerStack:
                 pass
             except docker.errors.DockerException as exc:
                 self.say(f"anvil: could not remove {obj!r}: {exc}")
+
+
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+COMPOSE_SERVICE_LABEL = "com.docker.compose.service"
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines of a compose env file (`anvil secrets --env-file`: values may be single-quoted)."""
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#") or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        env[key.strip()] = value
+    return env
+
+
+class ComposeStack:
+    """A stack that `docker compose up` started (project `project`), attached through the Docker SDK:
+    what `make test-compose` runs the integration tests against (ANVIL_STACK=docker with
+    ANVIL_COMPOSE_PROJECT set). It creates and removes nothing; compose owns the containers.
+
+    `compose_env` is the project's env file (ports, secrets; not named `env`, which tests read as
+    "a local stack's environment"); services are reached on their compose-network
+    address from this host (a Linux bridge is routable from its host), the gateway and compiler also
+    on their published ports. `kill(service)` is a SIGKILL; compose's `restart: unless-stopped`
+    brings the container back."""
+
+    def __init__(self, project: str, env: Mapping[str, str], say: Callable[[str], None] = print) -> None:
+        self.project = project
+        self.compose_env = dict(env)
+        self.say = say
+        self._client: Any = None
+        self.engine = ""
+
+    # ---- attach ------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Connect and wait until every service of the project runs and is healthy."""
+        self._client = connect_engine({**os.environ, **self.compose_env})
+        version = self._client.version()
+        names = " ".join(str(c.get("Name", "")) for c in version.get("Components") or [])
+        self.engine = "podman" if "podman" in names.lower() else "docker"
+        deadline = time.monotonic() + timeout_s
+        services = self.services()
+        if not {"gateway", "scheduler", "redis"} <= set(services):
+            raise DockerStackError(f"compose project {self.project!r} has services {sorted(services)}")
+        for name in services:
+            self.wait_healthy(name, deadline)
+
+    def services(self) -> list[str]:
+        found = self._client.containers.list(
+            all=True, filters={"label": f"{COMPOSE_PROJECT_LABEL}={self.project}"}
+        )
+        return sorted({c.labels.get(COMPOSE_SERVICE_LABEL, "") for c in found} - {""})
+
+    def container(self, service: str) -> Any:
+        found = self._client.containers.list(
+            all=True,
+            filters={
+                "label": [f"{COMPOSE_PROJECT_LABEL}={self.project}", f"{COMPOSE_SERVICE_LABEL}={service}"]
+            },
+        )
+        if len(found) != 1:
+            raise DockerStackError(f"{self.project}: {len(found)} containers of service {service!r}")
+        return found[0]
+
+    # ---- addresses ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.compose_env.get('ANVIL_HTTP_PORT', '8000')}"
+
+    gateway_url = url
+
+    @property
+    def compiler_url(self) -> str:
+        return f"http://127.0.0.1:{self.compose_env.get('ANVIL_COMPILER_PORT', '8010')}"
+
+    def address(self, service: str) -> str:
+        """The service container's address on the project's network."""
+        networks = self.container(service).attrs["NetworkSettings"]["Networks"]
+        for name, net in networks.items():
+            if name.startswith(f"{self.project}_") and net.get("IPAddress"):
+                return str(net["IPAddress"])
+        raise DockerStackError(f"{service}: no address on {self.project}'s network ({sorted(networks)})")
+
+    def service_env(self, service: str) -> dict[str, str]:
+        """The container's environment (Config.Env)."""
+        pairs = self.container(service).attrs["Config"]["Env"] or []
+        return dict(p.split("=", 1) for p in pairs if "=" in p)
+
+    def metrics(self, service: str) -> str:
+        """The service's Prometheus text, fetched from its container's address."""
+        port = self.service_env(service)["ANVIL_METRICS_PORT"]
+        with urllib.request.urlopen(f"http://{self.address(service)}:{port}/metrics", timeout=5) as r:
+            return bytes(r.read()).decode()
+
+    def exec(self, service: str, argv: list[str], user: str = "") -> tuple[int, str]:
+        """Run argv in the service's container; (exit code, stdout+stderr)."""
+        code, out = self._client.containers.get(self.container(service).id).exec_run(argv, user=user)
+        return int(code), bytes(out or b"").decode(errors="replace")
+
+    def put_file(self, service: str, path: str, data: bytes, uid: int = 10001) -> None:
+        """Write one file (0600, owned by uid) into the service's container."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(os.path.basename(path))
+            info.size, info.uid, info.gid, info.mode = len(data), uid, uid, 0o600
+            tar.addfile(info, io.BytesIO(data))
+        self.container(service).put_archive(os.path.dirname(path), buf.getvalue())
+
+    @property
+    def redis_password(self) -> str:
+        return self.compose_env["ANVIL_SECRET_REDIS_PASSWORD"]
+
+    # ---- state -------------------------------------------------------------------------------
+    def state(self, service: str) -> dict[str, Any]:
+        """Status, Health, Pid, RestartCount and StartedAt of the service's container."""
+        attrs = self.container(service).attrs
+        st = attrs["State"]
+        health = st.get("Health") or st.get("Healthcheck") or {}
+        return {
+            "status": st.get("Status"),
+            "health": health.get("Status"),
+            "pid": int(st.get("Pid") or 0),
+            "restarts": int(attrs.get("RestartCount") or 0),
+            "started": st.get("StartedAt"),
+        }
+
+    def wait_healthy(self, service: str, deadline: float) -> None:
+        while True:
+            st = self.state(service)
+            if st["status"] == "running" and st["health"] in (None, "", "healthy"):
+                return
+            if time.monotonic() > deadline:
+                logs = bytes(self.container(service).logs(tail=30)).decode(errors="replace")
+                raise DockerStackError(f"{service} not healthy in time ({st}); log:\n{logs}")
+            time.sleep(0.5)
+
+    def kill(self, service: str) -> str:
+        """SIGKILL the service's main process; says how. Docker: `docker kill` (the API's kill),
+        which `restart: unless-stopped` answers with a restart. podman 4 counts its own kill as a
+        stop by the user and does not restart such a container, so there the container's process
+        is killed from this host (as the kernel's OOM killer or a crash would) by its pid."""
+        if self.engine == "docker":
+            self.container(service).kill(signal="SIGKILL")
+            return "docker kill (Engine API)"
+        pid = self.state(service)["pid"]
+        if pid <= 0:
+            raise DockerStackError(f"{service} has no process to kill ({self.state(service)})")
+        os.kill(pid, 9)
+        return f"kill -9 {pid} (the container's process, from the host: podman)"
+
+    def stop(self) -> None:
+        """Nothing to remove (compose owns the containers); closes the client."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None

@@ -59,6 +59,7 @@ EMBEDDED = "redis"  # the compose service replaced by the embedded server
 # clear of compose's 8000-8010 block (+ n would put GPU 1's executor on the compiler's 8005).
 PORT_STRIDE = 100
 CONTAINER_SECRETS = "/run/secrets"  # where compose mounts secrets; the run's secrets dir here
+CONTAINER_ZEROCOPY = "/run/anvil/zerocopy"  # compose's ZeroCopy socket volume; private dirs here
 
 
 class StackError(RuntimeError):
@@ -154,10 +155,13 @@ def _proc(svc: ServiceDef, replica: int, base_env: Mapping[str, str], hosts: set
     if replica and "ANVIL_METRICS_PORT" in env:  # replicas share a host here: one port each
         env["ANVIL_METRICS_PORT"] = str(int(env["ANVIL_METRICS_PORT"]) + PORT_STRIDE * replica)
     name = svc.name if replica == 0 else f"{svc.name}.{replica}"
-    if env.get("ANVIL_ARTIFACT_DIR", "").startswith("/var/lib/"):  # the container volume
-        env["ANVIL_ARTIFACT_DIR"] = str(run_dir / "artifacts")
+    for key in ("ANVIL_ARTIFACT_DIR", "ANVIL_BUILTIN_ARTIFACT_DIR"):
+        if env.get(key, "").startswith("/var/lib/"):  # the container volumes: one directory here
+            env[key] = str(run_dir / "artifacts")
     if env.get("ANVIL_SECRETS_DIR") == CONTAINER_SECRETS:
         env["ANVIL_SECRETS_DIR"] = str(secrets_dir(run_dir))
+    if env.get("ANVIL_ZEROCOPY_DIR") == CONTAINER_ZEROCOPY:  # the container volume: here, each
+        env["ANVIL_ZEROCOPY_DIR"] = ""  # gateway makes its private directory (docs/protocol.md)
     proc = Proc(name, svc, _local_argv(svc.command), env, run_dir / f"{name}.log")
     if svc.per_gpu:
         proc.id_prefix = f"{socket.gethostname()}-{name}"

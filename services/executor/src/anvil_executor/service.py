@@ -112,7 +112,7 @@ class Executor:
         """A built-in, warmed up, under each of its served names ({} when it cannot load here)."""
         if name == minilm.SERVED_ID:
             try:
-                art = Path(self.s.artifact_dir)
+                art = Path(self.s.builtin_artifact_dir or self.s.artifact_dir)
                 gpu = self._gpu_options()
                 models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
             except minilm.MiniLMUnavailable as exc:  # said once; the executor serves the others
@@ -135,7 +135,7 @@ class Executor:
             if twin is not None:
                 inner = twin.inner if isinstance(twin, minilm.AliasModel) else twin
                 return inner if name == minilm.SERVED_ID else minilm.AliasModel(inner, name)
-            art, gpu = Path(self.s.artifact_dir), self._gpu_options()
+            art, gpu = Path(self.s.builtin_artifact_dir or self.s.artifact_dir), self._gpu_options()
             models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
             self._warm(models[minilm.SERVED_ID])
             return models[name]

@@ -27,6 +27,9 @@ class ExecutorSettings(ServiceSettings):
     busy_per_row_us: int = 500
     # Compiled artifacts (the compiler's volume); models deployed with `anvil deploy` load from here.
     artifact_dir: str = "/var/lib/anvil/artifacts"
+    # Where the built-ins compiled here (minilm) are written and cached; empty: artifact_dir. Compose
+    # mounts artifact_dir read-only (the compiler owns it), so it gives this a volume of its own.
+    builtin_artifact_dir: str = ""
     # numpy's OpenBLAS threads for models' matmuls; 0 keeps OpenBLAS's own default (all cores).
     # 1 by default: after each call OpenBLAS's idle workers spin for milliseconds, taking the cores
     # that the gateway and scheduler on the same host need (mlp4x1024 at 64 clients on 2 cores:

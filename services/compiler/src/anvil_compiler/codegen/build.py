@@ -1,5 +1,8 @@
 """Build generated CUDA into loadable modules: one fatbin for all archs with nvcc when it is on
-PATH, else one cubin per arch with NVRTC (pip ``cuda-python`` + ``nvidia-cuda-nvrtc``).
+PATH, else one cubin per arch with NVRTC (pip ``cuda-python`` + ``nvidia-cuda-nvrtc``), else none:
+the artifact then carries kernels.cu alone. A CPU executor needs no kernels, and a GPU executor
+compiles kernels.cu with CuPy's NVRTC when it loads the artifact (plan_runtime/gpu_model.py), so a
+compiler without a CUDA toolkit (the compose image) still deploys.
 
 Always ``-gencode arch=compute_XX,code=sm_XX`` per requested arch (never ``-arch=native``: the
 compiler host has no GPU). A compiler error comes back whole in CompileError.detail; the source
@@ -8,12 +11,15 @@ stays in the artifact directory (kernels.cu) for inspection.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 from pathlib import Path
 
 from anvil_compiler.errors import CompileError
 from anvil_kernels.cuda import PLAN_COMMON
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["NVCC_TIMEOUT_S", "W4A16_FATBIN", "build_kernels", "build_w4a16", "full_source"]
 
@@ -31,7 +37,8 @@ def full_source(sources: dict[str, str]) -> str:
 
 
 def build_kernels(sources: dict[str, str], archs: tuple[str, ...], out_dir: Path) -> dict[str, str]:
-    """Write kernels.cu and compile it; returns role -> file name (``fatbin`` or ``cubin.sm_XX``)."""
+    """Write kernels.cu and compile it; returns role -> file name (``fatbin`` or ``cubin.sm_XX``),
+    empty when this environment has no CUDA compiler (kernels.cu is then the artifact's kernels)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / "kernels.cu"
     src.write_text(full_source(sources))
@@ -63,11 +70,14 @@ def _nvcc(nvcc: str, src: Path, archs: tuple[str, ...], out_dir: Path) -> dict[s
 def _nvrtc(src: Path, archs: tuple[str, ...], out_dir: Path) -> dict[str, str]:
     try:
         from cuda.bindings import nvrtc
-    except ImportError as exc:
-        raise CompileError(
-            "no CUDA compiler: nvcc is not on PATH and cuda-python (cuda.bindings.nvrtc) is not installed",
-            stage="build",
-        ) from exc
+    except ImportError:
+        logger.warning(
+            "no CUDA compiler (nvcc not on PATH, cuda-python's cuda.bindings.nvrtc not installed): "
+            "the artifact carries kernels.cu only; CPU executors need no kernels, GPU executors "
+            "compile kernels.cu with NVRTC at load",
+            extra={"source": str(src), "archs": sorted(archs)},
+        )
+        return {}
     files: dict[str, str] = {}
     code = src.read_bytes()
     for arch in sorted(archs):
