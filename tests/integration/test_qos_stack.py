@@ -132,7 +132,7 @@ def hog_cpu() -> Iterator[int]:
 def _executor_baselines(r: redis.Redis) -> dict[str, dict[str, Any]]:
     """The run-queue baselines qos's registry record shows for executors ("name subject" -> fields)."""
     out: dict[str, dict[str, Any]] = {}
-    for key in r.keys(keys.svc_pattern("qos")):
+    for key in r.scan_iter(keys.svc_pattern("qos")):  # KEYS is @dangerous: no user may run it
         for what, b in json.loads(r.hget(key, "baselines") or "{}").items():
             if what.startswith("runq_") and " executor:" in what:
                 out[what] = b
