@@ -38,7 +38,7 @@ _CONNECTION += ("client|setinfo", "client|setname", "client|getname", "client|id
 _REGISTRY = ("hset", "hgetall", "pexpire", "del", "scan", "publish")  # Registry.beat/stop/services
 
 _COMMANDS: Mapping[str, tuple[str, ...]] = {
-    "gateway": ("hget", "hmget", "hexists"),
+    "gateway": ("hget", "hmget", "hexists", "set", "get"),  # set/get: its statistics share (gwstats)
     "scheduler": ("hget", "hmget"),
     "executor": ("hget", "hmget", "exists", "eval", "evalsha"),
     "compiler": ("hget", "hexists", "set", "get", "exists"),
@@ -57,6 +57,7 @@ def _keys(role: str) -> tuple[str, ...]:
         return (
             f"~{_own(role)}",
             read,
+            f"~{keys.gateway_stats_pattern()}",  # each process's statistics share, the others' read
             f"~{keys.shm_key('*')}",
             f"~{keys.model_key('*')}",
             f"%R~{keys.model_versions_key('*')}",
