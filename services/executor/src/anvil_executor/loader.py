@@ -155,13 +155,14 @@ class ModelLoader:
             before = self.failures.pop(name, None)
             self.models[name] = model
             self._served[name] = _Served(artifact, model.spec.version)
-            self._loading.discard(name)
         m.load_failing.labels(model=name).set(0)
         where = {"model": name, "artifact": artifact or "(built-in)", "version": model.spec.version}
         if before is not None:
             where["failed_attempts"] = str(before.attempts)
         log.info("model loaded", extra=where)
         self._on_change()
+        with self._lock:  # a load ends once it is reported: whoever waits for it sees both
+            self._loading.discard(name)
 
     def _failed(self, name: str, artifact: str, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"
