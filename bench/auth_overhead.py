@@ -80,30 +80,43 @@ def main() -> None:
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is required (apt-get install wrk)")
     tmp = Path(tempfile.mkdtemp(prefix="anvil-auth-bench-"))
+    rows = cpu_per_request_ab(MODES, "auth", tmp, args.rounds, args.seconds)
+    write(rows, args)
+
+
+def cpu_per_request_ab(
+    modes: dict[str, dict[str, str]],
+    label: str,
+    tmp: Path,
+    rounds: int,
+    seconds: float,
+    loads: tuple[tuple[str, int, int], ...] = LOADS,
+) -> list[dict[str, Any]]:
+    """One local stack per mode (its extra env), then per load and round wrk against each in an
+    order that rotates every round; a row per run with the CPU of the request path per request (µs).
+    Stops the stacks and removes the bench's shm regions however it ends."""
     stacks: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     try:
-        for mode, extra in MODES.items():
+        for mode, extra in modes.items():
             (tmp / mode).mkdir()
-            proc, env, url = start_stack(tmp / mode, extra)
+            proc, env, url = start_stack(tmp / mode, dict(extra))
             stacks[mode] = (proc, env, url, path_pids(env))
-        for size, n, conns in LOADS:
+        for size, n, conns in loads:
             luas = {}
             for mode, (_, _, url, _) in stacks.items():
                 body, headers = bodies(tmp / mode, n, url)["http_binary"]
                 luas[mode] = lua_for(body, headers)
-            for rnd in range(args.rounds):
-                order = list(MODES)
-                for mode in order[rnd % 3 :] + order[: rnd % 3]:
+            for rnd in range(rounds):
+                order = list(modes)
+                for mode in order[rnd % len(order) :] + order[: rnd % len(order)]:
                     _, _, url, pids = stacks[mode]
                     c0 = cpu_s(pids)
-                    count, rps, bad = wrk_count(
-                        f"{url}/v2/models/identity/infer", luas[mode], conns, args.seconds
-                    )
+                    count, rps, bad = wrk_count(f"{url}/v2/models/identity/infer", luas[mode], conns, seconds)
                     used = cpu_s(pids) - c0
                     if bad:
-                        raise SystemExit(f"{bad} non-2xx answers with auth {mode}: the comparison is void")
-                    row = {"size": size, "conns": conns, "auth": mode, "round": rnd, "requests": count}
+                        raise SystemExit(f"{bad} non-2xx answers with {label} {mode}: the comparison is void")
+                    row = {"size": size, "conns": conns, label: mode, "round": rnd, "requests": count}
                     row |= {"rps": rps, "cpu_us_per_request": used / max(count, 1) * 1e6}
                     rows.append(row)
                     print(row, flush=True)
@@ -113,7 +126,7 @@ def main() -> None:
             proc.wait(30)
         for f in Path("/dev/shm").glob("anvil-bench-*"):
             f.unlink(missing_ok=True)
-    write(rows, args)
+    return rows
 
 
 def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,8 +39,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from auth_overhead import cpu_s, path_pids, wrk_count  # noqa: E402
-from gateway_overhead import RESULTS, bodies, lua_for, start_stack  # noqa: E402
+from auth_overhead import cpu_per_request_ab  # noqa: E402
+from gateway_overhead import RESULTS  # noqa: E402
 
 LOADS = (("1KB", 256, 1), ("1KB", 256, 16))  # size, FP32 elements, conns
 
@@ -90,40 +89,10 @@ def main() -> None:
         "unsampled": {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACES_SAMPLER": "always_off"},
     }
     tmp = Path(tempfile.mkdtemp(prefix="anvil-trace-bench-"))
-    stacks: dict[str, Any] = {}
-    rows: list[dict[str, Any]] = []
     try:
-        for mode, extra in modes.items():
-            (tmp / mode).mkdir()
-            proc, env, url = start_stack(tmp / mode, {k: v for k, v in extra.items()})
-            stacks[mode] = (proc, env, url, path_pids(env))
-        for size, n, conns in LOADS:
-            luas = {}
-            for mode, (_, _, url, _) in stacks.items():
-                body, headers = bodies(tmp / mode, n, url)["http_binary"]
-                luas[mode] = lua_for(body, headers)
-            for rnd in range(args.rounds):
-                order = list(modes)
-                for mode in order[rnd % 3 :] + order[: rnd % 3]:
-                    _, _, url, pids = stacks[mode]
-                    c0 = cpu_s(pids)
-                    count, rps, bad = wrk_count(
-                        f"{url}/v2/models/identity/infer", luas[mode], conns, args.seconds
-                    )
-                    used = cpu_s(pids) - c0
-                    if bad:
-                        raise SystemExit(f"{bad} non-2xx answers with tracing {mode}: the comparison is void")
-                    row = {"size": size, "conns": conns, "tracing": mode, "round": rnd, "requests": count}
-                    row |= {"rps": rps, "cpu_us_per_request": used / max(count, 1) * 1e6}
-                    rows.append(row)
-                    print(row, flush=True)
+        rows = cpu_per_request_ab(modes, "tracing", tmp, args.rounds, args.seconds, LOADS)
     finally:
-        for proc, *_ in stacks.values():
-            proc.send_signal(signal.SIGINT)
-            proc.wait(30)
         sink.shutdown()
-        for f in Path("/dev/shm").glob("anvil-bench-*"):
-            f.unlink(missing_ok=True)
     write(rows, list(modes), off_path_ns(), args)
 
 
