@@ -18,7 +18,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== make test-gpu =="
   # the real all-MiniLM-L6-v2 checkpoint for test_gpu_fp16's accuracy test, where it is carried
   [ -d .carry/minilm ] && export ANVIL_TEST_MINILM_DIR=$PWD/.carry/minilm
-  make test-gpu GPU_PY=python3 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
+  if [ -n "${TEST_FILES:-}" ]; then  # only these GPU test files (a re-run of what failed)
+    python3 -m pytest -m gpu -q -p no:cacheprovider -rs $TEST_FILES 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
+  else
+    make test-gpu GPU_PY=python3 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
+  fi
 fi
 [ "${SKIP_STACK:-0}" = 1 ] && exit 0
 echo "== stack on cuda:0 =="
