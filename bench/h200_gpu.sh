@@ -27,7 +27,7 @@ fi
 [ "${SKIP_STACK:-0}" = 1 ] && exit 0
 echo "== stack on cuda:0 =="
 export ANVIL_RUN_ROOT=/tmp/anvil-run ANVIL_PROFILES=gpu ANVIL_SLO_P2_MS=5000
-export ANVIL_GPU_PRECISION=${ANVIL_GPU_PRECISION:-auto}  # fp16 plans (the executor's default is fp32 until verified)
+export ANVIL_GPU_PRECISION=${ANVIL_GPU_PRECISION:-auto}  # the plans' precision (fp16 for encoders), the default
 export ANVIL_HTTP_WORKERS=${ANVIL_HTTP_WORKERS:-8}  # gateway processes on the HTTP port (16-core host)
 python3 -m anvil_client.cli up --no-restart --timeout 180 > "$OUT/stack.txt" 2>&1 &
 UP=$!

@@ -64,6 +64,27 @@ def test_two_gpus_get_one_executor_each(tmp_path: Path) -> None:
     assert any("GPUs visible: 2 (nvidia-smi -L)" in s and "cuda:0, cuda:1" in s for s in said)
 
 
+def test_executors_per_gpu_share_each_gpu(tmp_path: Path) -> None:
+    """ANVIL_EXECUTORS_PER_GPU=2 on two GPUs: two executor processes on each, own ports and ids."""
+    said: list[str] = []
+    procs = _plan(_env(_fake_smi(tmp_path, 2), ANVIL_EXECUTORS_PER_GPU="2"), tmp_path, said=said)
+    gpu = _gpu_procs(procs)
+    assert [p.name for p in gpu] == ["executor-gpu0", "executor-gpu0.1", "executor-gpu1", "executor-gpu1.1"]
+    assert [p.device for p in gpu] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    assert [p.env["ANVIL_METRICS_PORT"] for p in gpu] == ["8004", "8104", "8204", "8304"]
+    assert len({p.env["ANVIL_SERVICE_ID"] for p in gpu}) == 4
+    ports = [p.env["ANVIL_METRICS_PORT"] for p in procs]
+    assert len(ports) == len(set(ports))
+    assert any("2 executors on each of cuda:0, cuda:1" in s for s in said)
+
+
+@pytest.mark.parametrize("spec", ["0", "9", "two", "-1", "1.5"])
+def test_bad_executors_per_gpu_is_refused(tmp_path: Path, spec: str) -> None:
+    env = _env(_fake_smi(tmp_path, 1), ANVIL_EXECUTORS_PER_GPU=spec)
+    with pytest.raises(StackError, match=r"ANVIL_EXECUTORS_PER_GPU=.*expected a whole number from 1 to 8"):
+        _plan(env, tmp_path)
+
+
 def test_container_copies_are_not_run_twice(tmp_path: Path) -> None:
     """`gpu-x2` adds the containers' executor-gpu1; the launcher still runs one per GPU."""
     env = _env(_fake_smi(tmp_path, 2))

@@ -7,6 +7,11 @@ instances are not counted separately: an executor gets a whole GPU.
 ANVIL_GPUS: `all` (the default) or a comma-separated list of indices into the visible GPUs, e.g.
 `0,1` or `1`. Executor i then runs with ANVIL_DEVICE=cuda:i.
 
+ANVIL_EXECUTORS_PER_GPU: executor processes per selected GPU (default 1, at most 8). An executor's
+Python work (decoding, tokenization, staging, splitting results) runs on one core; where that, not the
+GPU, bounds a model (docs/executor_gpu.md), several processes share the GPU, each with its own
+arena and graphs, and the scheduler balances batches across them as across GPUs.
+
 compose.yaml marks its GPU executor services `x-anvil-per-gpu` (containers need one per GPU, each
 seeing its GPU as cuda:0); `per_gpu_services` turns them into the launcher's one per selected GPU.
 """
@@ -23,12 +28,14 @@ from anvil_client.compose_file import ServiceDef
 __all__ = [
     "GpuSelectionError",
     "Visible",
+    "executors_per_gpu",
     "nvidia_smi_gpus",
     "per_gpu_services",
     "select_gpus",
     "visible_gpus",
 ]
 
+MAX_EXECUTORS_PER_GPU = 8  # each holds its own arena and CUDA graphs on the device
 SMI_TIMEOUT_S = 10.0  # `nvidia-smi -L` answers in ~50 ms; this only bounds a wedged driver
 
 
@@ -55,6 +62,16 @@ def nvidia_smi_gpus(env: Mapping[str, str]) -> list[str] | None:
     if out.returncode != 0:
         return None
     return [line.strip() for line in out.stdout.splitlines() if line.startswith("GPU ")]
+
+
+def executors_per_gpu(spec: str | None) -> int:
+    """ANVIL_EXECUTORS_PER_GPU as a count, 1 when unset; GpuSelectionError outside 1..8."""
+    spec = (spec or "").strip() or "1"
+    if not _is_index(spec) or not 1 <= int(spec) <= MAX_EXECUTORS_PER_GPU:
+        raise GpuSelectionError(
+            f"ANVIL_EXECUTORS_PER_GPU={spec!r}: expected a whole number from 1 to {MAX_EXECUTORS_PER_GPU}"
+        )
+    return int(spec)
 
 
 def _is_index(text: str) -> bool:
@@ -151,10 +168,12 @@ def per_gpu_services(
             )
     visible = visible_gpus(env)
     gpus = select_gpus(env.get("ANVIL_GPUS"), visible)
+    per_gpu = executors_per_gpu(env.get("ANVIL_EXECUTORS_PER_GPU"))
     seen = "unknown" if visible.count is None else str(visible.count)
+    each = "one executor" if per_gpu == 1 else f"{per_gpu} executors"
     say(
         f"anvil: GPUs visible: {seen} ({visible.source}); ANVIL_GPUS={env.get('ANVIL_GPUS') or 'all'}: "
-        f"one executor on each of {', '.join(f'cuda:{i}' for i in gpus)}"
+        f"{each} on each of {', '.join(f'cuda:{i}' for i in gpus)}"
     )
     stem = template.name.rstrip("0123456789")
     base_port = template.environment.get("ANVIL_METRICS_PORT")
@@ -164,10 +183,12 @@ def per_gpu_services(
     for name, svc in services.items():
         if svc is template:
             for i in gpus:
-                svc_env = {**svc.environment, "ANVIL_DEVICE": f"cuda:{i}"}
-                if base_port:
-                    svc_env["ANVIL_METRICS_PORT"] = str(int(base_port) + port_stride * i)
-                out[f"{stem}{i}"] = replace(svc, name=f"{stem}{i}", environment=svc_env)
+                for j in range(per_gpu):  # executor-gpu0, then executor-gpu0.1, ... on the same GPU
+                    svc_env = {**svc.environment, "ANVIL_DEVICE": f"cuda:{i}"}
+                    if base_port:
+                        svc_env["ANVIL_METRICS_PORT"] = str(int(base_port) + port_stride * (i * per_gpu + j))
+                    copy = f"{stem}{i}" if j == 0 else f"{stem}{i}.{j}"
+                    out[copy] = replace(svc, name=copy, environment=svc_env)
         elif not svc.per_gpu:
             out[name] = svc
     return out
