@@ -15,11 +15,11 @@ OpenAI-style usage). Every row of the batch is tokenized together (HF tokenizers
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -35,11 +35,13 @@ BUCKETS = (16, 32, 64, 128, 256)
 
 @dataclass(slots=True)
 class Tokenized:
-    """A batch after `prepare`: the encodings of every row, tokens per row (cut at the longest
-    bucket), and rows per request."""
+    """A batch after `prepare`: every row's token ids back to back (cut at the longest bucket), with
+    their offsets and counts, and rows per request. Built on the prep thread, so the compute thread
+    only slices and gathers arrays (it had read each row's id list in Python, twice)."""
 
-    encodings: list[Any]
-    counts: np.ndarray  # (rows,) int32
+    flat: np.ndarray  # (tokens,) int64, row after row
+    cu: np.ndarray  # (rows + 1,) int64: row r's ids are flat[cu[r]:cu[r + 1]]
+    counts: np.ndarray  # (rows,) int32, tokens per row
     rows: list[int]
 
 
@@ -80,7 +82,8 @@ class TextEmbeddingModel(Model):
         )
 
     def bucket(self, longest: int) -> int:
-        return next((b for b in self.buckets if b >= longest), self.buckets[-1])
+        """The smallest length bucket holding ``longest`` tokens (the largest one past them all)."""
+        return self.buckets[min(bisect.bisect_left(self.buckets, longest), len(self.buckets) - 1)]
 
     prepares = True  # tokenization runs on the executor's prep thread (base.Model.prepare)
 
@@ -96,15 +99,22 @@ class TextEmbeddingModel(Model):
         ]
         encodings = self.tokenizer.encode_batch(texts)
         longest = self.buckets[-1]  # rows longer than every bucket are cut there
-        counts = np.array([min(len(e.ids), longest) for e in encodings], np.int32)  # tokens per row
-        return Tokenized(encodings, counts, [req["TEXT"].shape[0] for req in batch])
+        counts = np.fromiter((len(e) for e in encodings), np.int32, count=len(encodings))  # tokens per row
+        ids = [e.ids for e in encodings]
+        if len(counts) and int(counts.max()) > longest:
+            ids = [r[:longest] for r in ids]
+            np.minimum(counts, longest, out=counts)
+        cu = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=cu[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=int(cu[-1]))
+        return Tokenized(flat, cu, counts, [req["TEXT"].shape[0] for req in batch])
 
     def run_prepared(self, prepared: Tokenized) -> list[RequestOutputs]:
-        encodings, counts = prepared.encodings, prepared.counts
+        counts = prepared.counts
         if self.packed is not None:
-            vectors = self._run_packed(encodings, counts)
+            vectors = self._run_packed(prepared)
         else:
-            vectors = self._run_padded(encodings, counts)
+            vectors = self._run_padded(prepared)
         out: list[RequestOutputs] = []
         row = 0
         for n in prepared.rows:
@@ -112,50 +122,41 @@ class TextEmbeddingModel(Model):
             row += n
         return out
 
-    def _run_packed(self, encodings: list[Any], counts: np.ndarray) -> np.ndarray:
+    def _run_packed(self, prepared: Tokenized) -> np.ndarray:
         """Chunks of rows in order, each at most encoder_rows rows and packed_tokens tokens."""
         assert self.packed is not None
-        vectors = np.empty((len(encodings), self.dim), np.float32)  # (rows, D)
+        counts, cu, n = prepared.counts, prepared.cu, len(prepared.counts)
+        vectors = np.empty((n, self.dim), np.float32)  # (rows, D)
         start = 0
-        while start < len(encodings):
+        while start < n:
             end, tokens = start, 0
-            while end < len(encodings) and end - start < self.encoder_rows:
+            while end < n and end - start < self.encoder_rows:
                 if tokens + int(counts[end]) > self.packed_tokens and end > start:
                     break
                 tokens += int(counts[end])
                 end += 1
-            cu = np.zeros(end - start + 1, np.int64)  # (S+1,) cumulative token counts
-            np.cumsum(counts[start:end], out=cu[1:])
-            ids = np.fromiter(
-                itertools.chain.from_iterable(
-                    e.ids[: int(n)] for e, n in zip(encodings[start:end], counts[start:end], strict=True)
-                ),
-                np.int64,
-                count=tokens,
-            )  # (N,) token ids back to back
-            vectors[start:end] = self.packed(ids, cu)  # (S, D) fp32
+            ids = prepared.flat[cu[start] : cu[end]]  # (N,) the chunk's token ids back to back
+            vectors[start:end] = self.packed(ids, cu[start : end + 1] - cu[start])  # (S, D) fp32
             start = end
         return vectors
 
-    def _run_padded(self, encodings: list[Any], counts: np.ndarray) -> np.ndarray:
+    def _run_padded(self, prepared: Tokenized) -> np.ndarray:
         """Rows sorted by length, cut into chunks (padded_chunks) each padded to its own longest row."""
+        counts, flat, cu = prepared.counts, prepared.flat, prepared.cu
         order = np.argsort(counts, kind="stable")  # short rows together: little padding per chunk
-        vectors = np.empty((len(encodings), self.dim), np.float32)  # (rows, D)
+        vectors = np.empty((len(counts), self.dim), np.float32)  # (rows, D)
         for start, end in padded_chunks(counts[order], self.encoder_rows, self.bucket):
             rows = order[start:end]
             lens = counts[rows]  # (rows,) ascending
             seq = self.bucket(int(lens[-1]))
-            pieces = (encodings[r].ids[: int(n)] for r, n in zip(rows, lens, strict=True))
-            flat = np.fromiter(
-                itertools.chain.from_iterable(pieces),
-                np.int64,
-                count=int(lens.sum()),
-            )  # (tokens,) the chunk's ids back to back
-            mask = (np.arange(seq)[None, :] < lens[:, None]).astype(np.int64)  # (rows, T) 1 on tokens
+            pos = np.arange(seq)  # (T,)
+            on = pos[None, :] < lens[:, None]  # (rows, T) True on tokens
+            at = cu[rows][:, None] + pos[None, :]  # (rows, T) where each token sits in flat
             ids = np.zeros((len(rows), seq), np.int64)  # (rows, T) padded with [PAD] = 0
-            ids[mask.astype(bool)] = flat  # row-major: each row's ids in order
+            if len(flat):  # gathered at every position, kept on the tokens (at may run past flat's end)
+                ids = np.where(on, flat[np.minimum(at, len(flat) - 1)], 0)
             types = np.zeros((len(rows), seq), np.int64)  # one segment per sentence
-            vectors[rows] = self.encoder(ids, mask, types)  # (rows, D) fp32
+            vectors[rows] = self.encoder(ids, on.astype(np.int64), types)  # (rows, D) fp32
         return vectors
 
 
@@ -172,10 +173,11 @@ def padded_chunks(
     chunks: list[tuple[int, int]] = []
     start = 0
     n = len(sorted_counts)
+    buckets = [bucket(int(c)) for c in sorted_counts]  # once per row (it was twice per row)
     while start < n:
         end = start + 1
         while end < n and end - start < max_rows:
-            grows = bucket(int(sorted_counts[end])) > bucket(int(sorted_counts[end - 1]))
+            grows = buckets[end] > buckets[end - 1]
             if grows and end - start >= MIN_CHUNK_ROWS:
                 break
             end += 1
