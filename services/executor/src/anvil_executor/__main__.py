@@ -1,5 +1,8 @@
 """`python -m anvil_executor`: run one executor process."""
 
+import os
+from collections.abc import MutableMapping
+
 from anvil_core import tracing
 from anvil_core.logs import setup_logging
 from anvil_core.runtime import run_sync_service
@@ -7,8 +10,16 @@ from anvil_executor.service import Executor
 from anvil_executor.settings import ExecutorSettings
 
 
+def thread_pool_env(settings: ExecutorSettings, environ: MutableMapping[str, str]) -> None:
+    """OpenMP's idle-wait settings for numba's workers, unless the environment has its own; before any
+    parallel region runs (the OpenMP runtime reads them once, when numba first loads it)."""
+    environ.setdefault("GOMP_SPINCOUNT", str(settings.omp_spin_count))
+    environ.setdefault("KMP_BLOCKTIME", "0")
+
+
 def main() -> None:
     settings = ExecutorSettings()
+    thread_pool_env(settings, os.environ)
     # before the models load: their compile progress, warm-up times and "not served" reasons are
     # logged while Executor() runs (run_sync_service sets the same logging up again, idempotently)
     setup_logging("executor", settings.log_level)
