@@ -261,7 +261,8 @@ def _mlp_onnx(seed: int) -> tuple[bytes, dict[str, np.ndarray]]:
 
 
 def _compose_run(stack: Any, volumes: list[str], argv: list[str], timeout_s: float = 300) -> tuple[int, str]:
-    """`<compose> -p <project> --env-file <env> run --rm -T [-v ...] cli <argv>` from the repo root:
+    """`<compose> -p <project> --env-file <env> run --rm --no-deps -T [-v ...] cli <argv>` from the repo
+    root (--no-deps: the stack is up; podman makes compose recreate running dependencies otherwise):
     the operator's tools container, as a user runs it (ANVIL_COMPOSE_CLI: the compose command
     `make test-compose` uses; else `docker compose`)."""
     env_file = os.environ.get("ANVIL_COMPOSE_ENV_FILE")
@@ -269,8 +270,9 @@ def _compose_run(stack: Any, volumes: list[str], argv: list[str], timeout_s: flo
         pytest.fail("ANVIL_COMPOSE_ENV_FILE is unset: the project's secrets are needed to run `cli`")
     cli = shlex.split(os.environ.get("ANVIL_COMPOSE_CLI") or "docker compose")
     mounts = [arg for v in volumes for arg in ("-v", v)]
+    run = ["run", "--rm", "--no-deps", "-T", *mounts, "cli", *argv]
     proc = subprocess.run(
-        [*cli, "-p", stack.project, "--env-file", env_file, "run", "--rm", "-T", *mounts, "cli", *argv],
+        [*cli, "-p", stack.project, "--env-file", env_file, *run],
         cwd=Path(__file__).resolve().parents[2],  # compose.yaml
         capture_output=True,
         text=True,
