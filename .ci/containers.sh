@@ -245,11 +245,14 @@ teardown() {  # compose down -v, then check that nothing of $PROJECT is left; 1 
     ids=$($ENGINE ps -aq --no-trunc --filter "label=com.docker.compose.project=$project")
     compose "${COMPOSE_UP[@]}" down -v --remove-orphans --timeout 10 || rc=1
     # podman: an exec session (a healthcheck) cut off by its timeout leaves its conmon waiting out
-    # an exit delay of 300 s after the container is gone; they are this run's, so they go now.
+    # an exit delay of 300 s (or more) after the container is gone; they are this run's, so they go
+    # now: by container id, and by the project's container names (`-n <project>-<service>-1`), which
+    # also finds those of containers compose replaced during the run.
     local id
     for id in $ids; do
         pkill -f "conmon .*-c $id" 2>/dev/null || true
     done
+    pkill -f "conmon .* -n ${project}-" 2>/dev/null || true
     local i
     for i in $(seq 50); do
         [[ -z "$ids" ]] || ! pgrep -f -- "$(echo "$ids" | paste -sd'|')" >/dev/null || { sleep 0.1; continue; }
@@ -265,6 +268,13 @@ teardown() {  # compose down -v, then check that nothing of $PROJECT is left; 1 
             left+=" processes of container ${id:0:12}: $(pgrep -f -- "$id" | tr '\n' ' ')"
         fi
     done
+    for i in $(seq 50); do
+        pgrep -f "conmon .* -n ${project}-" >/dev/null || break
+        sleep 0.1
+    done
+    if pgrep -f "conmon .* -n ${project}-" >/dev/null; then
+        left+=" conmon processes of $project: $(pgrep -f "conmon .* -n ${project}-" | tr '\n' ' ')"
+    fi
     if [[ -n "$left" ]]; then
         say "ERROR: left after compose down: $left"
         rc=1
