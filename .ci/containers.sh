@@ -48,6 +48,7 @@ cleanup() {
         kill "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
+    rm -f "$WORK/podman-$$.sock" "$WORK/podman-service-$$.log"  # this run's (podman_service)
     exit "$rc"
 }
 trap cleanup EXIT
