@@ -324,7 +324,7 @@ EOF
     local rc=0
     say "compose up ($project: gateway HTTP 127.0.0.1:$http, gRPC :$grpc, metrics :$metrics; compiler :$compiler)"
     local t1=$SECONDS
-    if ! compose "${COMPOSE_UP[@]}" up -d --wait --wait-timeout 300 --no-build; then
+    if ! compose "${COMPOSE_UP[@]}" up -d --wait --wait-timeout 900 --no-build; then
         compose "${COMPOSE_UP[@]}" ps -a || true
         compose "${COMPOSE_UP[@]}" logs --tail 40 || true
         rc=1
