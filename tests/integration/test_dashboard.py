@@ -207,6 +207,20 @@ def _exported(text: str) -> dict[str, set[str]]:
     return out
 
 
+def _scrape(stack: Any) -> Iterator[tuple[str, str]]:
+    """(service, /metrics text) of every service with a metrics port: a local stack's from the
+    launcher's state, the containers' (`make test-compose`) from their addresses on the network."""
+    if callable(stack.state):  # ComposeStack: state(service) is a container's state
+        for name in stack.services():
+            if "ANVIL_METRICS_PORT" in stack.service_env(name):
+                yield name, stack.metrics(name)
+        return
+    for svc in stack.state["services"]:
+        port = svc["env"].get("ANVIL_METRICS_PORT")
+        if port is not None:
+            yield svc["name"], httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+
+
 @pytest.mark.integration
 def test_every_query_names_a_metric_the_running_services_export(stack: Any) -> None:
     if not hasattr(stack, "state"):
@@ -219,14 +233,10 @@ def test_every_query_names_a_metric_the_running_services_export(stack: Any) -> N
             assert http.post("/v2/models/mlp/infer", json=body).status_code == 200
     exported: dict[str, set[str]] = {}
     scraped = []
-    for svc in stack.state["services"]:
-        port = svc["env"].get("ANVIL_METRICS_PORT")
-        if port is None:
-            continue
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        scraped.append(svc["name"])
-        for name, labels in _exported(text).items():
-            exported.setdefault(name, set()).update(labels)
+    for name, text in _scrape(stack):
+        scraped.append(name)
+        for metric, labels in _exported(text).items():
+            exported.setdefault(metric, set()).update(labels)
     assert {"gateway", "scheduler", "executor", "qos"} <= set(scraped)
 
     problems = []

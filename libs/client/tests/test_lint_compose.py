@@ -70,7 +70,7 @@ def test_real_compose_file_covers_every_declared_profile() -> None:
     binary = compose_binary()
     assert binary is not None
     declared = set(lint_compose.declared_profiles(ROOT / "compose.yaml", binary))
-    assert {"cpu", "gpu", "gpu-x2", "observability"} <= declared
+    assert {"cpu", "gpu", "gpu-x2", "observability", "cli"} <= declared
     assert declared <= {p for profiles in PROFILE_SETS for p in profiles}
 
 

@@ -108,3 +108,12 @@ def test_anvil_deploy_sends_the_stacks_compiler_key_to_that_compiler_only(tmp_pa
     dotenv.write_text(env_file_text(compose_secrets_env()))
     assert len(compiler_key("http://127.0.0.1:8010", {}, dotenv)) == 64
     assert compiler_key("http://127.0.0.1:8010", {"ANVIL_API_KEY": "tenant"}, nowhere) == "tenant"
+    # a container of the compose stack: the key file compose put in its secrets directory
+    secrets_dir = tmp_path / "run-secrets"
+    secrets_dir.mkdir()
+    (secrets_dir / COMPILER_API_KEY_FILE).write_text("from-the-secret\n")
+    in_container = {"ANVIL_SECRETS_DIR": str(secrets_dir), "ANVIL_API_KEY": "tenant"}
+    assert compiler_key("http://compiler:8010", in_container, nowhere) == "from-the-secret"
+    assert compiler_key("http://compiler:8010", {**in_container, **given}, nowhere) == "given"
+    empty = {"ANVIL_SECRETS_DIR": str(tmp_path / "none"), "ANVIL_API_KEY": "tenant"}
+    assert compiler_key("http://compiler:8010", empty, nowhere) == "tenant"  # no file: the next source

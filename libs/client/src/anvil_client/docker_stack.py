@@ -457,6 +457,12 @@ class ComposeStack:
     gateway_url = url
 
     @property
+    def grpc_target(self) -> str | None:
+        """host:port of the gateway's published KServe v2 gRPC port (None: ANVIL_GRPC_PORT=0)."""
+        port = self.compose_env.get("ANVIL_GRPC_PORT", "8001")
+        return None if port == "0" else f"127.0.0.1:{port}"
+
+    @property
     def compiler_url(self) -> str:
         return f"http://127.0.0.1:{self.compose_env.get('ANVIL_COMPILER_PORT', '8010')}"
 

@@ -23,13 +23,14 @@ from pathlib import Path
 __all__ = ["PROFILE_SETS", "compose_binary", "declared_profiles", "lint", "main"]
 
 # Every way the stack is started: infrastructure only, CPU, one GPU, two GPUs, CPU with Prometheus
-# and Grafana.
+# and Grafana, CPU with the operator's `cli` tools container (`compose run --rm cli anvil ...`).
 PROFILE_SETS: tuple[tuple[str, ...], ...] = (
     (),
     ("cpu",),
     ("gpu",),
     ("gpu", "gpu-x2"),
     ("cpu", "observability"),
+    ("cpu", "cli"),
 )
 CONFIG_TIMEOUT_S = 60.0  # one `config` run takes ~0.1 s; this only bounds a hung binary
 

@@ -63,9 +63,18 @@ def compiler_key(url: str, env: Mapping[str, str] = os.environ, env_file: str | 
     """The compiler API key for `url`: ANVIL_COMPILER_API_KEY; else, when `url` is the running
     `anvil up` stack's compiler, that stack's key file; else the compose env file's
     ANVIL_SECRET_COMPILER_API_KEY (`anvil secrets`); else ANVIL_API_KEY (a tenant's key, accepted
-    with ANVIL_REQUIRE_API_KEY); else ""."""
+    with ANVIL_REQUIRE_API_KEY); else "". In a container of the compose stack (the `cli` service,
+    the compiler's own) the key file in ANVIL_SECRETS_DIR comes right after ANVIL_COMPILER_API_KEY:
+    that directory is set for this stack only, as the variable would be."""
     if env.get("ANVIL_COMPILER_API_KEY"):
         return env["ANVIL_COMPILER_API_KEY"]
+    if env.get("ANVIL_SECRETS_DIR"):
+        try:
+            key = (Path(env["ANVIL_SECRETS_DIR"]) / COMPILER_API_KEY_FILE).read_text().strip()
+        except OSError:
+            key = ""
+        if key:
+            return key
     state = stack_state(env) or {}
     if state.get("secrets_dir") and _is_stack_compiler(url, state):
         try:
