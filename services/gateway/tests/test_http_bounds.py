@@ -264,3 +264,54 @@ def test_a_parse_whose_caller_is_cancelled_hands_its_result_to_orphan() -> None:
 
     asyncio.run(scenario())
     assert orphaned == ["parsed bulk"]
+
+
+def test_what_goes_to_a_parse_thread_is_decided_by_the_json_to_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A binary-extension body's tensors are views of the body, never walked: a 1 MiB binary section
+    with a short JSON header is parsed on the event loop (a thread hand-off costs more than the
+    parse), the same tensor as 1 MiB-plus of JSON text on a parse thread."""
+    import anvil_gateway.infer as infer_mod
+
+    threads: list[str] = []
+    real = infer_mod.parse_request
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(infer_mod, "parse_request", recording)
+    x = np.random.default_rng(2).standard_normal(1 << 18).astype(np.float32)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [x.size],
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ]
+        }
+    ).encode()
+    binary = {"content-type": "application/octet-stream", "inference-header-content-length": str(len(head))}
+    doc = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [x.size], "data": x.tolist()}]}
+    app = _app()
+    for body, headers in ((head + x.tobytes(), binary), (json.dumps(doc).encode(), {})):
+        headers = {**headers, "content-length": str(len(body))}
+        status, _, _ = asyncio.run(_call(app, "/v2/models/big/infer", [body], headers))
+        assert status == 503  # parsed and validated; then no scheduler to send it to
+    loop_thread = threading.current_thread().name  # asyncio.run runs the loop on this thread
+    assert threads[0] == loop_thread and threads[1] != loop_thread, threads
+
+
+def test_an_answers_encoding_cost_counts_json_numbers_not_raw_bytes() -> None:
+    from anvil_core.tensors import HostTensor
+    from anvil_gateway.kserve import BINARY_BYTES_PER_COST, OutputRequest, ParsedRequest, answer_cost
+
+    out = HostTensor.from_array("y", "FP32", np.zeros(1 << 16, np.float32))
+    as_json = ParsedRequest(None, [], [OutputRequest("y")], {})
+    as_binary = ParsedRequest(None, [], [], {"binary_data_output": True})
+    in_shm = ParsedRequest(None, [], [OutputRequest("y", shm=("r", 0, out.nbytes))], {})
+    assert answer_cost(as_json, [out], 20) == 20 * (1 << 16)
+    assert answer_cost(as_binary, [out], 20) == out.nbytes // BINARY_BYTES_PER_COST
+    assert answer_cost(in_shm, [out], 20) == out.nbytes // BINARY_BYTES_PER_COST

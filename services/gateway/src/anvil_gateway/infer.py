@@ -21,7 +21,7 @@ from anvil_gateway.admission import Rejected
 from anvil_gateway.body_limits import model_body_limit
 from anvil_gateway.hops import HOPS_HEADER
 from anvil_gateway.json_tensors import BadRequest
-from anvil_gateway.kserve import ParsedRequest, parse_request, release_all
+from anvil_gateway.kserve import ParsedRequest, answer_cost, parse_cost, parse_request, release_all
 from anvil_gateway.request_path import (
     TRACE_HEADER,
     Failed,
@@ -134,12 +134,13 @@ async def _infer(
     shm = st.shm if st.shm.enabled else None
     try:
         with tracing.span("gateway.parse"):
+            header_length = request.headers.get(HEADER_LENGTH)
             parsed = await parse_off_loop(
                 st,
-                len(body),
+                parse_cost(len(body), header_length),
                 parse_request,
                 body,
-                request.headers.get(HEADER_LENGTH),
+                header_length,
                 shm,
                 tenant,
                 orphan=lambda p: release_all(p, shm),
@@ -150,7 +151,8 @@ async def _infer(
         raise Failed(400, str(exc), "bad_request") from None
     call = InferCall(spec, parsed, tenant, hdr[TRACE_HEADER], t0, version)
     try:
-        return await execute(st, call, partial(_answer, spec.name, parsed, st, hdr), JSON_BYTES_PER_NUMBER)
+        cost = partial(answer_cost, parsed, json_bytes_per_number=JSON_BYTES_PER_NUMBER)
+        return await execute(st, call, partial(_answer, spec.name, parsed, st, hdr), cost)
     finally:
         release_all(parsed, shm)
 

@@ -17,9 +17,12 @@ from anvil_gateway.json_tensors import MAX_RANK, BadRequest, json_data_to_tensor
 from anvil_gateway.sysshm import Region, SystemShm
 
 __all__ = [
+    "BINARY_BYTES_PER_COST",
     "BadRequest",
     "OutputRequest",
     "ParsedRequest",
+    "answer_cost",
+    "parse_cost",
     "parse_json_document",
     "parse_json_request",
     "parse_request",
@@ -109,6 +112,37 @@ def split_body(
         )
     n = int(text)
     return view[:n], view[n:]
+
+
+# Parsing a binary section is a view and a size check, copying it (an answer's) one memcpy: a
+# byte of it costs about this many times less than a byte of JSON text (`parse_cost`).
+BINARY_BYTES_PER_COST = 32
+
+
+def parse_cost(size: int, header_length: str | None) -> int:
+    """The work of parsing a body of `size` bytes, in bytes of JSON text: the JSON header's length
+    plus the binary section's bytes / BINARY_BYTES_PER_COST (its tensors are views of the body,
+    never walked). A malformed header length counts the whole body (its parse refuses it at once)."""
+    text = (header_length or "").strip()
+    if not text.isdigit() or int(text) > size:
+        return size
+    head = int(text)
+    return head + (size - head) // BINARY_BYTES_PER_COST
+
+
+def answer_cost(parsed: ParsedRequest, outputs: list[HostTensor], json_bytes_per_number: int) -> int:
+    """The work of encoding `outputs` as `parsed` asked, in bytes of JSON text (as `parse_cost`):
+    `json_bytes_per_number` per element of a JSON output, a binary or shared-memory output's bytes
+    / BINARY_BYTES_PER_COST (one copy)."""
+    asked = {o.name: o for o in parsed.outputs}
+    cost = 0
+    for t in outputs:
+        req = asked.get(t.name)
+        raw = (req is not None and req.shm is not None) or (
+            parsed.binary_output if req is None or req.binary is None else req.binary
+        )
+        cost += t.nbytes // BINARY_BYTES_PER_COST if raw else json_bytes_per_number * t.data.size
+    return cost
 
 
 def parse_json_request(body: bytes) -> ParsedRequest:

@@ -77,7 +77,8 @@ async def parse_off_loop(
     *args: Any,
     orphan: Callable[[_T], None] | None = None,
 ) -> _T:
-    """`fn(*args)`, a parse of a body of `size` bytes: inline when small, else on a parse thread,
+    """`fn(*args)`, a parse of `size` bytes of work (bytes of JSON text, `kserve.parse_cost`): inline
+    when small, else on a parse thread,
     with `bulk=True` (json_bulk: steps short enough that the loop gets the GIL between them).
     `orphan` gets the result of a parse whose caller was cancelled meanwhile (to release what the
     parse took, e.g. pinned shm regions)."""
@@ -133,9 +134,11 @@ class InferCall:
 Encoder = Callable[[str, list[HostTensor], str], _T]
 
 
-async def execute(st: GatewayState, call: InferCall, encode: Encoder[_T], encode_cost_per_element: int) -> _T:
-    """Validate, admit, forward, encode (with `encode`: on a parse thread when the answer's outputs
-    times `encode_cost_per_element` bytes is large) and count one request; raises Failed."""
+async def execute(
+    st: GatewayState, call: InferCall, encode: Encoder[_T], encode_cost: Callable[[list[HostTensor]], int]
+) -> _T:
+    """Validate, admit, forward, encode (with `encode`: on a parse thread when `encode_cost` of the
+    answer's outputs, in bytes of JSON text, is large) and count one request; raises Failed."""
     spec, parsed = call.spec, call.parsed
     try:
         spec.validate(parsed.inputs)
@@ -156,7 +159,7 @@ async def execute(st: GatewayState, call: InferCall, encode: Encoder[_T], encode
         st, spec, parsed.inputs, asked, call.tenant, priority, budget_s, call.trace, call.version, hops
     )
     served = resp.modelVersion or spec.version  # what answered
-    cost = encode_cost_per_element * sum(t.data.size for t in outputs)
+    cost = encode_cost(outputs)
     try:
         with tracing.span("gateway.answer"):
             answer = await encode_off_loop(st, cost, encode, served, outputs, hops.header(resp))
