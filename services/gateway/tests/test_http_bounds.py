@@ -266,20 +266,40 @@ def test_a_parse_whose_caller_is_cancelled_hands_its_result_to_orphan() -> None:
     assert orphaned == ["parsed bulk"]
 
 
-def test_what_goes_to_a_parse_thread_is_decided_by_the_json_to_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_is_parsed_in_steps_is_decided_by_the_json_to_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     """A binary-extension body's tensors are views of the body, never walked: a 1 MiB binary section
-    with a short JSON header is parsed on the event loop (a thread hand-off costs more than the
-    parse), the same tensor as 1 MiB-plus of JSON text on a parse thread."""
+    with a short JSON header is parsed in one go (steps would cost more than the parse), the same
+    tensor as 1 MiB-plus of JSON text in steps on the event loop, yielding to other tasks between
+    them; both on the loop's thread (no parse thread holds the GIL the loop needs)."""
     import anvil_gateway.infer as infer_mod
 
     threads: list[str] = []
-    real = infer_mod.parse_request
+    steps: list[int] = []
+    real_parse, real_run = infer_mod.parse_request, infer_mod.run_steps
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread().name)
-        return real(*args, **kwargs)
+        return real_parse(*args, **kwargs)
+
+    async def counting(gen: Any) -> Any:
+        def counted() -> Any:
+            steps.append(0)
+            result = yield from gen
+            return result
+
+        def tick(g: Any) -> Any:
+            while True:
+                try:
+                    next(g)
+                except StopIteration as done:
+                    return done.value
+                steps[-1] += 1
+                yield
+
+        return await real_run(tick(counted()))
 
     monkeypatch.setattr(infer_mod, "parse_request", recording)
+    monkeypatch.setattr(infer_mod, "run_steps", counting)
     x = np.random.default_rng(2).standard_normal(1 << 18).astype(np.float32)
     head = json.dumps(
         {
@@ -300,8 +320,15 @@ def test_what_goes_to_a_parse_thread_is_decided_by_the_json_to_parse(monkeypatch
         headers = {**headers, "content-length": str(len(body))}
         status, _, _ = asyncio.run(_call(app, "/v2/models/big/infer", [body], headers))
         assert status == 503  # parsed and validated; then no scheduler to send it to
+        if len(steps) == 0:
+            assert threads == [threading.current_thread().name]  # the binary body: one call, no steps
     loop_thread = threading.current_thread().name  # asyncio.run runs the loop on this thread
-    assert threads[0] == loop_thread and threads[1] != loop_thread, threads
+    assert threads == [loop_thread, loop_thread]
+    from anvil_gateway.json_bulk import STEP_BYTES
+
+    assert len(steps) == 1 and steps[0] >= len(json.dumps(doc)) // STEP_BYTES, (
+        steps
+    )  # a step or two per step of text
 
 
 def test_an_answers_encoding_cost_counts_json_numbers_not_raw_bytes() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from anvil_core.tensors import DATATYPES, HostTensor, TensorError
 from anvil_gateway import json_bulk, json_codec
-from anvil_gateway.json_tensors import MAX_RANK, BadRequest, json_data_to_tensor
+from anvil_gateway.json_tensors import MAX_RANK, BadRequest, bulk_tensor_steps, json_data_to_tensor
 from anvil_gateway.sysshm import Region, SystemShm
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "OutputRequest",
     "ParsedRequest",
     "answer_cost",
+    "json_document_steps",
     "parse_cost",
     "parse_json_document",
     "parse_json_request",
@@ -77,6 +78,33 @@ def parse_json_document(body: bytes | bytearray | memoryview, bulk: bool = False
         raise BadRequest("JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise BadRequest("the request body must be a JSON object")
+    return doc
+
+
+def json_document_steps(body: bytes | bytearray | memoryview) -> json_bulk.Steps[dict[str, Any]]:
+    """`parse_json_document(body, bulk=True)` as steps (the event loop runs other tasks between
+    them: `request_path.run_steps`), and the large number arrays of inputs that carry their data in
+    JSON converted to their tensors, a step at a time; `parse_request(..., doc=)` takes the result."""
+    raw = body if isinstance(body, bytes | bytearray) else bytes(body)
+    try:
+        doc = yield from json_bulk.loads_steps(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("JSON nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("the request body must be a JSON object")
+    doc = _materialize_but_inputs_data(doc)
+    inputs = doc.get("inputs")
+    for i, raw_input in enumerate(inputs[:MAX_TENSORS] if isinstance(inputs, list) else ()):
+        if not isinstance(raw_input, dict) or not isinstance(raw_input.get("data"), json_bulk.NumberArray):
+            continue
+        params = raw_input.get("parameters")
+        if isinstance(params, dict) and ("binary_data_size" in params or "shared_memory_region" in params):
+            continue  # its data is not what is read (`_parse_input`)
+        where = f"inputs[{i}]"
+        name, datatype, shape = parse_tensor_header(raw_input, where)
+        raw_input["data"] = yield from bulk_tensor_steps(name, datatype, shape, raw_input["data"], where)
     return doc
 
 
@@ -156,11 +184,14 @@ def parse_request(
     shm: SystemShm | None,
     tenant: str = "default",
     bulk: bool = False,
+    doc: dict[str, Any] | None = None,
 ) -> ParsedRequest:
     """Parse and check a request. `tenant` owns the shared-memory regions it may name; `bulk`: a
-    large body on a parse thread (`parse_json_document`). Thread-safe."""
+    large body on a parse thread (`parse_json_document`); `doc`: the JSON header already parsed
+    (`json_document_steps`, on the event loop). Thread-safe."""
     head, binary = split_body(body, header_length)
-    doc = parse_json_document(head, bulk)
+    if doc is None:
+        doc = parse_json_document(head, bulk)
     req_id = doc.get("id")
     if req_id is not None and not isinstance(req_id, str):
         raise BadRequest("'id' must be a string")
