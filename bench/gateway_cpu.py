@@ -50,7 +50,17 @@ def _commit(tree: Path) -> str:
     return out.stdout.strip()
 
 
-def compare(baseline: Path, seconds: int, rounds: int, profile: bool = False) -> None:
+def compare(
+    baseline: Path,
+    seconds: int,
+    rounds: int,
+    profile: bool = False,
+    sizes: tuple[str, ...] = (),
+    profile_size: str = "1KB",
+) -> None:
+    """`sizes`: only the loads of these size labels (all when empty); `profile_size`: the size label
+    of the binary requests py-spy samples under (`--profile`)."""
+    loads = [load for load in LOADS if not sizes or load[1] in sizes]
     tmp = Path(tempfile.mkdtemp(prefix="anvil-cpu-vs-"))
     trees = {"now": (ROOT, sys.executable), "base": (baseline, str(baseline / ".venv/bin/python"))}
     stacks: dict[str, Any] = {}
@@ -60,7 +70,7 @@ def compare(baseline: Path, seconds: int, rounds: int, profile: bool = False) ->
             (tmp / name).mkdir()
             proc, env, url = start_stack(tmp / name, STACK_ENV, root=root, python=python)
             stacks[name] = (proc, env, url, service_pids(env))
-        for transport, size, n, conns in LOADS:
+        for transport, size, n, conns in loads:
             luas = {}
             for name, (_, _, url, _) in stacks.items():
                 body, headers = bodies(tmp / name, n, url)[transport]
@@ -82,9 +92,10 @@ def compare(baseline: Path, seconds: int, rounds: int, profile: bool = False) ->
                     rows.append(row)
                     print(row, flush=True)
         if profile:
+            n = {size: n for _, size, n, _ in LOADS}[profile_size]
             for name, (_, _, url, pids) in stacks.items():
-                body, headers = bodies(tmp / name, 256, url)["http_binary"]
-                py_spy(name, pids, url, lua_for(body, headers), tmp)
+                body, headers = bodies(tmp / name, n, url)["http_binary"]
+                py_spy(name, pids, url, lua_for(body, headers), tmp, profile_size)
     finally:
         for proc, *_ in stacks.values():
             proc.send_signal(signal.SIGINT)
@@ -92,13 +103,16 @@ def compare(baseline: Path, seconds: int, rounds: int, profile: bool = False) ->
         for f in Path("/dev/shm").glob("anvil-bench-*"):
             f.unlink(missing_ok=True)
     if rows:  # --rounds 0 --profile: the profiles only
-        write(rows, baseline, seconds, rounds)
+        write(rows, baseline, seconds, rounds, [load[1] for load in loads] if sizes else [])
 
 
-def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int) -> None:
+def write(
+    rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int, sizes: list[str] | None = None
+) -> None:
+    only = f" --sizes {' '.join(dict.fromkeys(sizes))}" if sizes else ""
     meta = {
         "command": "flock /tmp/anvil-timing.lock uv run python bench/gateway_overhead.py "
-        f"--baseline <checkout of {_commit(baseline)}> --seconds {seconds} --rounds {rounds}",
+        f"--baseline <checkout of {_commit(baseline)}> --seconds {seconds} --rounds {rounds}{only}",
         "commit": _commit(ROOT),
         "baseline_commit": _commit(baseline),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}",
@@ -107,6 +121,8 @@ def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int)
     }
     summary = []
     for transport, size, _, conns in LOADS:
+        if not any((r["transport"], r["size"]) == (transport, size) for r in rows):
+            continue
 
         def med(tree: str, key: str, transport: str = transport, size: str = size) -> float:
             pick = [r[key] for r in rows if (r["transport"], r["size"], r["tree"]) == (transport, size, tree)]
@@ -149,10 +165,10 @@ def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int)
     print("\n".join(lines))
 
 
-def py_spy(name: str, pids: dict[str, int], url: str, lua: Path, tmp: Path) -> None:
-    """Sample every request-path process of one stack with py-spy while wrk drives 1 KB binary
-    requests (16 connections), and write the top self-time functions per service to
-    bench/results/gateway_cpu_profile_<name>.txt (collapsed stacks beside it)."""
+def py_spy(name: str, pids: dict[str, int], url: str, lua: Path, tmp: Path, size: str = "1KB") -> None:
+    """Sample every request-path process of one stack with py-spy while wrk drives binary requests
+    of `size` (16 connections), and write the top self-time functions per service to
+    bench/results/gateway_cpu_profile_<name>[_<size>].txt (1 KB: no suffix)."""
 
     def record(svc: str, pid: int) -> subprocess.Popen[bytes]:
         out = str(tmp / f"{name}-{svc}.txt")
@@ -163,7 +179,10 @@ def py_spy(name: str, pids: dict[str, int], url: str, lua: Path, tmp: Path) -> N
 
     spies = {svc: record(svc, pid) for svc, pid in pids.items()}
     wrk_count(f"{url}/v2/models/identity/infer", lua, 16, PROFILE_S + 1)
-    lines = [f"# py-spy, {name} stack, 1 KB HTTP binary identity requests, 16 connections, {PROFILE_S} s", ""]
+    lines = [
+        f"# py-spy, {name} stack, {size} HTTP binary identity requests, 16 connections, {PROFILE_S} s",
+        "",
+    ]
     for svc, spy in spies.items():
         spy.wait(60)
         own: dict[str, int] = {}
@@ -184,4 +203,5 @@ def py_spy(name: str, pids: dict[str, int], url: str, lua: Path, tmp: Path) -> N
                 lines.append(f"{100 * n / max(total, 1):5.1f}%  {frame}")
         lines.append("")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"gateway_cpu_profile_{name}.txt").write_text("\n".join(lines) + "\n")
+    suffix = "" if size == "1KB" else f"_{size}"
+    (RESULTS / f"gateway_cpu_profile_{name}{suffix}.txt").write_text("\n".join(lines) + "\n")

@@ -273,13 +273,22 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="another checkout: CPU per request, this tree vs it")
     ap.add_argument("--rounds", type=int, default=5, help="with --baseline")
     ap.add_argument("--profile", action="store_true", help="with --baseline: py-spy both stacks after")
+    ap.add_argument("--sizes", nargs="*", default=[], help="with --baseline: only these sizes (1KB 64KB 1MB)")
+    ap.add_argument("--profile-size", default="1KB", help="with --profile: the binary requests' size")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is required (apt-get install wrk)")
     if args.baseline is not None:
         from gateway_cpu import compare
 
-        compare(args.baseline.resolve(), args.seconds, args.rounds, args.profile)
+        compare(
+            args.baseline.resolve(),
+            args.seconds,
+            args.rounds,
+            args.profile,
+            tuple(args.sizes),
+            args.profile_size,
+        )
         return
     tmp = Path(tempfile.mkdtemp(prefix="anvil-gw-bench-"))
     proc, env, url = start_stack(tmp)

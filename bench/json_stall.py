@@ -6,10 +6,11 @@ second connection probes `GET /v2/health/live` every 5 ms (and for 1 s before it
 in flight: the machine's own floor, "idle probe"). The probe's worst and p99 latency during
 the request are the loop's stall; the request's own time is the parse (the answer is a 503: no
 scheduler). Two gateways are measured in the same run with the same body: `inline` parses on the
-event loop as before (ANVIL_PARSE_OFFLOAD_BYTES above the body size) and `offloaded` is the default
-(parse threads, json_bulk steps). Writes bench/results/json_stall.{json,md}.
+event loop in one piece as before #18 (ANVIL_PARSE_OFFLOAD_BYTES above the body size) and `stepped`
+is the default (json_bulk steps of ~1 ms on the event loop, other tasks run between them). Medians
+over the runs, and the worst probe of all runs. Writes bench/results/json_stall.{json,md}.
 
-    uv run python bench/json_stall.py [--elements 1000000] [--repeats 5]
+    uv run python bench/json_stall.py [--elements 1000000] [--repeats 10]
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def measure(port: int, body: bytes, repeats: int) -> list[dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--elements", type=int, default=1_000_000)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -124,7 +125,7 @@ def main() -> None:
         {"inputs": [{"name": "x", "datatype": "FP32", "shape": [args.elements], "data": data}]}
     ).encode()
     results: dict[str, Any] = {}
-    for label, offload in [("inline", str(len(body) * 2)), ("offloaded", "65536")]:
+    for label, offload in [("inline", str(len(body) * 2)), ("stepped", "65536")]:
         port = _free_port()
         env = {**os.environ, "ANVIL_PARSE_OFFLOAD_BYTES": offload, "ANVIL_MAX_BODY_BYTES": str(256 << 20)}
         proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], env=env)
@@ -152,6 +153,9 @@ def main() -> None:
         }
         for label, runs in results.items()
     }
+    for label, runs in results.items():
+        summary[label]["probe_max_ms_worst_run"] = max(r["probe_max_ms"] for r in runs)
+        summary[label]["runs_over_50ms"] = sum(r["probe_max_ms"] >= 50 for r in runs)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
@@ -174,22 +178,27 @@ def main() -> None:
         "",
         f"`{doc['command']}` at {commit}; {doc['machine']}",
         "",
-        "| gateway | request ms | probe max ms | probe p99 ms | probe median ms | idle probe max ms |",
-        "|---|---|---|---|---|---|",
+        "| gateway | request ms | probe max ms | worst run's probe max ms | runs with a probe >= 50 ms "
+        "| probe p99 ms | probe median ms | idle probe max ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for label, s in summary.items():
         lines.append(
-            f"| {label} | {s['request_ms']:.0f} | {s['probe_max_ms']:.1f} | {s['probe_p99_ms']:.1f} "
+            f"| {label} | {s['request_ms']:.0f} | {s['probe_max_ms']:.1f} "
+            f"| {s['probe_max_ms_worst_run']:.1f} | {s['runs_over_50ms']} of {args.repeats} "
+            f"| {s['probe_p99_ms']:.1f} "
             f"| {s['probe_median_ms']:.2f} | {s['idle_probe_max_ms']:.1f} |"
         )
-    ratio = summary["inline"]["probe_max_ms"] / max(summary["offloaded"]["probe_max_ms"], 1e-3)
-    worst = summary["offloaded"]["probe_max_ms"]
+    ratio = summary["inline"]["probe_max_ms"] / max(summary["stepped"]["probe_max_ms"], 1e-3)
+    worst = summary["stepped"]["probe_max_ms"]
     lines += [
         "",
-        f"worst probe, inline / offloaded: {ratio:.1f}x",
-        f"offloaded: the loop answered the probe within {worst:.1f} ms at worst (median of runs) while "
-        f"taking the body; target < 50 ms: {'met' if worst < 50 else 'missed'} (the idle probe's worst, "
-        f"{summary['offloaded']['idle_probe_max_ms']:.1f} ms, is the machine's own floor)",
+        f"worst probe, inline / stepped: {ratio:.1f}x (medians of runs)",
+        f"stepped: the loop answered the probe within {worst:.1f} ms at worst (median of runs; "
+        f"{summary['stepped']['probe_max_ms_worst_run']:.1f} ms in the worst run) while taking the body; "
+        f"target < 50 ms: {'met' if worst < 50 else 'missed'} in the median, "
+        f"{summary['stepped']['runs_over_50ms']} of {args.repeats} runs over (the idle probe's worst, "
+        f"{summary['stepped']['idle_probe_max_ms']:.1f} ms, is the machine's own floor)",
     ]
     (RESULTS / "json_stall.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

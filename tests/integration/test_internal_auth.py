@@ -222,12 +222,24 @@ FORBIDDEN: list[tuple[str, str, tuple[Any, ...]]] = [
         "impersonate the scheduler",
         ("HSET", keys.svc_key("scheduler", "x"), "endpoint", "tcp://evil"),
     ),
+    (
+        "gateway",
+        "point a model at another artifact",
+        ("HSET", keys.model_key("identity"), "artifact", "evil"),
+    ),
+    ("gateway", "advertise a model as an executor", ("HSET", keys.served_key("x"), "identity", "{}")),
     ("gateway", "flush Redis", ("FLUSHALL",)),
     ("gateway", "reconfigure Redis", ("CONFIG", "SET", "dir", "/tmp")),
     ("executor", "add an API key", ("HSET", keys.tenants_key(), "f" * 64, "mallory")),
     ("executor", "read the API keys", ("HGETALL", keys.tenants_key())),
     ("executor", "deploy a version", ("HSET", keys.model_versions_key("identity"), "9", "{}")),
     ("executor", "announce a ZeroCopy region", ("HSET", keys.shm_key("zc-x-1"), "name", "/etc")),
+    (
+        "executor",
+        "point a model at another artifact",
+        ("HSET", keys.model_key("identity"), "artifact", "evil"),
+    ),
+    ("executor", "unload a model", ("HSET", keys.model_unloaded_key("identity"), "reason", "x")),
     ("scheduler", "add an API key", ("HSET", keys.tenants_key(), "f" * 64, "mallory")),
     ("scheduler", "publish a model", ("HSET", keys.model_key("identity"), "status", "READY")),
     ("scheduler", "lift a rate limit", ("HDEL", keys.qos_limits_key(), "*:3")),
@@ -261,6 +273,9 @@ def test_each_services_redis_user_cannot_do_what_it_must_not(local: Any) -> None
     assert done == []
     assert {k: admin.hgetall(k) for k in before} == before
     assert admin.hlen(keys.model_versions_key("identity")) == 0 and not admin.exists(keys.shm_key("zc-x-1"))
+    assert not admin.exists(
+        keys.model_key("identity"), keys.model_unloaded_key("identity"), keys.served_key("x")
+    )
 
 
 def test_each_services_redis_user_can_do_what_its_service_needs(local: Any) -> None:
@@ -273,7 +288,8 @@ def test_each_services_redis_user_can_do_what_its_service_needs(local: Any) -> N
     assert users == {role: role for role in redis_acl.SERVICE_ROLES}  # each service as its own user
     gateway, executor, qos = _as(local, "gateway"), _as(local, "executor"), _as(local, "qos")
     assert isinstance(gateway.hgetall(keys.tenants_key()), dict)  # API keys, read
-    assert gateway.hgetall(keys.model_key("identity"))["status"] == "READY"
+    advertised = [gateway.hgetall(k) for k in gateway.scan_iter(keys.served_key("*"))]  # executors'
+    assert any("identity" in a for a in advertised)
     assert next(iter(gateway.scan_iter(keys.svc_pattern("scheduler"))))
     gateway.hset(keys.shm_key("zc-acl-test"), "name", "x")  # ZeroCopy regions
     assert executor.hgetall(keys.shm_key("zc-acl-test")) == {"name": "x"}

@@ -11,6 +11,7 @@ priority-2 request was shed as overload (429) and priority 1 as hopeless, for go
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -114,7 +115,12 @@ def slow_stack(stack_factory: Any) -> Iterator[tuple[Any, SlowFirstExecutor]]:
         outputs=(TensorSpec("OUTPUT0", "FP32", (-1,)),),
     )
     r = stack.redis()
-    r.hset(keys.model_key(MODEL), mapping={"spec": spec.to_json(), "status": "READY"})
+    # its advertisement (READY with the spec it serves), as an executor's beat writes it
+    r.hset(
+        keys.served_key("slowfirst-ex"),
+        MODEL,
+        json.dumps({"artifact": "", "version": "1", "spec": spec.to_json()}),
+    )
     # its registry record, as an executor's beat writes it (no TTL: the module's stack ends with it)
     r.hset(keys.svc_key("executor", "slowfirst-ex"), mapping={"device": "cpu", "models": f'["{MODEL}"]'})
     r.close()

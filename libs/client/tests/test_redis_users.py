@@ -24,8 +24,11 @@ WRITERS = {
     keys.svc_key("executor", "e1"): {"executor"},
     keys.svc_key("compiler", "c1"): {"compiler"},
     keys.svc_key("qos", "q1"): {"qos"},
-    keys.model_key("m"): {"gateway", "executor"},
+    keys.model_key("m"): set(),  # deployments: the operator's tools only
     keys.model_versions_key("m"): set(),
+    keys.model_unloaded_key("m"): {"gateway"},  # the repository API's unload
+    keys.served_key("e1"): {"executor"},  # what an executor serves
+    keys.gateway_stats_key("g1"): {"gateway"},
     keys.shm_key("zc-1-1"): {"gateway"},
     keys.artifact_key("a1"): {"compiler"},
     keys.profile_key("m", "cpu"): {"scheduler"},
@@ -40,7 +43,10 @@ READERS = {
     keys.qos_limits_key(): {"gateway", "qos"},
     keys.qos_base_key(): {"qos"},
     keys.slo_key(): {"scheduler", "qos"},
+    keys.model_key("m"): {"gateway", "executor"},
     keys.model_versions_key("m"): {"gateway"},
+    keys.model_unloaded_key("m"): {"gateway", "scheduler", "executor"},
+    keys.served_key("e1"): {"gateway", "executor"},
     keys.shm_key("zc-1-1"): {"gateway", "executor"},
     keys.svc_key("scheduler", "s1"): set(redis_acl.SERVICE_ROLES),
 }
@@ -121,3 +127,52 @@ def test_a_wrong_password_or_no_password_gets_nothing(server: tuple[str, Path]) 
         with pytest.raises((redis.AuthenticationError, redis.exceptions.ResponseError)):
             client.hgetall(keys.tenants_key())
         client.close()
+
+
+def test_each_service_does_its_part_of_a_deployment_and_no_more(server: tuple[str, Path]) -> None:
+    """The deployment functions (anvil_core.deployments) under each service's own user: the operator
+    deploys, an executor advertises what it serves, the gateway unloads and loads, the scheduler
+    reads the marks; an executor or a gateway that tries to rewrite the deployment is refused."""
+    import asyncio
+    import json
+
+    from anvil_core import deployments as dep
+    from anvil_core.redis_conn import async_redis
+
+    url, secrets_dir = server
+    spec = {"name": "d", "max_batch": 1, "inputs": [], "outputs": []}
+
+    async def scenario() -> None:
+        users = {
+            role: async_redis(url, load_redis_auth(secrets_dir=secrets_dir, role=role))
+            for role in redis_acl.ROLES
+        }
+        admin, gateway, executor, scheduler = (users[r] for r in (ADMIN, "gateway", "executor", "scheduler"))
+        try:
+            assert await dep.deploy(admin, "d", "art1", spec) == "1"
+            served = json.dumps(dict(spec, version="1"))
+            await dep.publish_served(executor, "e7", {"d": ("art1", "1", served)}, 10_000)
+            assert (await dep.read(gateway, "d")).status == dep.READY
+            assert await dep.unload(gateway, "d") == "unloaded d"
+            assert "d" in await dep.unloaded(scheduler)
+            assert (await dep.read(executor, "d", with_versions=False)).status == dep.UNLOADED
+            assert await dep.load(gateway, "d") == "loading d version 1"
+            assert (await dep.read(gateway, "d")).status == dep.READY
+            for who, attempt in (
+                ("executor", lambda: executor.hset(keys.model_key("d"), "artifact", "evil")),
+                ("executor", lambda: dep.unload(executor, "d")),
+                ("gateway", lambda: gateway.hset(keys.model_key("d"), "artifact", "evil")),
+                ("gateway", lambda: dep.deploy(gateway, "d", "evil", spec)),
+                ("gateway", lambda: dep.publish_served(gateway, "e7", {"d": ("evil", "1", served)}, 10_000)),
+                ("scheduler", lambda: dep.unload(scheduler, "d")),
+            ):
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    await attempt()
+                assert (await dep.read(admin, "d")).artifact == "art1", who
+            assert await dep.undeploy(admin, "d") == "undeployed d"
+            await dep.withdraw_served(executor, "e7")
+        finally:
+            for client in users.values():
+                await client.aclose()
+
+    asyncio.run(scenario())

@@ -39,24 +39,41 @@ def test_versions_count_up_and_the_served_one_is_replaced_whole(redis_url: str) 
         run(redis_url, lambda r: dep.deploy(r, "m", "a5", SPEC, version="a/b"))
 
 
-def test_publish_served_cannot_overwrite_an_undeploy_or_a_newer_artifact(redis_url: str) -> None:
+def _advertise(redis_url: str, executor: str, models: dict[str, tuple[str, str, str]]) -> None:
+    run(redis_url, lambda r: dep.publish_served(r, executor, models, 10_000))
+
+
+def test_ready_means_a_live_executor_serves_the_deployed_artifact(redis_url: str) -> None:
+    """READY is derived from the executors' own advertisements, never written into the record: an
+    executor late with the old artifact, or serving a model that was undeployed, changes nothing."""
     run(redis_url, lambda r: dep.deploy(r, "m", "a1", SPEC))
-    served = json.dumps(dict(SPEC, version="1"))
-    assert run(redis_url, lambda r: dep.publish_served(r, "m", "a1", served, "1"))
-    assert run(redis_url, lambda r: dep.read(r, "m")).status == dep.READY
+    served = json.dumps(dict(SPEC, version="1", inputs=["served"]))
+    _advertise(redis_url, "e1", {"m": ("a1", "1", served)})
+    d = run(redis_url, lambda r: dep.read(r, "m"))
+    assert (d.status, d.spec, d.served_by) == (dep.READY, served, ("e1",))  # the spec it serves
     run(redis_url, lambda r: dep.deploy(r, "m", "a2", SPEC))  # a new version while a1 serves
-    assert not run(redis_url, lambda r: dep.publish_served(r, "m", "a1", served, "1"))  # a1's late beat
-    assert run(redis_url, lambda r: dep.read(r, "m")).status == dep.COMPILED
+    _advertise(redis_url, "e1", {"m": ("a1", "1", served)})  # a1's late beat
+    d = run(redis_url, lambda r: dep.read(r, "m"))
+    assert (d.status, d.artifact, d.version) == (dep.COMPILED, "a2", "2")
+    _advertise(redis_url, "e2", {"m": ("a2", "2", served)})
+    assert run(redis_url, lambda r: dep.read(r, "m")).served_by == ("e2",)
     run(redis_url, lambda r: dep.undeploy(r, "m"))
-    assert not run(redis_url, lambda r: dep.publish_served(r, "m", "a2", served, "2"))
-    assert run(redis_url, lambda r: dep.read(r, "m")).status == dep.UNLOADED
+    assert run(redis_url, lambda r: dep.read(r, "m")).status == dep.UNLOADED  # e2 still advertises it
+    assert run(redis_url, lambda r: r.hgetall(keys.model_key("m"))) == {}
+    _advertise(redis_url, "e1", {})  # an executor that serves nothing advertises nothing
+    assert run(redis_url, lambda r: r.exists(keys.served_key("e1"))) == 0
+    run(redis_url, lambda r: dep.withdraw_served(r, "e2"))
 
 
-def test_a_record_lost_with_redis_is_recreated_by_the_executor_that_serves_it(redis_url: str) -> None:
+def test_an_advertisement_lives_as_long_as_its_executor_beats(redis_url: str) -> None:
     served = json.dumps(dict(SPEC, version="4"))
-    assert run(redis_url, lambda r: dep.publish_served(r, "m", "a9", served, "4"))  # no record at all
+    _advertise(redis_url, "e9", {"m": ("a9", "4", served)})  # no record at all: a Redis restart
     d = run(redis_url, lambda r: dep.read(r, "m"))
     assert (d.status, d.artifact, d.version) == (dep.READY, "a9", "4")
+    ttl = run(redis_url, lambda r: r.pttl(keys.served_key("e9")))
+    assert 0 < ttl <= 10_000  # gone with the executor that stops beating
+    run(redis_url, lambda r: dep.withdraw_served(r, "e9"))
+    assert run(redis_url, lambda r: dep.read(r, "m")) is None
 
 
 def test_undeploy_one_version_serves_the_highest_left_then_the_whole_model(redis_url: str) -> None:
@@ -76,7 +93,9 @@ def test_undeploy_one_version_serves_the_highest_left_then_the_whole_model(redis
         run(redis_url, lambda r: dep.undeploy(r, "m"))
 
 
-def test_unload_keeps_the_repository_and_load_serves_the_newest_again(redis_url: str) -> None:
+def test_unload_keeps_the_record_and_repository_and_load_serves_the_deployed_version_again(
+    redis_url: str,
+) -> None:
     run(redis_url, lambda r: dep.deploy(r, "m", "a1", SPEC))
     run(redis_url, lambda r: dep.deploy(r, "m", "a2", SPEC))
     run(redis_url, lambda r: dep.unload(r, "m"))
@@ -97,15 +116,16 @@ def test_unload_keeps_the_repository_and_load_serves_the_newest_again(redis_url:
 
 def test_a_built_in_model_is_unloaded_by_a_mark_and_loaded_by_removing_it(redis_url: str) -> None:
     served = json.dumps({"name": "mlp", "version": "1", "inputs": [], "outputs": []})
-    run(redis_url, lambda r: dep.publish_served(r, "mlp", "", served, "1"))  # an executor's beat
+    _advertise(redis_url, "e1", {"mlp": ("", "1", served)})  # an executor's beat
     run(redis_url, lambda r: dep.unload(r, "mlp"))
-    assert not run(redis_url, lambda r: dep.publish_served(r, "mlp", "", served, "1"))
+    assert run(redis_url, lambda r: dep.read(r, "mlp")).status == dep.UNLOADED  # whatever e1 says
     assert run(redis_url, lambda r: dep.index(r)) == [
         {"name": "mlp", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
     ]
     assert "built-in" in run(redis_url, lambda r: dep.load(r, "mlp"))
-    assert run(redis_url, lambda r: dep.read(r, "mlp")) is None  # the executors' beats re-create it
-    assert run(redis_url, lambda r: dep.publish_served(r, "mlp", "", served, "1"))
+    assert run(redis_url, lambda r: dep.read(r, "mlp")).status == dep.READY
+    assert run(redis_url, lambda r: r.exists(keys.model_key("mlp"), keys.model_unloaded_key("mlp"))) == 0
+    run(redis_url, lambda r: dep.withdraw_served(r, "e1"))
 
 
 @pytest.mark.parametrize(

@@ -220,12 +220,12 @@ def test_deployed_model_is_ready_only_after_warm_up(executor: tuple[Any, Any], r
     beat = r.hget(record, "beat_at")
     _wait(lambda: r.hget(record, "beat_at") != beat, "a second beat during warm-up")
     assert "slow" not in advertised() and "slow" not in ex.models
-    assert r.hget(keys.model_key("slow"), "status") == "COMPILED"
+    assert r.hget(keys.served_key("ex-warm"), "slow") is None  # not advertised as served
     assert _metric("slow") is None or not slow.calls  # no warm-up figure before it ran
 
     t_open = time.perf_counter()
     slow.gate.set()
-    _wait(lambda: "slow" in advertised() and r.hget(keys.model_key("slow"), "status") == "READY", "READY")
+    _wait(lambda: "slow" in advertised() and r.hget(keys.served_key("ex-warm"), "slow"), "READY")
     # every bucket the scheduler can send (1..4) had run when the model was advertised
     assert {n for n, _ in slow.calls} == {1, 2, 3, 4} and slow.cold == [1, 2, 3, 4]
     warm_s = _metric("slow")

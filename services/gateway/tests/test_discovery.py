@@ -1,8 +1,11 @@
-"""What the gateway takes from the registry about models: only what an executor publishes (READY)."""
+"""What the gateway takes from the registry about models: only what an executor advertises (READY),
+with the spec that executor serves; a deployment record alone (COMPILED, the plan's spec) is not
+served yet."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import redis
 
@@ -17,6 +20,19 @@ PLAN = ModelSpec(
 TEXT = ModelSpec(
     "enc", inputs=(TensorSpec("TEXT", "BYTES", ()),), outputs=(TensorSpec("EMBEDDING", "FP32", (4,)),)
 )
+SERVED = keys.served_key("e1")  # executor e1's advertisement
+
+
+def _deploy(r: redis.Redis, artifact: str) -> None:
+    """`anvil deploy`'s record: the plan's spec, COMPILED."""
+    r.hset(
+        keys.model_key("enc"), mapping={"spec": PLAN.to_json(), "status": "COMPILED", "artifact": artifact}
+    )
+
+
+def _advertise(r: redis.Redis, artifact: str) -> None:
+    """Executor e1's beat once it serves `artifact`, warm: the spec it serves."""
+    r.hset(SERVED, "enc", json.dumps({"artifact": artifact, "version": "1", "spec": TEXT.to_json()}))
 
 
 def test_a_deployed_model_is_known_once_an_executor_serves_it_and_stays_known_while_it_reloads(
@@ -28,22 +44,25 @@ def test_a_deployed_model_is_known_once_an_executor_serves_it_and_stays_known_wh
     async def run() -> None:
         d = Discovery(Registry(redis_server, "gateway", "g1", 3.0, 1.0), 0.25, lambda _: None)
         try:
-            r.hset(key, mapping={"spec": PLAN.to_json(), "status": "COMPILED"})  # `anvil deploy`
+            _deploy(r, "a1")  # `anvil deploy`
             await d.refresh()
             assert "enc" not in d.models  # compiled is not served: no spec of token ids to check against
             assert not await d._served_spec("enc")
-            r.hset(key, mapping={"spec": TEXT.to_json(), "status": "READY"})  # the executor, warm
+            _advertise(r, "a1")  # the executor, warm
             assert await d._served_spec("enc") and d.models["enc"] == TEXT  # taken at once by "ready"
-            r.hset(key, mapping={"spec": PLAN.to_json(), "status": "COMPILED"})  # a new version deployed
+            _deploy(r, "a2")  # a new version deployed
             await d.refresh()
             assert d.models["enc"] == TEXT and await d._served_spec("enc")  # the old one still answers
+            r.hset(keys.model_unloaded_key("enc"), "reason", "unloaded")  # the repository API's unload
+            await d.refresh()
+            assert "enc" not in d.models and not await d._served_spec("enc")
         finally:
             await d.registry.redis.aclose()
 
     try:
         asyncio.run(run())
     finally:
-        r.delete(key)
+        r.delete(key, SERVED, keys.model_unloaded_key("enc"))
         r.close()
 
 
@@ -61,10 +80,10 @@ def test_the_gateway_is_ready_only_once_it_can_route_every_model_the_scheduler_s
     async def run() -> None:
         d = Discovery(Registry(redis_server, "gateway", "g1", 3.0, 1.0), 0.25, lambda _: None)
         try:
-            r.hset(key, mapping={"spec": PLAN.to_json(), "status": "COMPILED"})
+            _deploy(r, "a1")
             ok, why = await d.ready()
             assert not ok and "not yet published" in why and "enc" not in d.models
-            r.hset(key, mapping={"spec": TEXT.to_json(), "status": "READY"})
+            _advertise(r, "a1")
             assert await d.ready() == (True, "") and d.models["enc"] == TEXT  # no refresh ran
         finally:
             await d.registry.redis.aclose()
@@ -72,7 +91,7 @@ def test_the_gateway_is_ready_only_once_it_can_route_every_model_the_scheduler_s
     try:
         asyncio.run(run())
     finally:
-        r.delete(key, *svc)
+        r.delete(key, SERVED, *svc)
         r.close()
 
 
@@ -98,7 +117,7 @@ def test_a_model_served_since_the_last_refresh_is_learned_at_its_first_request(r
             await d.refresh()
             assert "enc" not in d.models
             assert not await d.learn("enc") and reads == 1
-            r.hset(key, mapping={"spec": TEXT.to_json(), "status": "READY"})
+            _advertise(r, "")  # a built-in: no deployment record
             assert not await d.learn("enc") and reads == 1  # asked a moment ago: not again this interval
             d._misses.clear()  # the interval has passed
             assert await d.learn("enc") and d.models["enc"] == TEXT and reads == 2
@@ -109,5 +128,5 @@ def test_a_model_served_since_the_last_refresh_is_learned_at_its_first_request(r
     try:
         asyncio.run(run())
     finally:
-        r.delete(key)
+        r.delete(key, SERVED, keys.model_unloaded_key("enc"))
         r.close()

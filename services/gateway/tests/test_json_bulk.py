@@ -1,15 +1,17 @@
 """Large bodies parsed in steps (json_bulk) give what the one-piece parse gives: the same tensors,
-or a 400 for what the one-piece parse refuses."""
+or a 400 for what the one-piece parse refuses; on a parse thread (`bulk=True`) or as the event
+loop's steps (`json_document_steps`, then `parse_request(..., doc=)`)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 
 from anvil_gateway import json_bulk
-from anvil_gateway.kserve import BadRequest, parse_request
+from anvil_gateway.kserve import BadRequest, ParsedRequest, json_document_steps, parse_request
 
 N = 40_000  # ~0.4-0.8 MB of number text: several steps, each over MIN_SPAN_BYTES
 
@@ -24,9 +26,17 @@ def _doc(data: object, datatype: str = "FP32", shape: list[int] | None = None, *
     return json.dumps({"id": "a", "inputs": [tensor], **extra}).encode()
 
 
+def _loop_steps(body: bytes) -> ParsedRequest:
+    """The event loop's way: the JSON parsed and converted by steps, then the request checked."""
+    return parse_request(body, None, None, doc=json_bulk.drain(json_document_steps(body)))
+
+
 def _both(body: bytes) -> tuple[np.ndarray, np.ndarray]:
     plain = parse_request(body, None, None).inputs[0].data
     stepped = parse_request(body, None, None, bulk=True).inputs[0].data
+    on_loop = _loop_steps(body).inputs[0].data
+    assert on_loop.dtype == stepped.dtype and on_loop.shape == stepped.shape
+    np.testing.assert_array_equal(on_loop, stepped)
     return plain, stepped
 
 
@@ -79,17 +89,27 @@ def test_malformed_arrays_are_refused(mutate: object, says: str) -> None:
         parse_request(body, None, None)
     with pytest.raises(BadRequest, match=says):
         parse_request(body, None, None, bulk=True)
+    with pytest.raises(BadRequest, match=says):
+        _loop_steps(body)
 
 
-def test_wrong_counts_and_types_name_the_constraint() -> None:
+@pytest.mark.parametrize("parse", [lambda b: parse_request(b, None, None, bulk=True), _loop_steps])
+def test_wrong_counts_and_types_name_the_constraint(parse: object) -> None:
+    p: Any = parse
     with pytest.raises(BadRequest, match="more than 100 values given"):
-        parse_request(_doc(list(range(N)), "INT32", [100]), None, None, bulk=True)
+        p(_doc(list(range(N)), "INT32", [100]))
     with pytest.raises(BadRequest, match=f"{N} values given, shape \\[{N + 1}\\]"):
-        parse_request(_doc(list(range(N)), "INT32", [N + 1]), None, None, bulk=True)
+        p(_doc(list(range(N)), "INT32", [N + 1]))
     with pytest.raises(BadRequest, match="BYTES data must be strings"):
-        parse_request(_doc(list(range(N)), "BYTES"), None, None, bulk=True)
+        p(_doc(list(range(N)), "BYTES"))
     with pytest.raises(BadRequest, match="within INT8's range"):
-        parse_request(_doc([1000] * N, "INT8"), None, None, bulk=True)
+        p(_doc([1000] * N, "INT8"))
+    with pytest.raises(BadRequest, match="datatype must be one of"):
+        p(_doc(list(range(N)), "INT33"))
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        p(b'{"inputs": [' + b"1, " * N + b"}")
+    with pytest.raises(BadRequest, match="must be a JSON object"):
+        p(b"[" + b"1, " * N + b"1]")
 
 
 def test_a_string_that_looks_like_a_data_key_stays_a_string() -> None:

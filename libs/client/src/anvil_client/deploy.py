@@ -37,7 +37,7 @@ from typing import Any, cast
 
 import httpx
 
-from anvil_client.stack_redis import compiler_key, open_redis, redis_target
+from anvil_client.stack_redis import compiler_key, redis_target
 from anvil_core import keys
 from anvil_core.registry import connect_redis
 
@@ -423,28 +423,33 @@ def cmd_models(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    r: Any = open_redis(args.redis_url, decode_responses=True)
+    from anvil_core import deployments
+
+    async def read() -> dict[str, deployments.Deployment]:
+        redis = connect_redis(*redis_target(args.redis_url))
+        try:
+            return await deployments.snapshot(redis)
+        finally:
+            await redis.aclose()
+
     table = Table("model", "version", "status", "artifact", "placement", "versions", "inputs")
-    try:
-        for key in sorted(r.scan_iter(keys.model_key("*"))):
-            doc = r.hgetall(key)
-            name = key.removeprefix(keys.model_key(""))
-            spec = json.loads(doc.get("spec", "{}") or "{}")
-            ins = ", ".join(f"{t['name']}{t['dims']}" for t in spec.get("inputs", []))
-            status = doc.get("status", "?")
-            if status == "UNLOADED" and doc.get("reason"):
-                status += f" ({doc['reason']})"
-            versions = sorted(r.hkeys(keys.model_versions_key(name)), key=lambda v: (len(v), v))
-            table.add_row(
-                name,
-                doc.get("version") or str(spec.get("version", "-")),
-                status,
-                doc.get("artifact") or "-",
-                doc.get("placement") if doc.get("placement") not in (None, "", "{}") else "all",
-                ", ".join(versions) or "-",
-                ins,
-            )
-    finally:
-        r.close()
+    for name, dep in asyncio.run(read()).items():
+        try:
+            spec = json.loads(dep.spec or "{}")
+        except json.JSONDecodeError:
+            spec = {}
+        ins = ", ".join(f"{t['name']}{t['dims']}" for t in spec.get("inputs", []) if isinstance(t, dict))
+        status = dep.status or "-"
+        if dep.status == deployments.UNLOADED and dep.reason:
+            status += f" ({dep.reason})"
+        table.add_row(
+            name,
+            dep.version or "-",
+            status,
+            dep.artifact or "-",
+            json.dumps(dep.placement) if dep.placement else "all",
+            ", ".join(dep.versions) or "-",
+            ins,
+        )
     Console().print(table)
     return 0

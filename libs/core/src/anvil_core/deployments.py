@@ -2,28 +2,35 @@
 `anvil deploy` / `anvil undeploy`, the KServe repository API (load, unload, index) and what
 executors advertise.
 
-Keys (``anvil_core.keys``):
+Keys (``anvil_core.keys``), each written by one kind of writer only (the Redis users of
+``anvil_core.redis_acl`` enforce it):
 
-* ``anvil:model:{name}`` (hash), the served version: ``spec`` (ModelSpec JSON), ``status``,
-  ``version``, ``artifact``, ``artifact_dir``, ``placement`` (JSON, see ``placement_allows``),
-  ``reason`` (why UNLOADED), ``ts``.
-* ``anvil:versions:{name}`` (hash), the model's repository: version -> JSON {artifact,
+* ``anvil:model:{name}`` (hash), the deployed version, written by the operator's tools (`anvil
+  deploy` / `undeploy`, the admin user) only: ``spec`` (the plan's ModelSpec JSON), ``status``
+  (COMPILED), ``version``, ``artifact``, ``artifact_dir``, ``placement`` (JSON, see
+  ``placement_allows``), ``ts``.
+* ``anvil:versions:{name}`` (hash), the model's repository, same writers: version -> JSON {artifact,
   artifact_dir, spec, placement, deployed_at}. Only deployed artifacts have one; built-in models
-  (loaded by executors from their settings) have none.
+  (loaded by executors from their settings) have neither key.
+* ``anvil:unloaded:{name}`` (hash {reason, ts}): nothing may serve the model while it exists.
+  Written by `anvil undeploy` and the gateway (the repository API's unload; load deletes it).
+* ``anvil:served:{executor}`` (hash), what one executor serves, warm: model -> JSON {artifact,
+  version, spec}. Rewritten whole by that executor at every beat with its registry TTL
+  (``publish_served``), so it goes with the executor.
 
-``status`` is one of:
+A model's state is derived by the readers (``read``, ``snapshot``), never written:
 
-* ``COMPILED``: a version was deployed (or loaded again); executors that place it load it, warm it
-  up, and switch to it. Until then the version they served before keeps answering.
-* ``READY``: an executor serves the record's artifact, warm (written by ``publish_served``).
-* ``UNLOADED``: nothing may serve the model: executors unload it and stop advertising it, the
+* ``UNLOADED``: ``anvil:unloaded:{name}`` exists. Executors unload it and stop advertising it, the
   scheduler answers what is queued for it, the gateway forgets it (404). ``undeploy`` also drops
-  the repository; ``unload`` keeps it, so ``load`` brings it back.
+  the record and the repository; ``unload`` keeps them, so ``load`` brings the model back.
+* ``READY``: a live executor advertises the record's artifact (a built-in, or a record lost with a
+  Redis restart: any artifact), warm; its advertised spec is the one the gateway serves.
+* ``COMPILED``: a version is deployed and no executor serves its artifact yet: executors that place
+  it load it, warm it up, and switch to it; until then the version they served before answers.
 
-An executor publishes READY only through ``publish_served``, a script that checks the record in
-the same step: a beat of an executor that has not yet seen an undeploy or a redeploy cannot
-overwrite it. A record that vanished altogether (a Redis restart) is re-created by the executors'
-next beats, so models keep serving across a Redis restart.
+So an executor cannot change what is deployed (it writes only its own advertisement), and the
+gateway cannot point a model at another artifact (it may only mark it unloaded or lift the mark).
+Models keep serving across a Redis restart: the executors' next beats advertise them again.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import fnmatch
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from anvil_core import keys
@@ -43,6 +50,7 @@ __all__ = [
     "UNLOADED",
     "Deployment",
     "RepositoryError",
+    "Served",
     "deploy",
     "index",
     "load",
@@ -50,25 +58,15 @@ __all__ = [
     "placement_allows",
     "publish_served",
     "read",
+    "served",
+    "snapshot",
     "undeploy",
     "unload",
+    "unloaded",
+    "withdraw_served",
 ]
 
 COMPILED, READY, UNLOADED = "COMPILED", "READY", "UNLOADED"
-
-# KEYS[1] model key. ARGV: artifact served ("" for a built-in), spec JSON, version.
-# Returns 1 if published, 0 if the record says another artifact or UNLOADED.
-_PUBLISH = """
-local st = redis.call('HGET', KEYS[1], 'status')
-if st == 'UNLOADED' then return 0 end
-local art = redis.call('HGET', KEYS[1], 'artifact') or ''
-if art ~= '' and art ~= ARGV[1] then return 0 end
-if art == '' and ARGV[1] ~= '' then
-  redis.call('HSET', KEYS[1], 'artifact', ARGV[1], 'version', ARGV[3])
-end
-redis.call('HSET', KEYS[1], 'spec', ARGV[2], 'status', 'READY')
-return 1
-"""
 
 
 class RepositoryError(LookupError):
@@ -76,16 +74,28 @@ class RepositoryError(LookupError):
 
 
 @dataclass(frozen=True)
+class Served:
+    """One executor's advertisement of one model (``anvil:served:{executor}``)."""
+
+    executor: str
+    artifact: str  # "" for a built-in
+    version: str
+    spec: str  # the ModelSpec JSON it serves
+
+
+@dataclass(frozen=True)
 class Deployment:
-    """The served version of a model as the registry holds it (``read``)."""
+    """A model as the registry holds it (``read``, ``snapshot``)."""
 
     name: str
-    status: str  # COMPILED | READY | UNLOADED | "" (a record without status)
+    status: str  # COMPILED | READY | UNLOADED | "" (only a repository is left)
     version: str
-    artifact: str  # "" for a built-in model
+    artifact: str  # "" for a built-in
     placement: dict[str, list[str]]  # {} = every executor
     reason: str
     versions: tuple[str, ...]  # the repository, oldest first ("" entries excluded)
+    spec: str = ""  # READY: the spec an executor serves; else the record's (the plan's); "" none
+    served_by: tuple[str, ...] = field(default=())  # executors advertising the served artifact
 
 
 def parse_placement(raw: str | None) -> dict[str, list[str]]:
@@ -130,27 +140,111 @@ async def _versions(redis: Any, name: str) -> dict[str, dict[str, Any]]:
     return dict(sorted(out.items(), key=lambda kv: _version_key(kv[0])))
 
 
-async def read(redis: Any, name: str) -> Deployment | None:
-    """The model's record and repository, or None if the registry knows neither."""
-    doc = {_text(k): _text(v) for k, v in (await redis.hgetall(keys.model_key(name))).items()}
-    versions = await _versions(redis, name)
-    if not doc and not versions:
+async def served(redis: Any) -> dict[str, list[Served]]:
+    """Every live executor's advertisements, by model (executors in id order)."""
+    out: dict[str, list[Served]] = {}
+    prefix = keys.served_key("")
+    found = [_text(k) async for k in redis.scan_iter(match=keys.served_key("*"), count=200)]
+    for key in sorted(found):
+        for name, raw in (await redis.hgetall(key)).items():
+            try:
+                doc = json.loads(_text(raw))
+                entry = Served(
+                    key.removeprefix(prefix), str(doc["artifact"]), str(doc["version"]), str(doc["spec"])
+                )
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+            out.setdefault(_text(name), []).append(entry)
+    return out
+
+
+async def unloaded(redis: Any) -> dict[str, str]:
+    """Every model marked unloaded -> why ("unloaded", "undeployed")."""
+    out: dict[str, str] = {}
+    prefix = keys.model_unloaded_key("")
+    async for key in redis.scan_iter(match=keys.model_unloaded_key("*"), count=200):
+        out[_text(key).removeprefix(prefix)] = _text(await redis.hget(key, "reason")) or "unloaded"
+    return out
+
+
+async def _record(redis: Any, name: str) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in (await redis.hgetall(keys.model_key(name))).items()}
+
+
+def _derive(
+    name: str,
+    doc: Mapping[str, str],
+    hold: str | None,
+    advertised: list[Served],
+    versions: tuple[str, ...],
+) -> Deployment | None:
+    """The model's state from its record, unload mark, advertisements and repository."""
+    if not doc and hold is None and not advertised and not versions:
         return None
-    version = doc.get("version", "")
-    if not version and doc.get("spec"):
+    version, artifact, spec = doc.get("version", ""), doc.get("artifact", ""), doc.get("spec", "")
+    if not version and spec:
         try:
-            version = str(json.loads(doc["spec"]).get("version", ""))
+            version = str(json.loads(spec).get("version", ""))
         except (json.JSONDecodeError, AttributeError):
             version = ""
+    serving = [s for s in advertised if not doc or not artifact or s.artifact == artifact]
+    if hold is not None:
+        status, reason = UNLOADED, hold
+        if not version:  # a built-in's: what the executors served; else the newest in the repository
+            version = advertised[0].version if advertised else (versions[-1] if versions else "")
+    elif serving:
+        status, reason, spec = READY, "", serving[0].spec
+        if not doc:  # a built-in, or a record lost with Redis: what the executors serve
+            artifact, version = serving[0].artifact, serving[0].version
+    elif doc:
+        status, reason = COMPILED, ""
+    else:
+        status, reason = "", ""
     return Deployment(
         name,
-        doc.get("status", ""),
+        status,
         version,
-        doc.get("artifact", ""),
+        artifact,
         parse_placement(doc.get("placement")),
-        doc.get("reason", ""),
-        tuple(versions),
+        reason,
+        versions,
+        spec,
+        tuple(s.executor for s in serving) if hold is None else (),
     )
+
+
+async def read(redis: Any, name: str, with_versions: bool = True) -> Deployment | None:
+    """The model's state, or None if the registry knows nothing of it (its repository left out
+    unless `with_versions`: the executors' Redis user may not read it)."""
+    doc = await _record(redis, name)
+    mark = {_text(k): _text(v) for k, v in (await redis.hgetall(keys.model_unloaded_key(name))).items()}
+    hold = (mark.get("reason") or "unloaded") if mark else None
+    versions = tuple(await _versions(redis, name)) if with_versions else ()
+    return _derive(name, doc, hold, (await served(redis)).get(name, []), versions)
+
+
+async def snapshot(redis: Any, with_versions: bool = True) -> dict[str, Deployment]:
+    """Every model the registry knows (a record, an unload mark, an executor's advertisement or,
+    `with_versions`, a repository), by name."""
+    records: dict[str, dict[str, str]] = {}
+    async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
+        name = _text(key).removeprefix(keys.model_key(""))
+        records[name] = await _record(redis, name)
+    holds = await unloaded(redis)
+    advertised = await served(redis)
+    repos: dict[str, tuple[str, ...]] = {}
+    if with_versions:
+        async for key in redis.scan_iter(match=keys.model_versions_key("*"), count=200):
+            name = _text(key).removeprefix(keys.model_versions_key(""))
+            repos[name] = tuple(await _versions(redis, name))
+    out: dict[str, Deployment] = {}
+    for name in sorted({*records, *holds, *advertised, *repos}):
+        found = _derive(
+            name, records.get(name, {}), holds.get(name), advertised.get(name, []), repos.get(name, ())
+        )
+        if found is not None:
+            out[name] = found
+    return out
 
 
 async def _event(redis: Any, event: str, name: str, **extra: Any) -> None:
@@ -165,7 +259,6 @@ def _served_mapping(version: str, entry: Mapping[str, Any]) -> dict[str, str]:
         "artifact": str(entry["artifact"]),
         "artifact_dir": str(entry.get("artifact_dir", "")),
         "placement": json.dumps(entry.get("placement") or {}),
-        "reason": "",
         "ts": f"{time.time():.3f}",
     }
 
@@ -196,21 +289,19 @@ async def deploy(
     }
     async with redis.pipeline(transaction=True) as pipe:
         pipe.hset(keys.model_versions_key(name), version, json.dumps(entry))
-        pipe.delete(keys.model_key(name))  # no field of a former version (or tombstone) survives
+        pipe.delete(keys.model_key(name))  # no field of a former version survives
         pipe.hset(keys.model_key(name), mapping=_served_mapping(version, entry))
+        pipe.delete(keys.model_unloaded_key(name))  # a deploy serves the model again
         await pipe.execute()
     await _event(redis, "model_deployed", name, artifact=artifact, version=version)
     return version
 
 
-async def _tombstone(redis: Any, name: str, reason: str, drop_repository: bool) -> None:
+async def _mark_unloaded(redis: Any, name: str, reason: str, drop_repository: bool) -> None:
     async with redis.pipeline(transaction=True) as pipe:
         if drop_repository:
             pipe.delete(keys.model_key(name), keys.model_versions_key(name))
-            pipe.hset(keys.model_key(name), mapping={"status": UNLOADED, "reason": reason})
-        else:
-            pipe.hset(keys.model_key(name), mapping={"status": UNLOADED, "reason": reason})
-        pipe.hset(keys.model_key(name), "ts", f"{time.time():.3f}")
+        pipe.hset(keys.model_unloaded_key(name), mapping={"reason": reason, "ts": f"{time.time():.3f}"})
         await pipe.execute()
     await _event(redis, "model_unloaded", name, reason=reason)
 
@@ -223,7 +314,7 @@ async def undeploy(redis: Any, name: str, version: str | None = None) -> str:
     if dep is None or (dep.status == UNLOADED and not dep.versions):
         raise RepositoryError(f"no model {name!r} is deployed")
     if version is None or (not dep.versions and version == dep.version):
-        await _tombstone(redis, name, "undeployed", drop_repository=True)
+        await _mark_unloaded(redis, name, "undeployed", drop_repository=True)
         return f"undeployed {name}"
     if version not in dep.versions:
         raise RepositoryError(f"model {name!r} has no version {version!r}; versions: {list(dep.versions)}")
@@ -232,7 +323,7 @@ async def undeploy(redis: Any, name: str, version: str | None = None) -> str:
         await redis.hdel(keys.model_versions_key(name), version)
         return f"removed version {version} of {name} (version {dep.version} still serves)"
     if not left:
-        await _tombstone(redis, name, "undeployed", drop_repository=True)
+        await _mark_unloaded(redis, name, "undeployed", drop_repository=True)
         return f"undeployed {name} (version {version} was its last)"
     entries = await _versions(redis, name)
     newest = left[-1]
@@ -246,73 +337,76 @@ async def undeploy(redis: Any, name: str, version: str | None = None) -> str:
 
 
 async def unload(redis: Any, name: str) -> str:
-    """KServe repository unload: nothing serves the model any more, its repository stays (``load``)."""
+    """KServe repository unload: nothing serves the model any more, its record and repository stay
+    (``load``). Writes only the unload mark (the gateway's Redis user may do this, nothing more)."""
     dep = await read(redis, name)
     if dep is None:
         raise RepositoryError(f"no model {name!r} in the repository")
     if dep.status != UNLOADED:
-        await _tombstone(redis, name, "unloaded", drop_repository=False)
+        await _mark_unloaded(redis, name, "unloaded", drop_repository=False)
     return f"unloaded {name}"
 
 
 async def load(redis: Any, name: str) -> str:
-    """KServe repository load: serve the model's newest version again (executors load it). A model
-    without a repository (a built-in) is released from its UNLOADED mark: the executors configured
-    with it load it again."""
+    """KServe repository load: lift the model's unload mark, so its deployed version is served again
+    (executors that place it load it), or, for a built-in, the executors configured with it load it
+    again. Deletes only the unload mark."""
     dep = await read(redis, name)
     if dep is None:
         raise RepositoryError(f"no model {name!r} in the repository")
-    if dep.versions:
-        newest = dep.versions[-1]
-        if dep.status != UNLOADED and dep.version == newest:
-            return f"{name} version {newest} is already loaded ({dep.status})"
-        entry = (await _versions(redis, name))[newest]
-        async with redis.pipeline(transaction=True) as pipe:
-            pipe.delete(keys.model_key(name))
-            pipe.hset(keys.model_key(name), mapping=_served_mapping(newest, entry))
-            await pipe.execute()
-        await _event(redis, "model_deployed", name, artifact=entry["artifact"], version=newest)
-        return f"loading {name} version {newest}"
-    if dep.status == UNLOADED:
-        await redis.delete(keys.model_key(name))
-        await _event(redis, "model_loaded", name)
+    if dep.status != UNLOADED:
+        return f"{name} version {dep.version} is already loaded ({dep.status})"
+    await redis.delete(keys.model_unloaded_key(name))
+    if dep.artifact:
+        await _event(redis, "model_deployed", name, artifact=dep.artifact, version=dep.version)
+        return f"loading {name} version {dep.version}"
+    await _event(redis, "model_loaded", name)
     return f"loading {name} (built-in: the executors configured with it serve it)"
 
 
-async def publish_served(redis: Any, name: str, artifact: str, spec_json: str, version: str) -> bool:
-    """An executor's advertisement of a warm model: READY with the spec it serves, unless the record
-    now names another artifact or UNLOADED (checked in the same step). Returns whether it published."""
-    done = await redis.eval(_PUBLISH, 1, keys.model_key(name), artifact, spec_json, version)
-    return bool(done)
+async def publish_served(
+    redis: Any, executor_id: str, models: Mapping[str, tuple[str, str, str]], ttl_ms: int
+) -> None:
+    """An executor's advertisement of what it serves, warm: model -> (artifact, "" for a built-in;
+    version; the spec JSON it serves). Replaces its former one whole, with `ttl_ms` (its registry
+    entry's): an executor that stops beating stops being advertised."""
+    key = keys.served_key(executor_id)
+    mapping = {
+        name: json.dumps({"artifact": artifact, "version": version, "spec": spec})
+        for name, (artifact, version, spec) in models.items()
+    }
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(key)
+        if mapping:
+            pipe.hset(key, mapping=mapping)
+            pipe.pexpire(key, ttl_ms)
+        await pipe.execute()
+
+
+async def withdraw_served(redis: Any, executor_id: str) -> None:
+    """An executor that stops: it advertises nothing."""
+    await redis.delete(keys.served_key(executor_id))
 
 
 async def index(redis: Any) -> list[dict[str, str]]:
     """Every model and version the registry knows, with its state as KServe's repository index
     names them: READY (served), LOADING (deployed, no executor serves it yet), UNAVAILABLE (unloaded,
     or a version that is not the served one), each with a reason when not READY."""
-    names: set[str] = set()
-    for pattern, prefix in (
-        (keys.model_key("*"), keys.model_key("")),
-        (keys.model_versions_key("*"), keys.model_versions_key("")),
-    ):
-        async for key in redis.scan_iter(match=pattern, count=200):
-            names.add(_text(key).removeprefix(prefix))
     out: list[dict[str, str]] = []
-    for name in sorted(names):
-        dep = await read(redis, name)
-        if dep is None:
-            continue
+    for name, dep in (await snapshot(redis)).items():
         state = {READY: "READY", COMPILED: "LOADING", UNLOADED: "UNAVAILABLE"}.get(dep.status, "UNAVAILABLE")
-        served = {"name": name, "version": dep.version, "state": state}
+        served_version = {"name": name, "version": dep.version, "state": state}
         if dep.status == UNLOADED:
-            served["reason"] = dep.reason or "unloaded"
+            served_version["reason"] = dep.reason or "unloaded"
         elif state == "LOADING":
-            served["reason"] = "no executor serves it yet"
+            served_version["reason"] = "no executor serves it yet"
+        elif state == "UNAVAILABLE":
+            served_version["reason"] = "no version is served"
         if dep.status == UNLOADED and not dep.version and dep.versions:
-            served["version"] = dep.versions[-1]
-        out.append(served)
+            served_version["version"] = dep.versions[-1]
+        out.append(served_version)
         for v in dep.versions:
-            if v != served["version"]:
+            if v != served_version["version"]:
                 out.append(
                     {"name": name, "version": v, "state": "UNAVAILABLE", "reason": "not the served version"}
                 )

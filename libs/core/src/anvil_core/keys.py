@@ -13,10 +13,12 @@ __all__ = [
     "gateway_stats_key",
     "gateway_stats_pattern",
     "model_key",
+    "model_unloaded_key",
     "model_versions_key",
     "profile_key",
     "qos_base_key",
     "qos_limits_key",
+    "served_key",
     "shm_key",
     "slo_key",
     "svc_key",
@@ -48,9 +50,24 @@ def gateway_stats_pattern() -> str:
 
 
 def model_key(name: str) -> str:
-    """Hash of one model's served version: spec (JSON), status (COMPILED, READY, UNLOADED), version,
-    artifact, placement (fields in ``anvil_core.deployments``)."""
+    """Hash of one model's deployed (served) version: spec (JSON, the plan's), status (COMPILED),
+    version, artifact, artifact_dir, placement (fields in ``anvil_core.deployments``). Written by the
+    operator's tools only (`anvil deploy` / `undeploy`); every service reads it."""
     return f"anvil:model:{name}"
+
+
+def model_unloaded_key(name: str) -> str:
+    """Hash {reason, ts}: the model is unloaded (the repository API's unload, `anvil undeploy`):
+    nothing may serve it while the key exists. Written by the operator's tools and the gateway
+    (the repository API's load deletes it); read by every service."""
+    return f"anvil:unloaded:{name}"
+
+
+def served_key(executor_id: str) -> str:
+    """Hash of what one executor serves, warm: model name -> JSON {artifact, version, spec} (the spec
+    it serves). Rewritten whole by that executor at every beat, with its registry entry's TTL, so it
+    disappears with the executor (``anvil_core.deployments.publish_served``)."""
+    return f"anvil:served:{executor_id}"
 
 
 def model_versions_key(name: str) -> str:

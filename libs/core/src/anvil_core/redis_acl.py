@@ -4,15 +4,17 @@ The key patterns come from ``anvil_core.keys`` (the one definition of every key)
 cannot be used by a service until its role here says so. A selector ``%R~`` grants reads only,
 ``~`` reads and writes (Redis >= 7.0 / Valkey: the embedded server and compose's image).
 
-- gateway: writes its registry entry, ZeroCopy regions (`shm`) and served records (`model`: the
-  repository API's load/unload); reads the registry, models, versions, limits and tenants (API keys).
-- scheduler: writes its registry entry, `slo` and `profile`; reads the registry and models.
-- executor: writes its registry entry and served records (`model`: READY, through the checked
-  script); reads the registry, models and regions (`shm`).
+- gateway: writes its registry entry, its statistics share, ZeroCopy regions (`shm`) and unload
+  marks (`unloaded`: the repository API's unload/load); reads the registry, deployments (`model`,
+  `versions`), the executors' advertisements (`served`), limits and tenants (API keys).
+- scheduler: writes its registry entry, `slo` and `profile`; reads the registry and unload marks.
+- executor: writes its registry entry and its advertisement (`served`: what it serves, warm);
+  reads the registry, deployments (`model`), unload marks and regions (`shm`).
 - compiler: writes its registry entry and `artifact` (manifests, locks); reads the registry and
   tenants (API keys, with ANVIL_REQUIRE_API_KEY).
 - qos: writes its registry entry and `qos:limits`; reads the registry, `slo` and `qos:base`.
-- admin (the CLI: deploy, tenants, qos, status): every `anvil:` key.
+- admin (the CLI: deploy, tenants, qos, status): every `anvil:` key; the only writer of deployments
+  (`model`, `versions`).
 
 Every role may publish on ``anvil:events`` (and subscribe: `anvil deploy --wait`); none may run
 administrative or dangerous commands (CONFIG, FLUSHALL, KEYS, ACL, DEBUG, ...). The `admin` role is
@@ -40,7 +42,7 @@ _REGISTRY = ("hset", "hgetall", "pexpire", "del", "scan", "publish")  # Registry
 _COMMANDS: Mapping[str, tuple[str, ...]] = {
     "gateway": ("hget", "hmget", "hexists", "set", "get"),  # set/get: its statistics share (gwstats)
     "scheduler": ("hget", "hmget"),
-    "executor": ("hget", "hmget", "exists", "eval", "evalsha"),
+    "executor": ("hget", "hmget", "exists"),
     "compiler": ("hget", "hexists", "set", "get", "exists"),
     "qos": ("hget", "hdel"),
 }
@@ -59,8 +61,10 @@ def _keys(role: str) -> tuple[str, ...]:
             read,
             f"~{keys.gateway_stats_pattern()}",  # each process's statistics share, the others' read
             f"~{keys.shm_key('*')}",
-            f"~{keys.model_key('*')}",
+            f"~{keys.model_unloaded_key('*')}",  # the repository API's unload/load
+            f"%R~{keys.model_key('*')}",
             f"%R~{keys.model_versions_key('*')}",
+            f"%R~{keys.served_key('*')}",
             f"%R~{keys.qos_limits_key()}",
             f"%R~{keys.tenants_key()}",
         )
@@ -70,13 +74,15 @@ def _keys(role: str) -> tuple[str, ...]:
             read,
             f"~{keys.slo_key()}",
             f"~{keys.profile_key('*', '*')}",
-            f"%R~{keys.model_key('*')}",
+            f"%R~{keys.model_unloaded_key('*')}",
         )
     if role == "executor":
         return (
             f"~{_own(role)}",
             read,
-            f"~{keys.model_key('*')}",
+            f"~{keys.served_key('*')}",  # its advertisement (anvil:served:{its id})
+            f"%R~{keys.model_key('*')}",
+            f"%R~{keys.model_unloaded_key('*')}",
             f"%R~{keys.shm_key('*')}",
         )
     if role == "compiler":

@@ -1,14 +1,16 @@
 """The executor's model-loading loop: follows the registry (``anvil_core.deployments``) at every beat.
 
-For each model record it decides, for this executor:
+For each model record and unload mark it decides, for this executor:
 
-* UNLOADED, or an artifact whose placement excludes this executor -> unload the model if served here;
+* unloaded (``anvil:unloaded:{name}``), or an artifact whose placement excludes this executor ->
+  unload the model if served here;
 * an artifact placed here that is not the one served -> load it on a loader thread, warm it up,
   then switch to it in one step (the version served before answers until then);
 * a built-in model of this executor's settings that is no longer served (it was unloaded, then
   loaded again) -> load it again.
 
-Then it advertises what it serves (``publish_served``: READY unless the record moved on).
+Then it advertises what it serves in its own key (``publish_served``: ``anvil:served:{id}``, with
+its registry TTL); the readers derive READY from it. It writes nothing else of the registry's.
 
 A load that fails is retried with exponential back-off (``load_retry_base_ms`` doubling up to
 ``load_retry_max_ms``), and logged, counted and published as an event once per state change (a new
@@ -69,6 +71,7 @@ class ModelLoader:
         on_change: Callable[[], None],
         retry_base_s: float = 1.0,
         retry_max_s: float = 60.0,
+        served_ttl_s: float = 10.0,
     ) -> None:
         self.executor_id = executor_id
         self.device = device
@@ -79,6 +82,7 @@ class ModelLoader:
         self._on_change = on_change  # called from any thread: re-register with the scheduler
         self.retry_base_s = retry_base_s
         self.retry_max_s = retry_max_s
+        self.served_ttl_ms = int(served_ttl_s * 1000)  # its advertisement lives as its registry entry
         self._served = {n: _Served("", mdl.spec.version) for n, mdl in builtins.items()}
         self._loading: set[str] = set()
         self.failures: dict[str, _Failure] = {}
@@ -89,13 +93,18 @@ class ModelLoader:
     async def sync(self, redis: Any) -> None:
         """Called at every registry beat: act on the records, then advertise what is served."""
         seen: set[str] = set()
+        marks = await dep.unloaded(redis)
         async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
             name = _text(key).removeprefix(keys.model_key(""))
-            status, artifact, version, placement = (
-                _text(v) for v in await redis.hmget(key, ["status", "artifact", "version", "placement"])
+            artifact, version, placement = (
+                _text(v) for v in await redis.hmget(key, ["artifact", "version", "placement"])
             )
             seen.add(name)
+            status = dep.UNLOADED if name in marks else dep.COMPILED
             self._follow(name, status, artifact, version or "1", dep.parse_placement(placement))
+        for name in marks.keys() - seen:  # a built-in unloaded, or a model undeployed altogether
+            seen.add(name)
+            self._follow(name, dep.UNLOADED, "", "", {})
         for name in self._builtin_names:  # a record that vanished (Redis restart, `load` of a built-in)
             if name not in seen and name not in self.models:
                 self._start(name, "", "")
@@ -104,9 +113,12 @@ class ModelLoader:
             served = [(n, mdl, self._served.get(n)) for n, mdl in self.models.items()]
         for event in events:
             await redis.publish(keys.EVENTS, json.dumps(event))
-        for name, model, how in served:
-            if how is not None:
-                await dep.publish_served(redis, name, how.artifact, model.spec.to_json(), how.version)
+        advertised = {
+            name: (how.artifact, how.version, model.spec.to_json())
+            for name, model, how in served
+            if how is not None and name not in marks
+        }
+        await dep.publish_served(redis, self.executor_id, advertised, self.served_ttl_ms)
 
     def _follow(self, name: str, status: str, artifact: str, version: str, placement: dict[str, Any]) -> None:
         here = self._served.get(name)

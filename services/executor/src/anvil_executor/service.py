@@ -23,8 +23,9 @@ from typing import Any
 import numba
 import redis.asyncio as aioredis
 import zmq
+from redis.exceptions import RedisError
 
-from anvil_core import codec
+from anvil_core import codec, deployments
 from anvil_core.background import Background
 from anvil_core.codec import pb
 from anvil_core.drops import DropLog
@@ -75,6 +76,7 @@ class Executor:
             on_change=lambda: self.bg.post(self._register),  # the scheduler learns the served set
             retry_base_s=settings.load_retry_base_ms / 1000,
             retry_max_s=settings.load_retry_max_ms / 1000,
+            served_ttl_s=settings.heartbeat_ttl_s,
         )
         self.models: dict[str, Model] = self.loader.models  # the loader swaps entries; one dict
         self.ctx = zmq.Context()
@@ -247,6 +249,7 @@ class Executor:
         prep.join(5)
         self.work.put(None)
         compute.join(5)
+        self.bg.submit(self._withdraw()).result(5)
         self.bg.submit(self.registry.stop()).result(5)
         self.bg.stop()
         for sock in (self.sock, self.done_rx):
@@ -254,6 +257,13 @@ class Executor:
         self.ctx.term()
         if self.fault is not None:
             raise SystemExit(3)
+
+    async def _withdraw(self) -> None:
+        """Stopping: advertise no model (else its advertisement lives out its TTL)."""
+        try:
+            await deployments.withdraw_served(self.registry.redis, self.s.service_id)
+        except (RedisError, OSError):
+            pass  # the TTL ends it
 
     def _follow(self, endpoint: str) -> None:
         if self.endpoint:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -75,6 +76,7 @@ def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI
         admission,
         stats,
         ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="anvil-parse"),
+        asyncio.Semaphore(settings.parse_threads),
     )
     stats.known = lambda name, version: getattr(discovery.models.get(name), "version", None) == version
     link.on_executed = stats.executed  # every answer: each batch is counted by one gateway

@@ -1,9 +1,11 @@
 """What the gateway knows from the registry: the scheduler to talk to and the models' specs.
 
 A background task refreshes a snapshot, so the request path never waits on Redis and keeps working
-through a Redis restart. Readiness is asked of Redis directly (exact, not cached). A model whose
-record says UNLOADED (`anvil undeploy`, the repository API's unload) leaves the snapshot at the next
-refresh: requests for it are answered 404 from then on.
+through a Redis restart. Readiness is asked of Redis directly (exact, not cached). A model is
+served once an executor advertises it (READY, ``anvil_core.deployments``), with the spec that
+executor serves; a model marked unloaded (`anvil undeploy`, the repository API's unload) leaves the
+snapshot at the next refresh: requests for it are answered 404 from then on. The gateway reads the
+deployments; the only deployment key it writes is the unload mark (repository.py).
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from anvil_core import keys
-from anvil_core.deployments import UNLOADED
+from anvil_core import deployments, keys
 from anvil_core.logs import get_logger
 from anvil_core.model_spec import ModelSpec
 from anvil_core.registry import Registry
@@ -92,23 +93,17 @@ class Discovery:
 
     async def _load_models(self) -> dict[str, ModelSpec]:
         out: dict[str, ModelSpec] = {}
-        redis = self.registry.redis
-        async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
-            status, raw = await redis.hmget(key, ["status", "spec"])
-            name = _text(key).removeprefix(keys.model_key(""))
-            if _text(status) == UNLOADED:  # undeployed or unloaded: forgotten now (404), not kept
+        for name, dep in (await deployments.snapshot(self.registry.redis, with_versions=False)).items():
+            if dep.status == deployments.UNLOADED:  # undeployed or unloaded: forgotten now (404), not kept
                 self._seen_at.pop(name, None)
                 self.models.pop(name, None)
                 continue
-            if _text(status) != "READY":  # deployed, not yet served: keep what is served meanwhile
+            if dep.status != deployments.READY:  # deployed, not yet served: keep what is served meanwhile
                 if name in self.models:
                     out[name] = self.models[name]
                 continue
-            if raw:
-                try:
-                    spec = ModelSpec.from_json(_text(raw))
-                except (ValueError, KeyError, TypeError, json.JSONDecodeError):
-                    continue
+            spec = _spec(dep.spec)
+            if spec is not None:
                 out[spec.name] = spec
         return out
 
@@ -134,23 +129,23 @@ class Discovery:
         return False
 
     async def _served_spec(self, model: str) -> bool:
-        """Whether an executor has published ``model`` (status READY, written with the spec it serves;
-        `anvil deploy` writes COMPILED and the plan's spec). Takes that spec into the snapshot at once,
-        so a request right after "ready" is checked against what the executor serves (a deployed
-        encoder serves text, not the token ids of its plan), not the spec of the last refresh."""
+        """Whether an executor advertises ``model`` (READY, with the spec it serves; `anvil deploy`
+        writes the plan's spec). Takes that spec into the snapshot at once, so a request right after
+        "ready" is checked against what the executor serves (a deployed encoder serves text, not the
+        token ids of its plan), not the spec of the last refresh."""
         try:
-            status, raw = await self.registry.redis.hmget(keys.model_key(model), ["status", "spec"])
+            dep = await deployments.read(self.registry.redis, model, with_versions=False)
         except (RedisError, OSError):
             return model in self.models
-        if _text(status) == UNLOADED:
+        if dep is not None and dep.status == deployments.UNLOADED:
             self.models.pop(model, None)
             return False
-        if _text(status) != "READY" or not raw:
+        if dep is None or dep.status != deployments.READY:
             return model in self.models  # a new version is loading; the served one still answers
-        try:
-            self.models[model] = ModelSpec.from_json(_text(raw))
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+        spec = _spec(dep.spec)
+        if spec is None:
             return False
+        self.models[model] = spec
         return True
 
     async def ready(self, model: str | None = None) -> tuple[bool, str]:
@@ -183,8 +178,11 @@ class Discovery:
         return True, ""
 
 
-def _text(raw: Any) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw or "")
+def _spec(raw: str) -> ModelSpec | None:
+    try:
+        return ModelSpec.from_json(raw)
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+        return None
 
 
 def _json_list(raw: str) -> list[str]:

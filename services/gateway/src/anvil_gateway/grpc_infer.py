@@ -91,9 +91,13 @@ async def _infer_one(
         raise Failed(400, str(exc), "bad_request") from None
     call = InferCall(spec, parsed, tenant, trace, t0_ns, version, deadline_s)
     try:
-        return await execute(st, call, partial(_answer, spec.name, parsed), RAW_COST_PER_ELEMENT)
+        return await execute(st, call, partial(_answer, spec.name, parsed), _answer_cost)
     finally:
         release_all(parsed, shm)
+
+
+def _answer_cost(outputs: list[HostTensor]) -> int:
+    return RAW_COST_PER_ELEMENT * sum(t.data.size for t in outputs)
 
 
 def _answer(

@@ -4,10 +4,13 @@ A 20 MiB KServe body of numbers took ~0.5 s as one `json.loads` and one `np.arra
 holds the GIL for its whole length, so moving it to a thread alone does not free the event loop:
 the loop waits for the GIL as long as the call runs. Here the bulk of such a body, its large arrays
 of numbers (the `data` of inputs), is cut out of the text and converted `STEP_BYTES` at a time:
-each step is one `json_codec.loads` of 256 KiB and one numpy conversion, ~1 ms. The rest of the
-body (names, shapes, parameters: small) goes through `json_codec.loads` whole. Between steps the
-interpreter hands the GIL to a waiting thread within `sys.getswitchinterval()` (5 ms), so the event
-loop runs within ~5 ms + one step. Call `loads` on a worker thread, never on the loop.
+each step is one `json_codec.loads` of 64 KiB and one numpy conversion, ~0.25 ms. The rest of the
+body (names, shapes, parameters: small) goes through `json_codec.loads` whole.
+
+`loads_steps` is the same parse as a generator that yields between steps: the gateway drives it on
+the event loop itself (`request_path.run_steps`, other tasks run at every yield), so no other
+thread holds the GIL the loop needs, and the loop is held at most one step (~0.25 ms) whatever the OS
+does with other threads. `loads` runs the steps without yielding (a parse thread: gRPC, embeddings).
 
 Values and errors are those of `json_codec.loads` (the stdlib's): a cut-out array reads back as the
 list it was; a malformed one raises `json.JSONDecodeError`. What is not cut out (arrays with
@@ -19,16 +22,38 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
 from anvil_gateway import json_codec
 
-__all__ = ["MIN_SPAN_BYTES", "STEP_BYTES", "NumberArray", "loads", "materialize"]
+__all__ = [
+    "MIN_SPAN_BYTES",
+    "STEP_BYTES",
+    "NumberArray",
+    "Steps",
+    "drain",
+    "loads",
+    "loads_steps",
+    "materialize",
+]
 
-STEP_BYTES = 256 << 10  # ~1 ms of orjson + numpy per step on the 2-core dev machine
+_T = TypeVar("_T")
+Steps = Generator[None, None, _T]  # a computation that yields between its steps and returns a _T
+
+
+def drain(steps: Steps[_T]) -> _T:
+    """Run `steps` to the end without yielding; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+STEP_BYTES = 64 << 10  # ~0.25 ms of orjson + numpy per step on the 2-core dev machine (0.6 ms at most)
 MIN_SPAN_BYTES = 64 << 10  # smaller arrays cost less to parse whole than to cut out
 # Bytes a JSON array of numbers (or booleans; NaN/Infinity as the stdlib writes them) is made of.
 _NUMBER_BYTES = b"0123456789+-.eE,[] \t\n\rtruefalsNIinty"
@@ -82,7 +107,12 @@ class NumberArray:
 def loads(body: bytes | bytearray) -> Any:
     """`json_codec.loads(body)`, with large number arrays left as `NumberArray`s where they are the
     `data` of an object (call `materialize` for plain lists)."""
-    spans = list(_number_spans(body)) if len(body) >= MIN_SPAN_BYTES else []
+    return drain(loads_steps(body))
+
+
+def loads_steps(body: bytes | bytearray) -> Steps[Any]:
+    """`loads`, yielding between steps of its scan for number arrays."""
+    spans = (yield from _number_spans(body)) if len(body) >= MIN_SPAN_BYTES else []
     if not spans:
         return json_codec.loads(body)
     tag = "\x00anvil-bulk-" + secrets.token_hex(8) + "-"  # unforgeable: a client cannot send a marker
@@ -119,9 +149,10 @@ def _restore(value: Any, arrays: dict[str, NumberArray]) -> Any:
     return value
 
 
-def _number_spans(body: bytes | bytearray) -> Iterator[tuple[int, int, bool]]:
+def _number_spans(body: bytes | bytearray) -> Steps[list[tuple[int, int, bool]]]:
     """(start, end, nested) of each `"data": [...]` array of at least MIN_SPAN_BYTES that holds
     only numbers, booleans, commas, whitespace and non-empty nested lists."""
+    spans: list[tuple[int, int, bool]] = []
     pos = 0
     while (key := body.find(_DATA_KEY, pos)) >= 0:  # a memchr-speed scan, not a regex one
         pos = key + len(_DATA_KEY)
@@ -129,12 +160,13 @@ def _number_spans(body: bytes | bytearray) -> Iterator[tuple[int, int, bool]]:
         if tail is None or _escaped(body, key):
             continue  # not a key, or `\"data\":[` inside a string
         start = pos = tail.end() - 1  # the "["
-        end, nested = _array_end(body, start)
+        end, nested = yield from _array_end(body, start)
         if end is None:
             continue
         if end - start >= MIN_SPAN_BYTES and not (nested and _EMPTY_LIST.search(body, start, end)):
-            yield start, end, nested
+            spans.append((start, end, nested))
         pos = end
+    return spans
 
 
 def _escaped(body: bytes | bytearray, quote: int) -> bool:
@@ -150,11 +182,12 @@ _DEPTH = np.zeros(256, np.int64)
 _DEPTH[ord("[")], _DEPTH[ord("]")] = 1, -1
 
 
-def _array_end(body: bytes | bytearray, start: int) -> tuple[int | None, bool]:
+def _array_end(body: bytes | bytearray, start: int) -> Steps[tuple[int | None, bool]]:
     """The index past the `]` that closes the `[` at `start`, if only number-array bytes lie in
     between (else None), and whether it nests lists. A step of text per numpy call."""
     pos = start + 1
     while pos < len(body):  # flat, the common case: no bracket arithmetic, a window at a time
+        yield
         stop = min(pos + STEP_BYTES, len(body))
         close = body.find(b"]", pos, stop)
         upto = stop if close < 0 else close
@@ -169,6 +202,7 @@ def _array_end(body: bytes | bytearray, start: int) -> tuple[int | None, bool]:
         return None, False
     depth, pos = 0, start
     while pos < len(body):
+        yield
         window = np.frombuffer(body, np.uint8, count=min(STEP_BYTES, len(body) - pos), offset=pos)
         levels = np.cumsum(_DEPTH[window]) + depth
         closed = np.flatnonzero(levels == 0)

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from anvil_core.tensors import DATATYPES, HostTensor, element_count
-from anvil_gateway.json_bulk import NumberArray
+from anvil_gateway.json_bulk import NumberArray, Steps, drain
 
-__all__ = ["MAX_RANK", "BadRequest", "json_data_to_tensor", "tensor_to_json"]
+__all__ = ["MAX_RANK", "BadRequest", "bulk_tensor_steps", "json_data_to_tensor", "tensor_to_json"]
 
 MAX_RANK = 16
 
@@ -23,9 +23,12 @@ class BadRequest(ValueError):
 def json_data_to_tensor(
     name: str, datatype: str, shape: tuple[int, ...], data: Any, where: str
 ) -> HostTensor:
-    """Turn a JSON 'data' list (flat or nested, row-major) into a tensor of `shape`."""
+    """Turn a JSON 'data' list (flat or nested, row-major) into a tensor of `shape`. `data` may be
+    the tensor `bulk_tensor_steps` made of this input's data already (never a value out of JSON)."""
+    if isinstance(data, HostTensor):
+        return data
     if isinstance(data, NumberArray):
-        return _bulk_to_tensor(name, datatype, shape, data, where)
+        return drain(bulk_tensor_steps(name, datatype, shape, data, where))
     count = element_count(shape)
     flat, types = _flatten(data, where)
     if len(flat) != count:
@@ -62,16 +65,18 @@ def json_data_to_tensor(
     return HostTensor(name, datatype, shape, arr)
 
 
-def _bulk_to_tensor(
+def bulk_tensor_steps(
     name: str, datatype: str, shape: tuple[int, ...], data: NumberArray, where: str
-) -> HostTensor:
-    """A large array cut out of the body (json_bulk): converted a step at a time, each step checked
-    as a whole `data` list is; more values than the shape holds stop it at once."""
+) -> Steps[HostTensor]:
+    """A large array cut out of the body (json_bulk): converted a step at a time (yielding between
+    steps), each step checked as a whole `data` list is; more values than the shape holds stop it
+    at once."""
     count = element_count(shape)
     parts: list[np.ndarray] = []
     given = 0
     try:
         for values in data.steps():
+            yield
             given += len(values)
             if given > count:
                 raise BadRequest(

@@ -13,13 +13,17 @@ from typing import Any
 
 from anvil_core.tensors import DATATYPES, HostTensor, TensorError
 from anvil_gateway import json_bulk, json_codec
-from anvil_gateway.json_tensors import MAX_RANK, BadRequest, json_data_to_tensor
+from anvil_gateway.json_tensors import MAX_RANK, BadRequest, bulk_tensor_steps, json_data_to_tensor
 from anvil_gateway.sysshm import Region, SystemShm
 
 __all__ = [
+    "BINARY_BYTES_PER_COST",
     "BadRequest",
     "OutputRequest",
     "ParsedRequest",
+    "answer_cost",
+    "json_document_steps",
+    "parse_cost",
     "parse_json_document",
     "parse_json_request",
     "parse_request",
@@ -77,6 +81,33 @@ def parse_json_document(body: bytes | bytearray | memoryview, bulk: bool = False
     return doc
 
 
+def json_document_steps(body: bytes | bytearray | memoryview) -> json_bulk.Steps[dict[str, Any]]:
+    """`parse_json_document(body, bulk=True)` as steps (the event loop runs other tasks between
+    them: `request_path.run_steps`), and the large number arrays of inputs that carry their data in
+    JSON converted to their tensors, a step at a time; `parse_request(..., doc=)` takes the result."""
+    raw = body if isinstance(body, bytes | bytearray) else bytes(body)
+    try:
+        doc = yield from json_bulk.loads_steps(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("JSON nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("the request body must be a JSON object")
+    doc = _materialize_but_inputs_data(doc)
+    inputs = doc.get("inputs")
+    for i, raw_input in enumerate(inputs[:MAX_TENSORS] if isinstance(inputs, list) else ()):
+        if not isinstance(raw_input, dict) or not isinstance(raw_input.get("data"), json_bulk.NumberArray):
+            continue
+        params = raw_input.get("parameters")
+        if isinstance(params, dict) and ("binary_data_size" in params or "shared_memory_region" in params):
+            continue  # its data is not what is read (`_parse_input`)
+        where = f"inputs[{i}]"
+        name, datatype, shape = parse_tensor_header(raw_input, where)
+        raw_input["data"] = yield from bulk_tensor_steps(name, datatype, shape, raw_input["data"], where)
+    return doc
+
+
 def _materialize_but_inputs_data(doc: dict[str, Any]) -> dict[str, Any]:
     out = {k: json_bulk.materialize(v) for k, v in doc.items() if k != "inputs"}
     if "inputs" in doc:
@@ -111,6 +142,37 @@ def split_body(
     return view[:n], view[n:]
 
 
+# Parsing a binary section is a view and a size check, copying it (an answer's) one memcpy: a
+# byte of it costs about this many times less than a byte of JSON text (`parse_cost`).
+BINARY_BYTES_PER_COST = 32
+
+
+def parse_cost(size: int, header_length: str | None) -> int:
+    """The work of parsing a body of `size` bytes, in bytes of JSON text: the JSON header's length
+    plus the binary section's bytes / BINARY_BYTES_PER_COST (its tensors are views of the body,
+    never walked). A malformed header length counts the whole body (its parse refuses it at once)."""
+    text = (header_length or "").strip()
+    if not text.isdigit() or int(text) > size:
+        return size
+    head = int(text)
+    return head + (size - head) // BINARY_BYTES_PER_COST
+
+
+def answer_cost(parsed: ParsedRequest, outputs: list[HostTensor], json_bytes_per_number: int) -> int:
+    """The work of encoding `outputs` as `parsed` asked, in bytes of JSON text (as `parse_cost`):
+    `json_bytes_per_number` per element of a JSON output, a binary or shared-memory output's bytes
+    / BINARY_BYTES_PER_COST (one copy)."""
+    asked = {o.name: o for o in parsed.outputs}
+    cost = 0
+    for t in outputs:
+        req = asked.get(t.name)
+        raw = (req is not None and req.shm is not None) or (
+            parsed.binary_output if req is None or req.binary is None else req.binary
+        )
+        cost += t.nbytes // BINARY_BYTES_PER_COST if raw else json_bytes_per_number * t.data.size
+    return cost
+
+
 def parse_json_request(body: bytes) -> ParsedRequest:
     """A request with JSON data only (no binary section, no shared memory)."""
     return parse_request(body, None, None)
@@ -122,11 +184,14 @@ def parse_request(
     shm: SystemShm | None,
     tenant: str = "default",
     bulk: bool = False,
+    doc: dict[str, Any] | None = None,
 ) -> ParsedRequest:
     """Parse and check a request. `tenant` owns the shared-memory regions it may name; `bulk`: a
-    large body on a parse thread (`parse_json_document`). Thread-safe."""
+    large body on a parse thread (`parse_json_document`); `doc`: the JSON header already parsed
+    (`json_document_steps`, on the event loop). Thread-safe."""
     head, binary = split_body(body, header_length)
-    doc = parse_json_document(head, bulk)
+    if doc is None:
+        doc = parse_json_document(head, bulk)
     req_id = doc.get("id")
     if req_id is not None and not isinstance(req_id, str):
         raise BadRequest("'id' must be a string")

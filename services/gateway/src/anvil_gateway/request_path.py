@@ -25,6 +25,7 @@ from anvil_gateway import metrics as m
 from anvil_gateway.admission import Rejected
 from anvil_gateway.backend import BackendUnavailable
 from anvil_gateway.hops import Hops
+from anvil_gateway.json_bulk import Steps
 from anvil_gateway.json_tensors import BadRequest
 from anvil_gateway.kserve import ParsedRequest
 from anvil_gateway.settings import GatewaySettings
@@ -41,6 +42,7 @@ __all__ = [
     "note_failure",
     "parse_off_loop",
     "qos_params",
+    "run_steps",
     "trace_id",
 ]
 
@@ -77,7 +79,8 @@ async def parse_off_loop(
     *args: Any,
     orphan: Callable[[_T], None] | None = None,
 ) -> _T:
-    """`fn(*args)`, a parse of a body of `size` bytes: inline when small, else on a parse thread,
+    """`fn(*args)`, a parse of `size` bytes of work (bytes of JSON text, `kserve.parse_cost`): inline
+    when small, else on a parse thread,
     with `bulk=True` (json_bulk: steps short enough that the loop gets the GIL between them).
     `orphan` gets the result of a parse whose caller was cancelled meanwhile (to release what the
     parse took, e.g. pinned shm regions)."""
@@ -90,6 +93,17 @@ async def parse_off_loop(
         if orphan is not None:
             fut.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or orphan(f.result()))
         raise
+
+
+async def run_steps(steps: Steps[_T]) -> _T:
+    """Run a stepped parse (json_bulk.Steps) on the event loop, letting every other ready task run
+    between two steps: the loop is held one step at a time (~0.25 ms), by this thread only."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        await asyncio.sleep(0)
 
 
 async def encode_off_loop(st: GatewayState, size: int, fn: Callable[..., _T], *args: Any) -> _T:
@@ -133,9 +147,11 @@ class InferCall:
 Encoder = Callable[[str, list[HostTensor], str], _T]
 
 
-async def execute(st: GatewayState, call: InferCall, encode: Encoder[_T], encode_cost_per_element: int) -> _T:
-    """Validate, admit, forward, encode (with `encode`: on a parse thread when the answer's outputs
-    times `encode_cost_per_element` bytes is large) and count one request; raises Failed."""
+async def execute(
+    st: GatewayState, call: InferCall, encode: Encoder[_T], encode_cost: Callable[[list[HostTensor]], int]
+) -> _T:
+    """Validate, admit, forward, encode (with `encode`: on a parse thread when `encode_cost` of the
+    answer's outputs, in bytes of JSON text, is large) and count one request; raises Failed."""
     spec, parsed = call.spec, call.parsed
     try:
         spec.validate(parsed.inputs)
@@ -156,7 +172,7 @@ async def execute(st: GatewayState, call: InferCall, encode: Encoder[_T], encode
         st, spec, parsed.inputs, asked, call.tenant, priority, budget_s, call.trace, call.version, hops
     )
     served = resp.modelVersion or spec.version  # what answered
-    cost = encode_cost_per_element * sum(t.data.size for t in outputs)
+    cost = encode_cost(outputs)
     try:
         with tracing.span("gateway.answer"):
             answer = await encode_off_loop(st, cost, encode, served, outputs, hops.header(resp))

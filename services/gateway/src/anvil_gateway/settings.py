@@ -26,10 +26,11 @@ class GatewaySettings(ServiceSettings):
     # Largest request body accepted; larger ones get 413 before being read whole. A model whose
     # inputs have fixed sizes gets a tighter limit from its spec (body_limits.py).
     max_body_bytes: int = 64 * 1024 * 1024
-    # Bodies of at least this many bytes are parsed on a parse thread, large number arrays a step
-    # (~1 MiB) at a time, so the event loop keeps serving (~1.5 ms of parsing per 64 KiB inline).
+    # Bodies with at least this many bytes of JSON are parsed in steps (~0.25 ms each: HTTP JSON on the
+    # event loop, yielding between steps; gRPC and embeddings on a parse thread), so the event loop
+    # keeps serving (~1.5 ms of parsing per 64 KiB inline). A binary section counts 1/32 per byte.
     parse_offload_bytes: int = 64 * 1024
-    # Parse threads: large bodies parsed at once (each holds its body and its tensors in memory).
+    # Large bodies parsed at once, and parse threads (each body holds its tensors in memory).
     parse_threads: int = 2
     # Priority classes: deadline = arrival + SLO of the class (ServiceSettings.slo_ms; a request's
     # timeout may only tighten it).

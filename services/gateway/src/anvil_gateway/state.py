@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -40,10 +41,12 @@ class GatewayState:
     shm: SystemShm
     admission: Admission
     stats: Stats
-    # Large bodies are parsed here, off the event loop (infer.py, embeddings.py).
+    # Large gRPC and embeddings bodies are parsed here, off the event loop (grpc_infer.py, embeddings.py).
     parse_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="anvil-parse")
     )
+    # Large HTTP JSON bodies parsed at once, in steps on the loop (infer.py): bounds their memory.
+    parse_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2))
 
     async def resolve(self, name: str, version: str | None) -> ModelSpec:
         """``lookup``, after asking the registry at once about a model the snapshot lacks."""

@@ -502,13 +502,8 @@ class Scheduler:
             await pipe.execute()
 
     async def _read_unloaded(self) -> None:
-        """Background loop: the models whose registry record says UNLOADED (anvil_core.deployments)."""
-        redis = self.registry.redis
-        names = []
-        async for key in redis.scan_iter(match=keys.model_key("*"), count=200):
-            if await redis.hget(key, "status") == deployments.UNLOADED:
-                names.append(str(key).removeprefix(keys.model_key("")))
-        found = frozenset(names)
+        """Background loop: the models marked unloaded in the registry (anvil_core.deployments)."""
+        found = frozenset(await deployments.unloaded(self.registry.redis))
         self.bg.post(lambda: setattr(self, "unloaded", found))  # applied by the next _chores
 
     def _remove_unloaded(self, now: float) -> None:
