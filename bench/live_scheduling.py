@@ -41,13 +41,13 @@ from typing import Any
 
 import httpx
 import numpy as np
-import redis
 
 from anvil_client.bench.arrivals import Schedule, schedule
 from anvil_client.bench.engine import Engine, RunResult
 from anvil_client.bench.report import summarize
 from anvil_client.bench.workload import Workload
 from anvil_client.launcher import private_port_env
+from anvil_client.stack_redis import open_redis
 from anvil_core.keys import profile_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -191,7 +191,7 @@ def learned_service(env: dict[str, str]) -> tuple[sim.ServiceModel, dict[int, fl
     """a + b*B fitted to the scheduler's learned profile of MODEL (µs per batch size) in Redis, over
     sizes up to 8 when two or more are there: larger ones are seen rarely at these loads, and their
     exported values still lean on the pessimistic prior (10 ms + 1 ms per request)."""
-    client = redis.Redis(port=int(env["ANVIL_REDIS_PORT"]))
+    client = open_redis(env=env)  # the stack's URL and password, from its state file
     full = {int(k): float(v) for k, v in client.hgetall(profile_key(MODEL, "cpu")).items()}
     client.close()
     small = {b: us for b, us in full.items() if b <= 8}
@@ -242,6 +242,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="seconds of load per trace")
     ap.add_argument("--production-trace", type=Path, default=os.environ.get("ANVIL_PRODUCTION_TRACE"))
     ap.add_argument("--policies", default=",".join(p[0] for p in POLICIES), help="labels to run")
+    ap.add_argument("--traces", default="", help="trace names to run (comma-separated); default: all")
     ap.add_argument("--c1-seconds", type=float, default=3.0)
     ap.add_argument("--name", default="live_scheduling", help="result file stem")
     args = ap.parse_args()
@@ -259,6 +260,8 @@ def main() -> None:
             c1[label] = run_c1(url, args.c1_seconds)
             print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
             for name, sched in traces(args.seconds, prod):
+                if args.traces and name not in args.traces.split(","):
+                    continue
                 before, cpu0 = hop_totals(env), cpu_s(tmp)
                 r = run_open(url, sched, seed=len(rows))
                 row = {"policy": label, "trace": name, "live": live_row(summarize(r))}
