@@ -328,7 +328,7 @@ class Executor:
                     rank = pending.priority or LAST_RANK
                     if self._inline(pending):
                         self.inline_batches += 1
-                        m.hop_us.labels(hop="queued", priority=m.priority_label(rank)).observe(0)
+                        m.hop("queued", rank).observe(0)
                         self._send(self._execute(pending)[0])  # the CPU only: no device fault
                         continue
                     self.inflight += 1

@@ -6,9 +6,9 @@ not after every batch queued ahead of it. A batch's rank is the most urgent prio
 (read from their envelopes: 1 = interactive); equal ranks run in arrival order.
 
 Producers: the I/O loop (``put`` of a received batch: decoded there, with its rank, or as received
-for the prep queue) and the prep thread (``put`` of a prepared batch with its rank). Consumer: the compute thread, or the prep thread for the prep queue (``get``,
-blocking). ``None`` is the stop marker; it ranks after every batch, so the queued work is finished
-before the thread ends.
+for the prep queue) and the prep thread (``put`` of a prepared batch with its rank). Consumer: the
+compute thread, or the prep thread for the prep queue (``get``, blocking). ``None`` is the stop
+marker; it ranks after every batch, so the queued work is finished before the thread ends.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class BatchQueue:
         self.last_wait_us = -1
         if put_at >= 0:  # the hop "queued": received -> its work starts (prep or compute), by rank
             self.last_wait_us = int((time.perf_counter() - put_at) * 1e6)
-            m.hop_us.labels(hop="queued", priority=m.priority_label(rank)).observe(self.last_wait_us)
+            m.hop("queued", rank).observe(self.last_wait_us)
         return item
 
     def __len__(self) -> int:
