@@ -305,7 +305,7 @@ class Executor:
             log.warning("scheduler unreachable; message dropped")
 
     def _drain_scheduler(self) -> None:
-        while True:
+        while int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN:  # not until zmq.Again: an exception a drain
             try:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -342,7 +342,7 @@ class Executor:
                 self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
     def _drain_results(self) -> None:
-        while True:
+        while int(self.done_rx.get(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 parts = self.done_rx.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
