@@ -226,3 +226,31 @@ def test_parse_scheduler_metrics() -> None:
     )
     assert parse_batch_metrics(text, "mlp") == (40.0, 10.0, 8.0)
     assert parse_batch_metrics(text, "identity") is None
+
+
+def test_a_waiter_cancelled_after_a_release_skipped_it_raises_its_cancellation() -> None:
+    """A request waiting for a connection is cancelled (its timeout) and, before it runs again, a
+    release skips its cancelled future: it must end in CancelledError (not ValueError from removing
+    a future no longer queued), and the slot must go to the next waiter."""
+    from anvil_client.bench.http1 import Endpoint, Pool
+
+    async def main() -> tuple[str, int]:
+        pool = Pool(Endpoint.parse("http://127.0.0.1:9"), size=1)
+        pool.free = 0  # the one slot is taken
+        first = asyncio.ensure_future(pool.request(b"", b""))
+        await asyncio.sleep(0)  # queued as a waiter
+        (fut,) = pool.waiters
+        first.cancel()  # cancels its waiter future now; the task itself runs on the next turn
+        assert fut.cancelled()
+        pool._release()  # in between: skips the cancelled waiter, so the slot is free again
+        outcome = "cancelled"
+        try:
+            await first
+        except asyncio.CancelledError:
+            pass
+        except ValueError as exc:
+            outcome = f"ValueError: {exc}"
+        return outcome, pool.free
+
+    outcome, free = asyncio.run(main())
+    assert outcome == "cancelled" and free == 1
