@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,13 +42,13 @@ from typing import Any
 
 import httpx
 import numpy as np
-import redis
 
 from anvil_client.bench.arrivals import Schedule, schedule
 from anvil_client.bench.engine import Engine, RunResult
 from anvil_client.bench.report import summarize
 from anvil_client.bench.workload import Workload
 from anvil_client.launcher import private_port_env
+from anvil_client.stack_redis import open_redis
 from anvil_core.keys import profile_key
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -191,7 +192,7 @@ def learned_service(env: dict[str, str]) -> tuple[sim.ServiceModel, dict[int, fl
     """a + b*B fitted to the scheduler's learned profile of MODEL (µs per batch size) in Redis, over
     sizes up to 8 when two or more are there: larger ones are seen rarely at these loads, and their
     exported values still lean on the pessimistic prior (10 ms + 1 ms per request)."""
-    client = redis.Redis(port=int(env["ANVIL_REDIS_PORT"]))
+    client = open_redis(env=env)  # the stack's URL and password, from its state file
     full = {int(k): float(v) for k, v in client.hgetall(profile_key(MODEL, "cpu")).items()}
     client.close()
     small = {b: us for b, us in full.items() if b <= 8}
@@ -242,47 +243,95 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0, help="seconds of load per trace")
     ap.add_argument("--production-trace", type=Path, default=os.environ.get("ANVIL_PRODUCTION_TRACE"))
     ap.add_argument("--policies", default=",".join(p[0] for p in POLICIES), help="labels to run")
+    ap.add_argument("--traces", default="", help="trace names to run (comma-separated); default: all")
     ap.add_argument("--c1-seconds", type=float, default=3.0)
+    ap.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="N rounds with every policy's stack up at once, the policies in rotating order per trace "
+        "(paired runs: the machine's drift hits every policy alike); 0: one stack after the other",
+    )
     ap.add_argument("--name", default="live_scheduling", help="result file stem")
     args = ap.parse_args()
     prod = Path(args.production_trace) if args.production_trace else None
     if prod is not None and not prod.is_file():
         raise SystemExit(f"--production-trace {prod}: no such file")
     chosen = [p for p in POLICIES if p[0] in args.policies.split(",")]
+    picked = [
+        (n, sc) for n, sc in traces(args.seconds, prod) if not args.traces or n in args.traces.split(",")
+    ]
     rows: list[dict[str, Any]] = []
     c1: dict[str, Any] = {}
-    for label, env_extra, kind, params in chosen:
-        tmp = Path(tempfile.mkdtemp(prefix="anvil-live-"))
-        proc, env = start_stack(tmp, env_extra)
-        url = f"http://127.0.0.1:{env['ANVIL_HTTP_PORT']}"
-        try:
-            c1[label] = run_c1(url, args.c1_seconds)
+    stacks: dict[str, tuple[subprocess.Popen[str], dict[str, str], Path]] = {}
+    try:
+        if args.interleave:  # every policy's stack up at once; each round runs them in rotating order
+            for label, env_extra, _, _ in chosen:
+                tmp = Path(tempfile.mkdtemp(prefix="anvil-live-"))
+                stacks[label] = (*start_stack(tmp, env_extra), tmp)
+            for label, *_ in chosen:
+                c1[label] = run_c1(_url(stacks[label][1]), args.c1_seconds)
+                print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
+            for rnd in range(args.interleave):
+                for name, sched in picked:
+                    k = (rnd + len(rows)) % len(chosen)
+                    for label, _, kind, params in chosen[k:] + chosen[:k]:
+                        _, env, tmp = stacks[label]
+                        rows.append(measure(label, kind, params, name, sched, env, tmp, len(rows), rnd))
+            return write(args, rows, c1, prod)
+        for label, env_extra, kind, params in chosen:
+            tmp = Path(tempfile.mkdtemp(prefix="anvil-live-"))
+            stacks = {label: (*start_stack(tmp, env_extra), tmp)}
+            c1[label] = run_c1(_url(stacks[label][1]), args.c1_seconds)
             print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
-            for name, sched in traces(args.seconds, prod):
-                before, cpu0 = hop_totals(env), cpu_s(tmp)
-                r = run_open(url, sched, seed=len(rows))
-                row = {"policy": label, "trace": name, "live": live_row(summarize(r))}
-                row["service_hops_mean_ms"] = hop_means_ms(before, hop_totals(env))
-                row["load_average_1m"] = round(os.getloadavg()[0], 2)  # others' work on the machine
-                cpu1 = cpu_s(tmp)
-                row["cpu_us_per_request"] = {
-                    k: round((cpu1[k] - cpu0.get(k, 0.0)) * 1e6 / max(1, len(r.status)))
-                    for k in ("gateway", "scheduler", "executor")
-                    if k in cpu1
-                }
-                svc, table = learned_service(env)
-                row["profile"] = {"base_ms": round(svc.base_ms, 4), "per_item_ms": round(svc.per_item_ms, 4)}
-                row["profile_us"] = {str(b): us for b, us in sorted(table.items())}
-                row["sim"] = simulated(kind, params, name, r, svc)
-                rows.append(row)
-                brief = {k: v for k, v in row["live"].items() if k != "hops_ms"}
-                print(
-                    json.dumps({"policy": label, "trace": name, "live": brief, "sim": row["sim"]}), flush=True
-                )
-                time.sleep(1.0)  # let the queues drain before the next trace
-        finally:
+            for name, sched in picked:
+                rows.append(measure(label, kind, params, name, sched, stacks[label][1], tmp, len(rows), 0))
+            stop_stack(stacks.pop(label)[0])
+    finally:
+        for proc, *_ in stacks.values():
             stop_stack(proc)
     write(args, rows, c1, prod)
+
+
+def _url(env: dict[str, str]) -> str:
+    return f"http://127.0.0.1:{env['ANVIL_HTTP_PORT']}"
+
+
+def measure(
+    label: str,
+    kind: str,
+    params: dict[str, Any],
+    name: str,
+    sched: Schedule,
+    env: dict[str, str],
+    tmp: Path,
+    seed: int,
+    rnd: int,
+) -> dict[str, Any]:
+    """One open-loop run of trace `name` against the stack of policy `label`: the live row, the
+    services' hops and CPU, the learned profile and the simulator's prediction for the same arrivals."""
+    before, cpu0 = hop_totals(env), cpu_s(tmp)
+    r = run_open(_url(env), sched, seed=seed)
+    row: dict[str, Any] = {"policy": label, "trace": name, "round": rnd, "live": live_row(summarize(r))}
+    row["service_hops_mean_ms"] = hop_means_ms(before, hop_totals(env))
+    row["load_average_1m"] = round(os.getloadavg()[0], 2)  # others' work on the machine
+    cpu1 = cpu_s(tmp)
+    row["cpu_us_per_request"] = {
+        k: round((cpu1[k] - cpu0.get(k, 0.0)) * 1e6 / max(1, len(r.status)))
+        for k in ("gateway", "scheduler", "executor")
+        if k in cpu1
+    }
+    svc, table = learned_service(env)
+    row["profile"] = {"base_ms": round(svc.base_ms, 4), "per_item_ms": round(svc.per_item_ms, 4)}
+    row["profile_us"] = {str(b): us for b, us in sorted(table.items())}
+    row["sim"] = simulated(kind, params, name, r, svc)
+    brief = {k: v for k, v in row["live"].items() if k != "hops_ms"}
+    print(
+        json.dumps({"policy": label, "trace": name, "round": rnd, "live": brief, "sim": row["sim"]}),
+        flush=True,
+    )
+    time.sleep(1.0)  # let the queues drain before the next run
+    return row
 
 
 def _commit() -> str:
@@ -318,14 +367,35 @@ def write(
             f"{lv['p2_p99_ms']} | {lv['p3_p99_ms']} | "
             f"{r['profile']['base_ms']} + {r['profile']['per_item_ms']}·B | {errs} |"
         )
-    md += ["", "## Goodput of EDF+PID over the best fixed_delay setting, per trace", ""]
+    md += ["", "## Goodput of EDF+PID over the best fixed_delay setting, per trace (medians of rounds)", ""]
     for trace in dict.fromkeys(r["trace"] for r in rows):
-        ours = [r["live"]["goodput_rps"] for r in rows if r["trace"] == trace and r["policy"] == "edf_pid"]
-        fixed = [
-            r["live"]["goodput_rps"] for r in rows if r["trace"] == trace and r["policy"].startswith("fixed")
+
+        def med(policy: str, key: str, trace: str = trace) -> float | None:
+            vals = [r["live"][key] for r in rows if (r["trace"], r["policy"]) == (trace, policy)]
+            vals = [v for v in vals if v is not None]
+            return statistics.median(vals) if vals else None
+
+        ours = med("edf_pid", "goodput_rps")
+        fixed = [g for p in dict.fromkeys(r["policy"] for r in rows) if p.startswith("fixed")
+                 if (g := med(p, "goodput_rps")) is not None]  # fmt: skip
+        if ours is not None and fixed and max(fixed) > 0:
+            md.append(f"- {trace}: {ours / max(fixed):.2f}x")
+    if any(r.get("round", 0) for r in rows):
+        md += ["", "## Per policy over the rounds (median, min-max)", ""]
+        md += [
+            "| trace | policy | rounds | goodput | p1 attainment | p1 p99 ms | p3 p99 ms |",
+            "|" + "---|" * 7,
         ]
-        if ours and fixed and max(fixed) > 0:
-            md.append(f"- {trace}: {ours[0] / max(fixed):.2f}x")
+        for trace in dict.fromkeys(r["trace"] for r in rows):
+            for policy in dict.fromkeys(r["policy"] for r in rows):
+                sel = [r["live"] for r in rows if (r["trace"], r["policy"]) == (trace, policy)]
+                cells = []
+                for key in ("goodput_rps", "p1_attainment", "p1_p99_ms", "p3_p99_ms"):
+                    vals = [v[key] for v in sel if v[key] is not None]
+                    cells.append(
+                        f"{statistics.median(vals):g} ({min(vals):g}-{max(vals):g})" if vals else "-"
+                    )
+                md.append(f"| {trace} | {policy} | {len(sel)} | " + " | ".join(cells) + " |")
     md += ["", "## Where the time goes (EDF+PID, ms p50 / p99 per hop, from the gateway's header)", ""]
     md += [
         "| trace | priority | gateway_in | scheduler_queue | compute | transit | outside |",

@@ -40,6 +40,48 @@ def test_a_trace_is_rescaled_to_a_mean_rate_keeping_its_shape(tmp_path: Path) ->
     assert gaps.tolist() == pytest.approx((np.diff([0.0, 0.1, 0.2, 1.0, 3.0]) * gaps[0] / 0.1).tolist())
 
 
+def test_a_trace_carries_priorities_through_sorting_rescaling_and_the_cut(tmp_path: Path) -> None:
+    trace = tmp_path / "t.txt"
+    trace.write_text("0.3 3\n0.0 1  # the first\n0.1 2\n\n0.6 1\n")
+    s = schedule("trace", 0, 0.0, trace=trace, trace_rate_rps=10.0)  # 3 gaps in 0.6 s -> in 0.3 s
+    assert s.offsets_s.tolist() == pytest.approx([0.0, 0.05, 0.15, 0.3])
+    assert s.priorities is not None and s.priorities.tolist() == [1, 2, 3, 1]
+    s = schedule("trace", 0, 0.2, trace=trace)
+    assert s.offsets_s.tolist() == [0.0, 0.1] and s.priorities is not None and s.priorities.tolist() == [1, 2]
+    assert schedule("trace", 0, 0.0, trace=_write(tmp_path, "0.1\n0.2\n")).priorities is None
+    for text, why in (
+        ("0.1 1\n0.2\n", "1 of 2 lines give a priority"),
+        ("0.1 4\n", "priority must be 1, 2 or 3"),
+        ("0.1 1 x\n", "expected 'offset_s \\[priority\\]'"),
+        ("0.1 high\n", "expected 'offset_s"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            schedule("trace", 0, 0.0, trace=_write(tmp_path, text))
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "w.txt"
+    path.write_text(text)
+    return path
+
+
+def test_an_open_loop_run_sends_the_priorities_a_trace_carries(tmp_path: Path) -> None:
+    trace = _write(tmp_path, "\n".join(f"{i * 0.01:.2f} {p}" for i, p in enumerate([3, 1, 2, 1, 3, 3])))
+
+    async def main() -> object:
+        server, port, _ = await _server(stall_s=0.0)
+        wl = Workload(priorities={2: 1.0})  # the mix the trace's priorities replace
+        r = await Engine(f"http://127.0.0.1:{port}", wl, max_connections=1).run_open(
+            schedule("trace", 0, 0.0, trace=trace)
+        )
+        server.close()
+        return r
+
+    r = asyncio.run(main())
+    assert r.priority.tolist() == [3, 1, 2, 1, 3, 3] and (r.status == 200).all()  # type: ignore[attr-defined]
+    assert sent_priorities == [3, 1, 2, 1, 3, 3]  # one connection: sent in order
+
+
 def test_a_trace_file_implies_the_trace_pattern_and_refuses_another(tmp_path: Path) -> None:
     import argparse
 
@@ -79,12 +121,16 @@ def test_priority_mix_and_bodies() -> None:
     assert response_id(b'{"id":"0000000007","outputs":[]}', None) == b"0000000007"
 
 
+sent_priorities: list[int | None] = []  # parameters.priority of each request the echo server got
+
+
 async def _server(stall_s: float, hops: bytes = b"") -> tuple[asyncio.AbstractServer, int, list[float]]:
     """A KServe-ish echo server that stalls every request for its first `stall_s` seconds (and sends
     `hops` as the gateway's x-anvil-hops-us header when given)."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     seen: list[float] = []
+    sent_priorities.clear()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
@@ -97,7 +143,9 @@ async def _server(stall_s: float, hops: bytes = b"") -> tuple[asyncio.AbstractSe
             seen.append(loop.time() - t0)
             if loop.time() - t0 < stall_s:
                 await asyncio.sleep(stall_s - (loop.time() - t0))
-            rid = json.loads(body)["id"]
+            doc = json.loads(body)
+            rid = doc["id"]
+            sent_priorities.append(doc.get("parameters", {}).get("priority"))
             out = json.dumps({"id": rid, "outputs": []}).encode()
             extra = b"x-anvil-hops-us: %s\r\n" % hops if hops else b""
             writer.write(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n%s" % (extra, len(out), out))
@@ -178,3 +226,31 @@ def test_parse_scheduler_metrics() -> None:
     )
     assert parse_batch_metrics(text, "mlp") == (40.0, 10.0, 8.0)
     assert parse_batch_metrics(text, "identity") is None
+
+
+def test_a_waiter_cancelled_after_a_release_skipped_it_raises_its_cancellation() -> None:
+    """A request waiting for a connection is cancelled (its timeout) and, before it runs again, a
+    release skips its cancelled future: it must end in CancelledError (not ValueError from removing
+    a future no longer queued), and the slot must go to the next waiter."""
+    from anvil_client.bench.http1 import Endpoint, Pool
+
+    async def main() -> tuple[str, int]:
+        pool = Pool(Endpoint.parse("http://127.0.0.1:9"), size=1)
+        pool.free = 0  # the one slot is taken
+        first = asyncio.ensure_future(pool.request(b"", b""))
+        await asyncio.sleep(0)  # queued as a waiter
+        (fut,) = pool.waiters
+        first.cancel()  # cancels its waiter future now; the task itself runs on the next turn
+        assert fut.cancelled()
+        pool._release()  # in between: skips the cancelled waiter, so the slot is free again
+        outcome = "cancelled"
+        try:
+            await first
+        except asyncio.CancelledError:
+            pass
+        except ValueError as exc:
+            outcome = f"ValueError: {exc}"
+        return outcome, pool.free
+
+    outcome, free = asyncio.run(main())
+    assert outcome == "cancelled" and free == 1

@@ -65,6 +65,16 @@ class ServiceSettings(BaseSettings):
     # (0700: only this user can connect; nothing is encrypted or leaves the host) instead of tcp
     # with CURVE, which stays open for peers on other hosts. Empty: tcp with CURVE.
     link_ipc_dir: str = ""
+    # The cyclic garbage collector (anvil_core.runtime.settle_gc, issue #19). gc_freeze: once started,
+    # the objects of the start-up (modules, the app, loaded models: they live as long as the process)
+    # leave the collector's generations, so a collection walks only what serving allocated since
+    # (one of them dropped later, e.g. an unloaded built-in model, is freed by reference counting;
+    # a reference cycle among them would stay).
+    # gc_gen0_threshold: allocations between young collections (CPython's default 700); most of a
+    # request's objects die by reference counting before a collection sees them, so fewer
+    # collections is less work for the same garbage.
+    gc_freeze: bool = True
+    gc_gen0_threshold: int = 700
     # Redis credentials: this user and password, else <secrets_dir>/redis_password, else the URL's own.
     redis_username: str = ""
     redis_password: SecretStr | None = None

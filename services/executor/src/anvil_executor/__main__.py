@@ -5,7 +5,7 @@ from collections.abc import MutableMapping
 
 from anvil_core import tracing
 from anvil_core.logs import setup_logging
-from anvil_core.runtime import run_sync_service
+from anvil_core.runtime import run_sync_service, settle_gc
 from anvil_executor.service import Executor
 from anvil_executor.settings import ExecutorSettings
 
@@ -25,7 +25,9 @@ def main() -> None:
     setup_logging("executor", settings.log_level)
     tracing.setup("executor")  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
     try:
-        run_sync_service("executor", settings, Executor(settings).run)
+        service = Executor(settings)
+        settle_gc(settings)  # what start-up built lives as long as the process
+        run_sync_service("executor", settings, service.run)
     finally:
         tracing.shutdown()  # flush the queued spans
 

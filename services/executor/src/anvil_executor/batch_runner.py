@@ -238,9 +238,7 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
         batch_spans.record(result.batchId or "", pending.traceparent, model.spec.name, requests,
                            len(runnable), stamps, result.executorId or "", result.device or "")  # fmt: skip
     for i, _ in runnable:  # the hop "compute", once per request that ran, by its priority
-        m.hop_us.labels(hop="compute", priority=m.priority_label(int(requests[i].priority))).observe(
-            result.computeUs
-        )
+        m.hop("compute", int(requests[i].priority)).observe(result.computeUs)
     return result, out
 
 

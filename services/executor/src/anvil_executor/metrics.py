@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from anvil_core.priorities import PRIORITIES
@@ -57,3 +59,15 @@ hop_us = Histogram(
 
 def priority_label(priority: int) -> str:
     return str(priority) if priority in PRIORITIES else "other"
+
+
+_hop_series: dict[tuple[str, int], Any] = {}
+
+
+def hop(name: str, priority: int) -> Any:
+    """The `hop_us` series of (hop, priority), resolved once (prometheus_client's `labels` takes a
+    lock and validates: several µs, once per request on the compute path). Any thread."""
+    series = _hop_series.get((name, priority))
+    if series is None:
+        series = _hop_series[(name, priority)] = hop_us.labels(hop=name, priority=priority_label(priority))
+    return series

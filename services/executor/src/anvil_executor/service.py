@@ -4,8 +4,13 @@ thread that runs batches (STYLE rule 5: sockets belong to the I/O loop, compute 
 A batch of a model that `prepares` (a text model: tokenization) goes first to the prep thread,
 which decodes it and runs the model's host-side `prepare` while the compute thread runs the batch
 before it, then queues it for compute with its rank. Other batches, and a batch that arrives with
-nothing queued or running (a lone request: nothing to overlap with), go straight to compute. Both
-queues serve the most urgent batch first (work_queue.py).
+nothing queued or running (a lone request: nothing to overlap with), are decoded and verified on
+the I/O loop (once: their rank comes from that decode) and go straight to compute. Both queues serve
+the most urgent batch first (work_queue.py).
+
+The lone-batch fast path (issue #19, `_inline`): a batch that finds the executor idle, of a model
+that does not prepare and whose last batch ran within `inline_max_us`, runs on the I/O loop itself
+(CPU device only): no compute-thread wake-up, no hand-off back.
 
 The compute thread hands results back over an inproc PAIR socket, so the I/O loop wakes on them
 like on any other message. Redis chores (registry beat, model specs, finding the scheduler) run on
@@ -35,7 +40,7 @@ from anvil_core.registry import Registry
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
-from anvil_executor.batch_runner import Pending, ShmResolver, finish_batch, prepare_batch, run_batch
+from anvil_executor.batch_runner import Pending, ShmResolver, finish_batch, prepare_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.loader import ModelLoader
 from anvil_executor.models import Model, load_builtin, minilm
@@ -89,7 +94,9 @@ class Executor:
         self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute thread's
         self.prep = BatchQueue()  # batches of models that `prepare`: the prep thread's
         self.endpoint: str | None = None
-        self.inflight = 0
+        self.inflight = 0  # batches received and not yet answered (an inline batch never counts)
+        self.inline_batches = 0  # batches run on the I/O loop (`_inline`)
+        self._compute_s: dict[str, float] = {}  # model -> its last batch's compute time, s
         self._beat_seq = 0
         self.shm: Any = None
         self._plans: dict[str, Any] = {}  # model -> its GpuPlanModel (GPU metrics)
@@ -308,7 +315,7 @@ class Executor:
             log.warning("scheduler unreachable; message dropped")
 
     def _drain_scheduler(self) -> None:
-        while True:
+        while int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN:  # not until zmq.Again: an exception a drain
             try:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -321,10 +328,22 @@ class Executor:
                     # prepared on the prep thread only behind other work: a lone batch (nothing
                     # queued or running) goes straight to compute, one thread hop fewer
                     model = self.models.get(body.model or "")
-                    prep = model is not None and model.prepares and self.inflight > 0
+                    if model is not None and model.prepares and self.inflight > 0:
+                        self.inflight += 1
+                        m.inflight.set(self.inflight)
+                        self.prep.put((body, frames))
+                        continue
+                    # decoded and verified once, here: its rank comes from what was decoded
+                    pending = self._decode(body, frames)
+                    rank = pending.priority or LAST_RANK
+                    if self._inline(pending):
+                        self.inline_batches += 1
+                        m.hop("queued", rank).observe(0)
+                        self._send(self._execute(pending)[0])  # the CPU only: no device fault
+                        continue
                     self.inflight += 1
                     m.inflight.set(self.inflight)
-                    (self.prep if prep else self.work).put((body, frames))
+                    self.work.put(pending, rank=rank, observe=True)
                 else:
                     raise codec.ProtocolError(f"the scheduler sent a {type(body).__name__}", "unexpected")
             except codec.ProtocolError as exc:
@@ -333,7 +352,7 @@ class Executor:
                 self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
     def _drain_results(self) -> None:
-        while True:
+        while int(self.done_rx.get(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 parts = self.done_rx.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -348,43 +367,70 @@ class Executor:
         done_tx = make_socket(self.ctx, zmq.PAIR, connect=f"inproc://done-{id(self)}")
         try:
             while (item := self.work.get()) is not None:
-                t0 = time.perf_counter()
-                if isinstance(item, Pending):
-                    batch_id, name = item.result.batchId, item.model.spec.name if item.model else ""
-                else:
-                    batch_id, name = item[0].batchId, item[0].model
-                model = name if name in self.models else "_unknown"  # bounded labels
-                fault: BaseException | None = None
-                try:
-                    if isinstance(item, Pending):
-                        t0 -= item.busy_s  # the compute metric keeps the prep thread's share
-                        result, out = finish_batch(item)
-                    else:
-                        batch, frames = item
-                        result, out = run_batch(
-                            self.models,
-                            batch,
-                            frames,
-                            self.s.service_id,
-                            str(self.device),
-                            **self._shm_arg(),
-                            queued_us=self.work.last_wait_us,
-                        )
-                except Exception as exc:  # never lose a batch: every request hears the failure
-                    log.exception("batch failed")
-                    fault = exc if is_device_fault(exc) else None
-                    failure = codec.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
-                    result = pb.BatchResultT(batchId=batch_id, executorId=self.s.service_id, error=failure)
-                    out = []
-                outcome = "error" if result.error is not None else "success"
-                m.batches.labels(model=model, outcome=outcome).inc()
-                m.compute_us.labels(model=model).observe((time.perf_counter() - t0) * 1e6)
-                done_tx.send_multipart(codec.pack(result, out), copy=False)
+                if self.work.last_wait_us >= 0:  # received -> taken here (a prepared one: its prep queue's)
+                    item.queued_us = self.work.last_wait_us
+                parts, fault = self._execute(item)
+                done_tx.send_multipart(parts, copy=False)
                 if fault is not None:  # the context is unusable: stop computing, the I/O loop exits
                     self.fault = fault
                     return
         finally:
             done_tx.close()
+
+    def _decode(self, batch: pb.BatchT, frames: list[Any], prepare: bool = False) -> Pending:
+        """A received batch decoded and verified (each bad request its own error), and with
+        `prepare` also the model's `prepare` run; never raises (a bug: the batch's error)."""
+        try:
+            return prepare_batch(
+                self.models, batch, frames, self.s.service_id, str(self.device), **self._shm_arg(),
+                prepare=prepare,
+            )  # fmt: skip
+        except Exception as exc:  # a bug: the batch is answered with it
+            log.exception("batch preparation failed")
+            failure = codec.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
+            result = pb.BatchResultT(batchId=batch.batchId, executorId=self.s.service_id, error=failure)
+            return Pending(result, None)
+
+    def _execute(self, pending: Pending) -> tuple[list[Any], BaseException | None]:
+        """Run one decoded batch: the BatchResult's parts to send, and the device fault that ends
+        the process, if one happened. Never raises: a failure is every request's answer. Called by
+        the compute thread, and by the I/O loop for a lone batch of a fast model (`_inline`)."""
+        t0 = time.perf_counter() - pending.busy_s  # the compute metric keeps the decode and prepare
+        name = pending.model.spec.name if pending.model else ""
+        model = name if name in self.models else "_unknown"  # bounded labels
+        fault: BaseException | None = None
+        try:
+            result, out = finish_batch(pending)
+        except Exception as exc:  # never lose a batch: every request hears the failure
+            log.exception("batch failed")
+            fault = exc if is_device_fault(exc) else None
+            failure = codec.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
+            bid = pending.result.batchId
+            result = pb.BatchResultT(batchId=bid, executorId=self.s.service_id, error=failure)
+            out = []
+        took_s = time.perf_counter() - t0
+        if model in self.models:  # what decides whether its next lone batch runs inline
+            self._compute_s[model] = took_s
+        outcome = "error" if result.error is not None else "success"
+        m.batches.labels(model=model, outcome=outcome).inc()
+        m.compute_us.labels(model=model).observe(took_s * 1e6)
+        return codec.pack(result, out), fault
+
+    def _inline(self, pending: Pending) -> bool:
+        """Whether a received batch runs here, on the I/O loop, instead of on the compute thread:
+        the executor is idle (nothing queued, preparing or running: it would wait behind nothing),
+        the device is the CPU (a GPU model's streams and graphs belong to the compute thread), the
+        model does not `prepare` (its next batch could not be prepared meanwhile), and its last
+        batch ran within `inline_max_us` (the loop is blocked while it runs: heartbeats and
+        receiving wait, bounded by that). Saves the compute thread's wake-up and the result's
+        hand-off back (issue #19: two thread switches per batch)."""
+        if self.inflight or self.device.is_cuda or self.s.inline_max_us <= 0:
+            return False
+        model = pending.model
+        if model is None or model.prepares:
+            return False
+        took_s = self._compute_s.get(model.spec.name)
+        return took_s is not None and took_s * 1e6 <= self.s.inline_max_us
 
     def _shm_arg(self) -> dict[str, Any]:
         return {"shm": self.shm} if self.shm is not None else {}
@@ -395,22 +441,8 @@ class Executor:
         batch's error result, which the compute thread sends in its turn."""
         while (item := self.prep.get()) is not None:
             batch, frames = item
-            try:
-                pending = prepare_batch(
-                    self.models,
-                    batch,
-                    frames,
-                    self.s.service_id,
-                    str(self.device),
-                    **self._shm_arg(),
-                    prepare=True,
-                    queued_us=self.prep.last_wait_us,
-                )
-            except Exception as exc:  # a bug: the batch is answered with it, the thread goes on
-                log.exception("batch preparation failed")
-                failure = codec.error(pb.ErrorCode.INTERNAL, f"executor failure: {exc}")
-                result = pb.BatchResultT(batchId=batch.batchId, executorId=self.s.service_id, error=failure)
-                pending = Pending(result, None)
+            pending = self._decode(batch, frames, prepare=True)
+            pending.queued_us = self.prep.last_wait_us
             self.work.put(pending, rank=pending.priority or LAST_RANK)
 
     def _shm_resolver(self) -> ShmResolver | None:

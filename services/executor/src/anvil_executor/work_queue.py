@@ -5,10 +5,10 @@ wait here (it grants such a batch a reserved credit): that batch must run next, 
 not after every batch queued ahead of it. A batch's rank is the most urgent priority among its requests
 (read from their envelopes: 1 = interactive); equal ranks run in arrival order.
 
-Producers: the I/O loop (``put`` of a received batch) and the prep thread (``put`` of a prepared
-batch with its rank). Consumer: the compute thread, or the prep thread for the prep queue (``get``,
-blocking). ``None`` is the stop marker; it ranks after every batch, so the queued work is finished
-before the thread ends.
+Producers: the I/O loop (``put`` of a received batch: decoded there, with its rank, or as received
+for the prep queue) and the prep thread (``put`` of a prepared batch with its rank). Consumer: the
+compute thread, or the prep thread for the prep queue (``get``, blocking). ``None`` is the stop
+marker; it ranks after every batch, so the queued work is finished before the thread ends.
 """
 
 from __future__ import annotations
@@ -48,10 +48,13 @@ class BatchQueue:
         self._ready = threading.Condition(threading.Lock())
         self.last_wait_us = 0  # the item `get` returned last: put -> taken, µs (the one consumer reads it)
 
-    def put(self, item: Item | None, rank: int | None = None) -> None:
-        """Queue a received (Batch, frames), ranked by its requests; or anything else (a prepared
-        batch) with its `rank` given, whose "queued" hop its first queue already observed."""
-        observe = rank is None and item is not None
+    def put(self, item: Item | None, rank: int | None = None, observe: bool | None = None) -> None:
+        """Queue an item, most urgent first. A received (Batch, frames) is ranked by its requests
+        when `rank` is None; anything else (a decoded or prepared batch) comes with its `rank`.
+        `observe`: whether `get` observes the hop "queued" (received -> taken) for it; by default
+        only for a received batch ranked here (a prepared one's first queue observed it)."""
+        if observe is None:
+            observe = rank is None and item is not None
         if rank is None:
             rank = _LAST if item is None else batch_priority(*item)
         with self._ready:
@@ -61,13 +64,16 @@ class BatchQueue:
             self._ready.notify()
 
     def get(self) -> Item | None:
+        """The most urgent item, blocking until there is one. `last_wait_us` is then its wait
+        here, µs, or -1 when the hop was not observed for it (`put`'s `observe`)."""
         with self._ready:
             while not self._heap:
                 self._ready.wait()
             rank, _, put_at, item = heapq.heappop(self._heap)
+        self.last_wait_us = -1
         if put_at >= 0:  # the hop "queued": received -> its work starts (prep or compute), by rank
             self.last_wait_us = int((time.perf_counter() - put_at) * 1e6)
-            m.hop_us.labels(hop="queued", priority=m.priority_label(rank)).observe(self.last_wait_us)
+            m.hop("queued", rank).observe(self.last_wait_us)
         return item
 
     def __len__(self) -> int:

@@ -133,6 +133,7 @@ class Scheduler:
         # each executor's last Register, to apply again when a model it lists is deployed again
         self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
         self._hop_series: dict[tuple[str, int], Any] = {}
+        self._label_cache: dict[tuple[Any, ...], Any] = {}  # (metric id, *labels) -> its series
 
     def _router(self, port: int, link: str) -> zmq.Socket[bytes]:
         """A ROUTER for the clients of `link` (gateway or executor): tcp with CURVE, and the ipc
@@ -194,7 +195,11 @@ class Scheduler:
         self.ctx.term()
 
     def _drain(self, sock: zmq.Socket[bytes], handle: Any) -> None:
+        # Ask the socket whether a message is there rather than receive until zmq.Again: raising and
+        # catching that costs more than the check (about one per message at moderate load).
         for _ in range(_DRAIN):
+            if not int(sock.get(zmq.EVENTS)) & zmq.POLLIN:
+                return
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -249,7 +254,7 @@ class Scheduler:
         if model in self.unloaded:
             self._reply_error(ticket, rid, model, pb.ErrorCode.NOT_FOUND, f"model {model!r} is not deployed")
             return
-        if model not in self.core.models():
+        if not self.core.has_model(model):
             self._reply_error(
                 ticket, rid, model, pb.ErrorCode.UNAVAILABLE, f"no executor has served model {model!r}"
             )
@@ -278,7 +283,7 @@ class Scheduler:
             log.warning("gateway unreachable; answer dropped", extra={"err": str(exc)})
 
     def _reply_error(self, ticket: Ticket, rid: str, model: str, code: int, reason: str) -> None:
-        label = model if model in self.core.models() else "_unknown"  # no series per crafted name
+        label = model if self.core.has_model(model) else "_unknown"  # no series per crafted name
         m.requests.labels(model=label, outcome=codec.ERROR_NAMES.get(code, "error").lower()).inc()
         env = codec.build_response(
             request_id=rid, trace_id=ticket.trace_id, model=model, error=(code, reason)
@@ -359,8 +364,8 @@ class Scheduler:
         if tracing.ON:
             contexts = [_ticket(r).traceparent for r in batch.requests]
             msg.traceparent = spans.record(batch, contexts, now, batch.executor_id)
-        m.batches.labels(model=batch.model).inc()
-        m.batch_size.labels(model=batch.model).observe(batch.size)
+        self._series(m.batches, batch.model).inc()
+        self._series(m.batch_size, batch.model).observe(batch.size)
         self.sent_at[batch.batch_id] = now
         ident = self.executors.get(batch.executor_id)
         if ident is None or not self._send_executor(ident, codec.pack(msg, frames)):
@@ -384,7 +389,7 @@ class Scheduler:
             m.duplicates.labels(what="late_result").inc(len(done.late))
         answered = {r.request_id: r for r in done.answered}
         if answered:
-            m.batch_rtt_us.labels(model=done.answered[0].model).observe((now - sent) * 1e6)
+            self._series(m.batch_rtt_us, done.answered[0].model).observe((now - sent) * 1e6)
         replies: dict[bytes, list[list[Any]]] = {}  # gateway -> response groups, forwarded unchanged
         try:
             for group in codec.split_groups(frames, result.frameCounts or ()):
@@ -392,7 +397,7 @@ class Scheduler:
                 codec.check_payloads(resp.outputs, group[1:], "output")
                 r = answered.pop(resp.requestId or "", None)
                 if r is not None:
-                    m.requests.labels(model=r.model, outcome="answered").inc()
+                    self._series(m.requests, r.model, "answered").inc()
                     self._hop("executor_round_trip", r.priority).observe((now - sent) * 1e6)
                     replies.setdefault(_ticket(r).gateway, []).append(group)
         except codec.ProtocolError as exc:  # the batch's requests still get an answer below
@@ -407,6 +412,16 @@ class Scheduler:
                 pb.ErrorCode.INTERNAL,
                 "executor returned no result for this request",
             )
+
+    def _series(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, resolved once per label set (prometheus_client's lookup takes a
+        lock and validates the labels: several µs per call, several calls per request). Forgotten
+        with the model (`_remove_unloaded`)."""
+        key = (id(metric), *labels)
+        series = self._label_cache.get(key)
+        if series is None:
+            series = self._label_cache[key] = metric.labels(*labels)
+        return series
 
     def _hop(self, hop: str, priority: int) -> Any:
         """The hop histogram of (hop, priority), resolved once (priorities are the configured ones)."""
@@ -521,6 +536,7 @@ class Scheduler:
                 self._reply_error(_ticket(r), r.request_id, r.model, pb.ErrorCode.NOT_FOUND, why)
             self._depth_labels = {k for k in self._depth_labels if k[0] != model}
             m.forget_model(model, self._priorities)
+            self._label_cache.clear()  # its series are gone: the others are resolved again
             log.info("model removed", extra={"model": model, "queued_answered": len(failed)})
 
     async def _load_profile(self, model: str, device: str) -> None:

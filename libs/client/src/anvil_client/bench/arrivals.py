@@ -18,12 +18,15 @@ PATTERNS = ("poisson", "constant", "step", "onoff", "trace")
 
 @dataclass(frozen=True)
 class Schedule:
-    """Send offsets in seconds from the start of the run, ascending. `(n,) float64`."""
+    """Send offsets in seconds from the start of the run, ascending. `(n,) float64`; `priorities`,
+    when the schedule carries them (a trace with a priority column), `(n,) int8` in 1..3, one per
+    offset (they replace the workload's priority mix)."""
 
     offsets_s: np.ndarray
     pattern: str
     rate_rps: float
     duration_s: float
+    priorities: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.offsets_s.shape[0])
@@ -64,7 +67,8 @@ def schedule(
     `burst_factor` x the rate from `burst_at_s` (default a third in) for `burst_len_s` (a third).
     onoff: Poisson at `rate_rps` for half of each `period_s`, silent for the other half.
     trace: one send offset in seconds per line of `trace` (sorted; lines after `duration_s` dropped),
-    time-scaled so its mean rate is `trace_rate_rps` when that is given (the shape of the bursts kept).
+    time-scaled so its mean rate is `trace_rate_rps` when that is given (the shape of the bursts kept);
+    a line may give its request's priority after the offset (`_read_trace`), carried in `priorities`.
     """
     rng = np.random.default_rng(seed)
     if pattern == "poisson":
@@ -90,8 +94,7 @@ def schedule(
     elif pattern == "trace":
         if trace is None:
             raise ValueError("pattern 'trace' needs a trace file (--trace): one send offset in s per line")
-        lines = [ln.split("#")[0].strip() for ln in trace.read_text().splitlines()]
-        t = np.sort(np.array([float(x) for x in lines if x], dtype=np.float64))
+        t, prios = _read_trace(trace)
         if t.size and t[0] < 0:
             raise ValueError("trace offsets must be >= 0 s")
         if trace_rate_rps is not None:
@@ -102,8 +105,39 @@ def schedule(
                 raise ValueError("a trace needs two or more distinct offsets to be rescaled to a rate")
             t = (t - t[0]) * ((t.size - 1) / span / trace_rate_rps)  # mean rate -> trace_rate_rps
             rate_rps = trace_rate_rps
-        t = t[t <= duration_s] if duration_s > 0 else t
+        keep = t <= duration_s if duration_s > 0 else np.ones(t.shape, dtype=bool)
+        t, prios = t[keep], None if prios is None else prios[keep]
         duration_s = float(t[-1]) if duration_s <= 0 and t.size else duration_s
+        return Schedule(np.asarray(t, dtype=np.float64), pattern, rate_rps, duration_s, prios)
     else:
         raise ValueError(f"unknown arrival pattern {pattern!r}; one of {', '.join(PATTERNS)}")
     return Schedule(np.asarray(t, dtype=np.float64), pattern, rate_rps, duration_s)
+
+
+def _read_trace(path: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    """A trace file: one send offset in s per line, optionally followed by the request's priority
+    (1, 2 or 3); `#` starts a comment. Returns the offsets sorted and, when every line gives one,
+    the priorities in the same order (a file where only some lines do is refused)."""
+    offsets: list[float] = []
+    prios: list[int] = []
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        cells = raw.split("#")[0].split()
+        if not cells:
+            continue
+        if len(cells) > 2:
+            raise ValueError(f"{path}:{number}: expected 'offset_s [priority]', got {raw.strip()!r}")
+        try:
+            offsets.append(float(cells[0]))
+            if len(cells) == 2:
+                prios.append(int(cells[1]))
+        except ValueError:
+            raise ValueError(
+                f"{path}:{number}: expected 'offset_s [priority]', got {raw.strip()!r}"
+            ) from None
+        if len(cells) == 2 and prios[-1] not in (1, 2, 3):
+            raise ValueError(f"{path}:{number}: priority must be 1, 2 or 3, got {cells[1]}")
+    if prios and len(prios) != len(offsets):
+        raise ValueError(f"{path}: {len(prios)} of {len(offsets)} lines give a priority; give all or none")
+    t = np.array(offsets, dtype=np.float64)
+    order = np.argsort(t, kind="stable")
+    return t[order], (np.array(prios, dtype=np.int8)[order] if prios else None)

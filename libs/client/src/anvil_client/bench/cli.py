@@ -71,7 +71,10 @@ def add_bench_command(sub: Any) -> None:
     p.add_argument("--burst-factor", type=float, default=4.0, help="step: rate multiplier in the burst")
     p.add_argument("--period", type=float, default=2.0, help="onoff: seconds per on+off cycle")
     p.add_argument(
-        "--trace", type=Path, help="replay this file of send offsets in s, one per line (rescaled by --rate)"
+        "--trace",
+        type=Path,
+        help="replay this file of send offsets in s, one per line, each optionally followed by its "
+        "priority 1-3 (which then replace --priority-mix); rescaled to a mean of --rate req/s when given",
     )
     p.add_argument("--concurrency", type=int, help="closed loop with N clients instead of open loop")
     p.add_argument("--priority-mix", default="2", help="e.g. 1:0.2,2:0.5,3:0.3 (weights)")

@@ -98,6 +98,8 @@ class Engine:
         n = len(sched)
         rec = _Recorder(n, self.wl)
         rec.intended[:] = sched.offsets_s
+        if sched.priorities is not None:  # a trace that carries them replaces the priority mix
+            rec.priority[:] = sched.priorities
         pool = Pool(self.ep, self.max_connections)
         loop = asyncio.get_running_loop()
         t0 = loop.time() + 0.05

@@ -143,7 +143,7 @@ class Pool:
             except BaseException:
                 if fut.done() and not fut.cancelled():
                     self._release()  # handed over and cancelled in the same turn: pass it on
-                else:
+                elif fut in self.waiters:  # else a release already skipped it (cancelled first)
                     self.waiters.remove(fut)
                 raise
         try:

@@ -492,3 +492,7 @@ class SchedulerCore:
 
     def models(self) -> list[str]:
         return list(self._queues)
+
+    def has_model(self, model: str) -> bool:
+        """Whether `model` is registered (what `model in models()` says, without building the list)."""
+        return model in self._queues

@@ -1,0 +1,136 @@
+"""The lone-batch fast path (service.py `_inline`, issue #19): a batch that finds the executor idle,
+of a model whose last batch was fast, runs on the I/O loop instead of the compute thread; a batch
+that finds work in flight, of a model never measured or a slow one, goes to the compute thread as
+before. Checked by the thread each batch ran on, with events, not timings."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from anvil_core import codec
+from anvil_core.model_spec import ModelSpec, TensorSpec
+from anvil_executor.models import Model, RequestInputs, RequestOutputs
+from anvil_executor.service import Executor
+from anvil_executor.settings import ExecutorSettings
+
+sys.path.insert(0, str(Path(__file__).parent))
+from wire_helpers import batch_frames, free_port, result_of
+
+
+class Recorder(Model):
+    """INPUT0 as OUTPUT0; records the thread of each run, and blocks a run while `hold` is clear."""
+
+    def __init__(self, name: str) -> None:
+        self.spec = ModelSpec(
+            name=name,
+            max_batch=8,
+            inputs=(TensorSpec("INPUT0", "FP32", (-1,)),),
+            outputs=(TensorSpec("OUTPUT0", "FP32", (-1,)),),
+        )
+        self.ran_on: list[str] = []
+        self.running = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        self.ran_on.append(threading.current_thread().name)
+        self.running.set()
+        assert self.release.wait(20), "never released"
+        return [{"OUTPUT0": np.asarray(req["INPUT0"])} for req in batch]
+
+
+def _start(redis_url: str, tmp_path: Path, **extra: Any) -> tuple[Executor, Any, zmq.Context[Any], Any, Any]:
+    settings = ExecutorSettings(
+        models="identity",
+        redis_url=redis_url,
+        metrics_port=free_port(),
+        service_id="ex-inline",
+        artifact_dir=str(tmp_path),
+        shm_inputs=False,
+        max_batch=8,
+        zmq_curve=False,  # a plain stand-in scheduler
+        **extra,
+    )
+    ex = Executor(settings)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    ex._follow(f"tcp://127.0.0.1:{port}")
+    stop = threading.Event()
+    loop = threading.Thread(target=ex.run, args=(stop,), name="io-loop", daemon=True)
+    loop.start()
+    assert router.poll(30_000), "the executor did not register"
+    ident, *_ = router.recv_multipart()
+    return ex, (stop, loop), ctx, router, ident
+
+
+def _ok(result: Any, frames: list[Any], want: float) -> None:
+    assert result.error is None
+    (group,) = codec.split_groups(frames, result.frameCounts)
+    out = codec.request_tensor(codec.read_response(group[0]).outputs[0], group[1:]).data
+    assert np.array_equal(out, np.full((1, 4), want, np.float32))
+
+
+def test_a_lone_batch_of_a_fast_model_runs_on_the_io_loop_and_only_when_idle(
+    redis_url: str, tmp_path: Path
+) -> None:
+    ex, (stop, loop), ctx, router, ident = _start(redis_url, tmp_path)
+    fast, slow = Recorder("fast"), Recorder("slow")
+    ex.models["fast"] = fast
+    ex.models["slow"] = slow
+    try:
+        router.send_multipart([ident, *batch_frames("1", ["a"], model="fast")])
+        _ok(*result_of(router, "1"), 0.0)
+        assert fast.ran_on == ["compute"]  # never measured: the compute thread measures it
+
+        slow.release.clear()  # batch 2 holds the compute thread: batch 3 finds work in flight
+        router.send_multipart([ident, *batch_frames("2", ["a"], model="slow")])
+        assert slow.running.wait(20)
+        queued = threading.Event()  # batch 3 reached the compute queue (behind batch 2)
+        put = ex.work.put
+        ex.work.put = lambda *a, **k: (put(*a, **k), queued.set())  # type: ignore[method-assign]
+        router.send_multipart([ident, *batch_frames("3", ["a", "b"], model="fast")])
+        assert queued.wait(20)
+        slow.release.set()
+        _ok(*result_of(router, "2"), 0.0)
+        result, _ = result_of(router, "3")
+        assert result.error is None and list(result.frameCounts) == [2, 2]
+        assert fast.ran_on == ["compute", "compute"] and ex.inline_batches == 0
+
+        router.send_multipart([ident, *batch_frames("4", ["a"], model="fast")])  # idle now, and fast
+        _ok(*result_of(router, "4"), 0.0)
+        assert fast.ran_on[-1] == "io-loop" and ex.inline_batches == 1
+        assert ex.inflight == 0
+    finally:
+        stop.set()
+        loop.join(10)
+        router.close()
+        ctx.term()
+
+
+@pytest.mark.parametrize("inline_max_us", [0, 2000])
+def test_inline_off_or_a_slow_model_stays_on_the_compute_thread(
+    redis_url: str, tmp_path: Path, inline_max_us: int
+) -> None:
+    ex, (stop, loop), ctx, router, ident = _start(redis_url, tmp_path, inline_max_us=inline_max_us)
+    fast = Recorder("fast")
+    ex.models["fast"] = fast
+    try:
+        for bid in ("1", "2", "3"):
+            if inline_max_us and bid != "1":  # its last batch "took" 500 ms: too slow to hold the loop
+                ex._compute_s["fast"] = 0.5
+            router.send_multipart([ident, *batch_frames(bid, ["a"], model="fast")])
+            _ok(*result_of(router, bid), 0.0)
+        assert fast.ran_on == ["compute"] * 3 and ex.inline_batches == 0
+    finally:
+        stop.set()
+        loop.join(10)
+        router.close()
+        ctx.term()
