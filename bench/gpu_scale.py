@@ -165,7 +165,9 @@ def _items(row: dict[str, Any], per_req: int) -> dict[str, Any]:
         row["items_per_s"] = row.pop("sentences_per_s")
     else:
         row["items_per_s"] = round(row["requests_per_s"] * per_req, 1)
-        row["errors"] = sum(row["errors"].values()) if isinstance(row["errors"], dict) else row["errors"]
+        if isinstance(row["errors"], dict):  # int4_gpu._closed_loop: {"<status>: <text>": count}
+            row["error_examples"] = dict(list(row["errors"].items())[:3])
+            row["errors"] = sum(row["errors"].values())
     return row
 
 
@@ -204,7 +206,12 @@ class Workloads:
 
         def phase(conc: int, seconds: float = a.seconds) -> dict[str, Any]:
             load = minilm_gpu.load(stack.url, a.name, self.texts, 32, conc, seconds, procs=a.client_procs)
-            return _items(asyncio.run(load), 32)
+            row = _items(asyncio.run(load), 32)
+            if row["errors"]:  # minilm_gpu.load counts them; one more request says what they were
+                body = {"model": a.name, "input": self.texts[:32]}
+                r = httpx.post(stack.url + "/v1/embeddings", json=body, timeout=30)
+                row["error_examples"] = {str(r.status_code): r.text[:300]}
+            return row
 
         phase(64, a.warmup_s)  # every batch and length bucket the phases reach
         what = "minilm 32 sentences/request"

@@ -116,7 +116,7 @@ class GpuSampler:
             self.error = "no nvidia-smi on PATH"
             return
         cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used"]
-        cmd += ["--format=csv,noheader,nounits", f"-lms={self.period_ms}"]
+        cmd += ["--format=csv,noheader,nounits", "-lms", str(self.period_ms)]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

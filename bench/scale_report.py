@@ -135,6 +135,11 @@ def markdown(res: dict[str, Any]) -> str:
                 row["host_busy_cores"],
             ]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+            if row.get("error_examples"):
+                notes.append(
+                    f"- {entry['config']} {row['workload']} c{row['concurrency']}: errors, e.g. "
+                    f"{row['error_examples']}"
+                )
         for what in ("skipped", "failed"):
             if what in entry:
                 notes.append(f"- {entry['config']}: {what}: {entry[what]}")
