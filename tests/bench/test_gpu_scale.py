@@ -3,7 +3,9 @@ orchestration itself runs with `--profile cpu --model identity`, docs/executor_g
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from gpu_scale import parse_configs, unavailable
+from scale_probe import GpuSampler
 from scale_report import ratios
 from scale_stack import ScaleConfig
 
@@ -81,3 +84,30 @@ def test_two_gpu_check_says_why_it_did_not_run() -> None:
     skipped = {"config": "gpus=0+1,epg=1", "skipped": "needs GPU 1, 1 visible (nvidia-smi -L)"}
     x2 = ratios([one, skipped])[1]
     assert x2["status"] == "not run" and "needs GPU 1" in x2["why"]
+
+
+def test_gpu_sampler_reads_nvidia_smi_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Utilisation and memory per GPU from `nvidia-smi --query-gpu ... -lms` lines; `[N/A]` rows are
+    skipped, and where nvidia-smi is absent the sampler says so."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *"--query-gpu=index,utilization.gpu,memory.used"*"-lms 200"*) ;; *) exit 2;; esac\n'
+        "printf '0, 40, 1000\\n1, [N/A], 5\\n0, 60, 1200\\n1, 10, 7\\n'\nexec sleep 30\n"
+    )
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    sampler = GpuSampler()
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while sum(len(s) for s in sampler.samples.values()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    got = sampler.stop()
+    assert got == {
+        "0": {"util_mean_pct": 50.0, "util_max_pct": 60.0, "mem_max_mib": 1200.0, "samples": 2},
+        "1": {"util_mean_pct": 10.0, "util_max_pct": 10.0, "mem_max_mib": 7.0, "samples": 1},
+    }
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    none = GpuSampler()
+    none.start()
+    assert none.stop() == "no nvidia-smi on PATH"
