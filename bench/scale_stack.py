@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from anvil_client.launcher import private_port_env
+from anvil_client.launcher import PORT_STRIDE, private_port_env
 
 __all__ = ["ScaleConfig", "ScaleStack", "StackFailed"]
 
@@ -43,6 +44,27 @@ class ScaleConfig:
         return len(self.gpus) * self.per_gpu
 
 
+def _private_ports(executors: int, attempts: int = 20) -> dict[str, str]:
+    """private_port_env, redrawn until the ports of the executors after the first (executor metrics
+    port + PORT_STRIDE x k, which the launcher derives and nobody checked) are free as well."""
+    for _ in range(attempts):
+        ports = private_port_env(ROOT / "compose.yaml")
+        base = int(ports["ANVIL_EXECUTOR_METRICS_PORT"])
+        derived = [base + PORT_STRIDE * k for k in range(1, executors)]
+        if not set(map(str, derived)) & set(ports.values()) and all(map(_free, derived)):
+            return ports
+    raise StackFailed(f"no free metrics ports for {executors} executors after {attempts} draws")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 class StackFailed(RuntimeError):
     """The stack did not come up; the message carries the tail of the launcher's output."""
 
@@ -52,8 +74,9 @@ class ScaleStack:
         self.cfg = cfg
         self.profile = profile
         self.run_root = run_root
-        ports = private_port_env(ROOT / "compose.yaml")
+        ports = _private_ports(cfg.executors)
         self.env = dict(os.environ)  # the caller's ANVIL_* settings (precision, gateway workers) hold
+        self.env.pop("ANVIL_REDIS_URL", None)  # an embedded Redis of its own: nothing left from before
         self.env.update(ports)
         self.env.update(
             {
@@ -72,6 +95,7 @@ class ScaleStack:
             self.env["ANVIL_EXECUTORS_PER_GPU"] = str(cfg.per_gpu)
         else:  # CPU executors stand in for the GPUs' executors
             self.env.pop("ANVIL_GPUS", None)
+            self.env.setdefault("ANVIL_MODELS", "identity,mlp")  # not the built-in MiniLM as well
             self.argv += ["--scale", f"executor={cfg.executors}"]
         self.url = f"http://127.0.0.1:{ports['ANVIL_HTTP_PORT']}"
         self.log = run_root / "up.log"
