@@ -56,6 +56,7 @@ __all__ = ["parse_configs", "unavailable"]
 FIRST_CONFIG_ESTIMATE_S = 120.0  # stack start + deploy + warm-up + phases, before one was measured
 INT4_COMPILE_ESTIMATE_S = 150.0  # the 1 GiB weight-bound model: upload + INT4 pack (~64 s measured)
 INT4_CACHED_ESTIMATE_S = 45.0  # upload again; the compiled artifact is reused (shared artifact dir)
+PHASE_MARGIN_S = 15.0  # a phase's own overhead (client processes, scrapes) and the stack's stop
 SERVE_TIMEOUT_S = 300.0  # every executor lists a deployed model within this long
 REPORTED_SETTINGS = (  # the stack's settings from the environment that move these numbers
     "ANVIL_GPU_PRECISION",
@@ -180,9 +181,11 @@ class Workloads:
         self.texts = minilm_gpu.sentences(args.sentences) if args.model == "minilm" else []
         self.int4_onnx: Path | None = None
         self.int4_compiled = False
+        self.left_s: Callable[[], float] = lambda: float("inf")
 
     def run(self, stack: ScaleStack, left_s: Callable[[], float]) -> list[dict[str, Any]]:
         a = self.args
+        self.left_s = left_s
         os.environ.update(stack.client_env())  # `anvil deploy` subprocesses find this stack
         rows = self._minilm(stack, left_s) if a.model == "minilm" else self._identity(stack, left_s)
         if a.int4:
@@ -210,7 +213,8 @@ class Workloads:
             if row["errors"]:  # minilm_gpu.load counts them; one more request says what they were
                 body = {"model": a.name, "input": self.texts[:32]}
                 r = httpx.post(stack.url + "/v1/embeddings", json=body, timeout=30)
-                row["error_examples"] = {str(r.status_code): r.text[:300]}
+                seen = r.text[:300] if r.status_code != 200 else "200: not reproduced by a request after it"
+                row["error_examples"] = {str(r.status_code): seen}
             return row
 
         phase(64, a.warmup_s)  # every batch and length bucket the phases reach
@@ -262,6 +266,11 @@ class Workloads:
     ) -> list[dict[str, Any]]:
         rows = []
         for conc in concurrency:
+            if self.left_s() < self.args.seconds + PHASE_MARGIN_S:
+                need = self.args.seconds + PHASE_MARGIN_S
+                why = f"budget: {self.left_s():.0f} s left, a phase takes ~{need:.0f} s"
+                rows.append({"workload": what, "concurrency": conc, "skipped": why})
+                continue
             row: dict[str, Any] = {
                 "workload": what,
                 "concurrency": conc,

@@ -116,7 +116,8 @@ def markdown(res: dict[str, Any]) -> str:
     for entry in res["configs"]:
         for row in entry.get("rows", []):
             if "skipped" in row:
-                notes.append(f"- {entry['config']} {row['workload']}: skipped ({row['skipped']})")
+                at = f" c{row['concurrency']}" if "concurrency" in row else ""
+                notes.append(f"- {entry['config']} {row['workload']}{at}: skipped ({row['skipped']})")
                 continue
             per = ", ".join(f"{n} {b}" for n, b in row["batches_per_executor"].items())
             cells = [
