@@ -289,6 +289,13 @@ class Workloads:
         return rows
 
 
+def _git_head() -> str:
+    """This checkout's HEAD, said to be that: on a device copy git is stale (pass --commit there)."""
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    head = git.stdout.strip()
+    return f"{head} (git HEAD of the tree that ran; no --commit given)" if head else "unknown (pass --commit)"
+
+
 def machine() -> dict[str, Any]:
     gpus: list[str] = []
     if shutil.which("nvidia-smi"):
@@ -338,7 +345,7 @@ def main() -> None:
     visible = visible_gpus(os.environ)
     res: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
-        "commit": args.commit or "unknown (pass --commit or ANVIL_COMMIT)",
+        "commit": args.commit or _git_head(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": machine(),
         "profile": args.profile,
