@@ -17,7 +17,7 @@ ARGS=(--model-dir .carry/minilm --configs "$CONFIGS" --budget-s "$BUDGET_S" --ou
 [ "${INT4:-0}" = 1 ] && ARGS+=(--int4)
 # the budget is checked between phases; the timeout only bounds a wedged phase (rows are written
 # after each configuration)
-timeout $((BUDGET_S + 90)) python3 bench/gpu_scale.py "${ARGS[@]}" ${SCALE_ARGS:-} 2>&1 | tail -80
+timeout $((BUDGET_S + 90)) python3 bench/gpu_scale.py "${ARGS[@]}" ${SCALE_ARGS:-} 2>&1 | tee "$OUT/gpu_scale.log" | tail -80
 for f in "$WORK"/*/up.log "$WORK"/*/*/*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 2000 "$f"; }; done \
   > "$OUT/scale_logs.txt"
 grep -i "cuda error\|Traceback\|exited with" "$OUT/scale_logs.txt" | tail -20
