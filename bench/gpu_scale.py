@@ -49,6 +49,7 @@ from scale_report import markdown, ratios  # noqa: E402
 from scale_stack import ScaleConfig, ScaleStack, StackFailed  # noqa: E402
 
 from anvil_client.gpus import Visible, executors_per_gpu, visible_gpus  # noqa: E402
+from anvil_core import keys  # noqa: E402
 from anvil_core.redis_conn import load_redis_auth, sync_redis  # noqa: E402
 
 __all__ = ["parse_configs", "unavailable"]
@@ -117,7 +118,7 @@ def wait_served(stack: ScaleStack, model: str, timeout_s: float) -> float:
     try:
         while True:
             serving = 0
-            for key in r.scan_iter("anvil:svc:executor:*"):
+            for key in r.scan_iter(keys.svc_pattern("executor")):
                 models = r.hget(key, "models")
                 serving += bool(models and model in json.loads(models))
             if serving >= stack.cfg.executors:

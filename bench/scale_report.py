@@ -108,7 +108,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"- Load: closed loop, {res['load']}; settings: {res['settings'] or 'defaults'}",
         f"- Total {res.get('total_s')} s of a {res['budget_s']:.0f} s budget",
         "",
-        "| config | workload | conc | items/s | x first | p50 ms | p99 ms | errors | mean batch "
+        "| config | workload | conc | items/s | x first | p50 ms | p99 ms | errors | mean batch (requests) "
         "| batches per executor | GPU util | cores used (top services) | host busy cores |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
