@@ -98,9 +98,11 @@ class ModelKernel:
 
         meta = np.array([int(k), int(n), 64 * cpg, int(flags) & 1], np.int64)
         if mtc:
-            out, writes = mtc_model.simulate({"mq": qw, "msz": sz, "meta": meta}, f64(x), cfg, int(grid[2]), dt)
+            packed = {"mq": qw, "msz": sz, "meta": meta}
+            out, writes = mtc_model.simulate(packed, f64(x), cfg, int(grid[2]), dt)
         else:
-            out, writes = tc_model.simulate({"qweight": qw, "sz": sz, "meta": meta}, f64(x), cfg, int(grid[2]), dt)
+            packed = {"qweight": qw, "sz": sz, "meta": meta}
+            out, writes = tc_model.simulate(packed, f64(x), cfg, int(grid[2]), dt)
         assert np.array_equal(writes, np.ones_like(writes))
         v = out + (f64(DevArray.registry[int(bias)]) if int(bias) else 0.0)
         v = np.vectorize(lambda t: activate(t, int(act)))(v)

@@ -52,9 +52,8 @@ def test_single_nibble_lands_where_the_kernel_reads_it() -> None:
     for kk, nn in [(0, 0), (77, 13), (255, 63), (136, 40), (9, 8)]:
         q = np.zeros((k, n), np.uint8)
         q[kk, nn] = 11
-        w = Int4Weight(
-            pack_nibbles(q), np.ones((k // g, n), np.float16), np.zeros((k // g, n), np.float16), g, k, n, "fp16"
-        )
+        ones, zeros = np.ones((k // g, n), np.float16), np.zeros((k // g, n), np.float16)
+        w = Int4Weight(pack_nibbles(q), ones, zeros, g, k, n, "fp16")
         mq = prepack_mtc(w)["mq"]
         hits = np.argwhere(mq)
         assert len(hits) == 1
@@ -186,7 +185,8 @@ def _ptxas(tmp_path: Path, dtype: str) -> tuple[str, list[Path]]:
         src.write_text(w4a16_source(params))
         cubin = tmp_path / f"{cfg}_{dtype}.cubin"
         cubins.append(cubin)
-        cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-o", str(cubin), str(src)]
+        cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v"]
+        cmd += ["-o", str(cubin), str(src)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     stderr = ""
     for proc in procs:
@@ -219,7 +219,8 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path) -> None:
     if shutil.which("cuobjdump") is None:
         return
     for cubin in cubins:
-        sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+        cmd = ["cuobjdump", "-sass", str(cubin)]
+        sass = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128"):
             assert op in sass, f"{cubin.name}: no {op}"
         assert "LDL" not in sass and "STL" not in sass, f"{cubin.name}: local memory"
@@ -250,7 +251,14 @@ def test_launcher_drives_the_model(
     w = random_weight(rng, k, n, g, "bf16")
     dtype: Any = dt
     layer = W4A16Linear(
-        model_module, prepack(w), m, dtype=dtype, activation="gelu_tanh", sm_count=132, kernel=cfg, split=split
+        model_module,
+        prepack(w),
+        m,
+        dtype=dtype,
+        activation="gelu_tanh",
+        sm_count=132,
+        kernel=cfg,
+        split=split,
     )
     assert layer.qweight is None and layer.mq is not None  # only the layout its kernel reads
     xs = rng.standard_normal((m, k)).astype(np.float32)

@@ -233,7 +233,14 @@ def test_launcher_drives_the_model(
     w = random_weight(rng, k, n, g, "bf16")
     dtype: Any = dt
     layer = W4A16Linear(
-        model_module, prepack(w), m, dtype=dtype, activation="gelu_tanh", sm_count=132, kernel=cfg, split=split
+        model_module,
+        prepack(w),
+        m,
+        dtype=dtype,
+        activation="gelu_tanh",
+        sm_count=132,
+        kernel=cfg,
+        split=split,
     )
     xs = rng.standard_normal((m, k)).astype(np.float32)
     bs, rs = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)

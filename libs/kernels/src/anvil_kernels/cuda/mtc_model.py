@@ -54,7 +54,7 @@ def _issue(
     together the threads copy every piece once (vectorized over pieces). Zero-fill (src-size 0)
     past N and past M; sz only when c starts a group (the stage keeps its old sz otherwise)."""
     stW, stSZ, stX, held, held_g = stages
-    BS, BM, CPG, strips, strip0, m0, m_rows, k = geo
+    BS, BM, CPG, strips, strip0, m0, m_rows = geo
     p = np.arange(BS * 32)
     ok = strip0 + (p >> 5) < strips
     src = np.where(ok, (c * strips + strip0) * 32 + p, 0)
@@ -116,7 +116,7 @@ def simulate(
                 stX = np.full((ST, BM * XROW // 2), np.nan)  # padding never written: NaN
                 held, held_g = np.full(ST, -1), np.full(ST, -1)
                 stages = (stW, stSZ, stX, held, held_g)
-                geo = (BS, BM, CPG, strips, strip0, m0, m_rows, k)
+                geo = (BS, BM, CPG, strips, strip0, m0, m_rows)
                 for s in range(ST - 1):
                     if s < nck:
                         _issue(stages, s, c0 + s, geo, W, SZ, x)

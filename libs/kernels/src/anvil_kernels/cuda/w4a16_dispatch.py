@@ -30,9 +30,10 @@ RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "tc32"), (64, "tc64"), (1 
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """kernel: "gemv", a TC_CONFIGS or an MTC_CONFIGS name; split: split-K factor for tc (None: planned at load
-    from the GPU's SM count); source: "table" or "rule"; bf16_faster: the table measured cuBLAS
-    bf16 faster than every INT4 kernel at this shape (the plan may prefer dense weights)."""
+    """kernel: "gemv", a TC_CONFIGS or an MTC_CONFIGS name; split: split-K factor for tc/mtc
+    (None: planned at load from the GPU's SM count); source: "table" or "rule"; bf16_faster: the
+    table measured cuBLAS bf16 faster than every INT4 kernel at this shape (the plan may prefer
+    dense weights)."""
 
     kernel: str
     split: int | None = None

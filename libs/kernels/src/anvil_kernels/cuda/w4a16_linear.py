@@ -81,13 +81,14 @@ class W4A16Linear:
     ``prepack_mtc(w)``'s arrays added (``mq``, ``msz``); each layout is uploaded only if a kernel
     that reads it runs for some M <= m_max (the mtc one is derived from ``prepack``'s on the host
     when absent). The host arrays are dropped after construction unless ``keep_host`` (then
-    ``set_kernel`` may later pick a kernel of the other layout: tuning and benchmarks). ``m_max``: the largest M a call may
-    pass. Per M the kernel comes from ``w4a16_dispatch.choose`` (``table``: measured choices) or,
-    for tuning and tests, from ``kernel``/``split``/``overrides`` (``set_kernel``). The split-K
-    workspace (fp32) and tile counters are sized at construction for every M up to m_max, so
-    steady-state calls allocate nothing and only launch. With split-K the tensor-core kernel
-    uses those counters: one layer must not run on two streams at once. Results are
-    deterministic (split partials are added in a fixed order).
+    ``set_kernel`` may later pick a kernel of the other layout: tuning and benchmarks).
+    ``m_max``: the largest M a call may pass. Per M the kernel comes from
+    ``w4a16_dispatch.choose`` (``table``: measured choices) or, for tuning and tests, from
+    ``kernel``/``split``/``overrides`` (``set_kernel``). The split-K workspace (fp32) and tile
+    counters are sized at construction for every M up to m_max, so steady-state calls allocate
+    nothing and only launch. With split-K the tensor-core kernels use those counters: one layer
+    must not run on two streams at once. Results are deterministic (split partials are added in a
+    fixed order).
     """
 
     def __init__(
@@ -195,7 +196,8 @@ class W4A16Linear:
             ov = self._overrides
             return plan_launch(m, self.n, self.k, self.group_size, sm_count=self._sm_count, **ov)
         if ch.kernel in MTC_CONFIGS:
-            return plan_mtc(m, self.n, self.k, self.group_size, ch.kernel, sm_count=self._sm_count, split=ch.split)
+            g, sms = self.group_size, self._sm_count
+            return plan_mtc(m, self.n, self.k, g, ch.kernel, sm_count=sms, split=ch.split)
         return plan_tc(m, self.n, self.k, self.group_size, ch.kernel, sm_count=self._sm_count, split=ch.split)
 
     @property

@@ -88,9 +88,8 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = MTC_CONFIGS[cfg_name]
     name = mtc_kernel_name(dtype, cfg_name, cpg)
     sa = "true" if c.sa else "false"
-    return (
-        f"ANVIL_W4A16_MTC_KERNEL({name}, {dt_code}, {c.mt}, {c.ns}, {c.wm}, {c.wn}, {c.st}, {cpg}, {sa}, {c.minb})"
-    )
+    args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wm}, {c.wn}, {c.st}, {cpg}, {sa}, {c.minb}"
+    return f"ANVIL_W4A16_MTC_KERNEL({args})"
 
 
 def plan_mtc(
