@@ -27,10 +27,11 @@ def module() -> object:
     """The W4A16 kernels: ``ANVIL_W4A16_FATBIN`` (prebuilt fatbins, os.pathsep-separated, e.g. by
     bench/w4a16_device.sh), else every variant built once per session with nvcc (in parallel)."""
     pytest.importorskip("cupy")
-    from anvil_kernels.cuda import W4A16Params, build_fatbins, load_module
+    from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, build_fatbins, load_module
 
     env = os.environ.get("ANVIL_W4A16_FATBIN")
-    return load_module(env if env else build_fatbins(W4A16Params(), ("compute_90,code=sm_90",)))
+    params = W4A16Params(mtc_configs=tuple(MTC_CONFIGS))
+    return load_module(env if env else build_fatbins(params, ("compute_90,code=sm_90",)))
 
 
 class DevArray(np.ndarray):

@@ -181,7 +181,7 @@ def test_tc_ptxas_report(tmp_path: Path) -> None:
     procs = []
     for cfg in TC_CONFIGS:  # one nvcc per config, in parallel (each takes seconds)
         src = tmp_path / f"{cfg}.cu"
-        params = W4A16Params(dtypes=("bf16",), tiles=(), groups=(128,), tc_configs=(cfg,))
+        params = W4A16Params(dtypes=("bf16",), tiles=(), groups=(128,), tc_configs=(cfg,), mtc_configs=())
         src.write_text(w4a16_source(params))
         cubin = str(tmp_path / f"{cfg}.cubin")
         cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-o", cubin, str(src)]

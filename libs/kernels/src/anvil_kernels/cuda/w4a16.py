@@ -80,7 +80,9 @@ class W4A16Params:
     groups: tuple[int, ...] = SUPPORTED_GROUPS
     variants: tuple[Variant, ...] = field(default=())
     tc_configs: tuple[str, ...] = tuple(TC_CONFIGS)  # tensor-core tiles, for every dtype x group
-    mtc_configs: tuple[str, ...] = tuple(MTC_CONFIGS)  # Marlin-like tiles, for every dtype x group
+    # Marlin-like tiles (w4a16_mtc.cu), for every dtype x group; opt-in (tuple(MTC_CONFIGS): all),
+    # so that a build that names only the kernels it needs (the compiler's) does not grow
+    mtc_configs: tuple[str, ...] = ()
 
     def all_variants(self) -> list[Variant]:
         if self.variants:
