@@ -310,17 +310,37 @@ __device__ __forceinline__ void w4a16_mtc_body(const uint4* __restrict__ W, cons
         __syncthreads();
         if (!last) return;
         __threadfence();
+        // ZB splits' partials per round trip (at least 32 loads in flight per thread: the reduction
+        // is the launch's tail), added in z order whichever block arrives last (deterministic)
+        constexpr int ZB = T::REGS >= 32 ? 1 : 32 / T::REGS;
 #pragma unroll
         for (int j = 0; j < NS; ++j)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    float v = 0.0f;
-                    for (int zz = 0; zz < S; ++zz)
-                        v += __ldcg(wt + (static_cast<size_t>(zz) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid);
-                    acc[j][mt][q] = v;
-                }
+                for (int q = 0; q < 4; ++q) acc[j][mt][q] = 0.0f;
+        for (int z0 = 0; z0 < S; z0 += ZB) {
+            float v[ZB][NS][MT][4];
+#pragma unroll
+            for (int zb = 0; zb < ZB; ++zb)
+#pragma unroll
+                for (int j = 0; j < NS; ++j)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            const size_t o = (static_cast<size_t>(z0 + zb) * T::REGS + (j * MT + mt) * 4 + q) * T::NT;
+                            v[zb][j][mt][q] = z0 + zb < S ? __ldcg(wt + o + tid) : 0.0f;
+                        }
+#pragma unroll
+            for (int zb = 0; zb < ZB; ++zb)
+#pragma unroll
+                for (int j = 0; j < NS; ++j)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) acc[j][mt][q] += v[zb][j][mt][q];
+        }
         if (tid == 0) counters[tile] = 0;  // ready for the next launch
     }
 
