@@ -31,7 +31,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS, mtc_instantiation
+from anvil_kernels.cuda.w4a16_mtc import mtc_instantiation
 from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS, tc_instantiation
 from anvil_kernels.format import Int4Weight, f32_to_bf16_bits, pack_nibbles, unpack_nibbles
 

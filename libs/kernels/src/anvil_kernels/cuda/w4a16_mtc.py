@@ -73,10 +73,10 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "mtc8": MtcConfig(mt=1, ns=2, wm=1, wn=8, st=8, regs=80, sa=False, minb=2),  # 8 x 256
     "mtc16": MtcConfig(mt=2, ns=2, wm=1, wn=8, st=8, regs=104, sa=False, minb=2),  # 16 x 256
     "mtc32": MtcConfig(mt=4, ns=2, wm=1, wn=8, st=6, regs=128, sa=False, minb=2),  # 32 x 256
-    "mtc64": MtcConfig(mt=4, ns=2, wm=2, wn=4, st=5, regs=104, sa=True, minb=2),  # 64 x 128
+    "mtc64": MtcConfig(mt=4, ns=2, wm=2, wn=4, st=5, regs=112, sa=True, minb=2),  # 64 x 128
     "mtc64w": MtcConfig(mt=4, ns=4, wm=2, wn=4, st=5, regs=168, sa=True, minb=1),  # 64 x 256
     "mtc128": MtcConfig(mt=8, ns=2, wm=2, wn=4, st=4, regs=184, sa=True, minb=1),  # 128 x 128
-    "mtc128w": MtcConfig(mt=8, ns=4, wm=2, wn=4, st=4, regs=252, sa=True, minb=1),  # 128 x 256
+    "mtc128w": MtcConfig(mt=8, ns=4, wm=2, wn=4, st=4, regs=255, sa=True, minb=1),  # 128 x 256
 }
 
 
