@@ -102,6 +102,8 @@ def _kernel_weight(w: Int4Weight, sa: bool, dt: str) -> np.ndarray:
     [
         ("mtc8", 5, 512, 288, 128, 3, "fp16"),  # partial N tile, uneven split
         ("mtc16", 16, 384, 64, 64, 4, "bf16"),
+        ("mtc8x", 3, 256, 544, 128, 2, "bf16"),  # a second, partial 512-column tile
+        ("mtc16x", 11, 512, 160, 256, 1, "fp16"),
         ("mtc32", 33, 256, 256, 256, 1, "bf16"),  # two M tiles, the second partial
         ("mtc64", 70, 256, 160, 128, 2, "fp16"),
         ("mtc64w", 9, 512, 272, 64, 3, "bf16"),
@@ -298,7 +300,7 @@ def test_mtc_matches_twin(
 @pytest.mark.parametrize(("k", "n"), [(4096, 14336), (14336, 4096), (8192, 8192), (384, 1536), (1536, 384)])
 def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: int) -> None:
     """The benchmark's shapes, each config at the M it is meant for, with the planned split."""
-    for cfg, m in (("mtc8", 1), ("mtc16", 16), ("mtc64", 64), ("mtc128w", 256)):
+    for cfg, m in (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256)):
         check_case(module, rng, "bf16", m, k, n, 128, kernel=cfg)
 
 

@@ -129,7 +129,8 @@ def _costed_instantiations(params: W4A16Params | None) -> list[tuple[str, float]
 
 _TC_COMPILE_S = {"tc16": 2.3, "tc32": 4.1, "tc64": 2.4, "tc128": 10.1, "tc64s": 17.1, "tc128s": 12.4}
 _TC_COMPILE_S["tc128ws"] = 15.4
-_MTC_COMPILE_S = {"mtc8": 3.0, "mtc16": 4.0, "mtc32": 6.0, "mtc64": 6.0, "mtc64w": 10.0, "mtc128": 10.0}
+_MTC_COMPILE_S = {"mtc8": 3.0, "mtc16": 4.0, "mtc8x": 4.0, "mtc16x": 6.0, "mtc32": 6.0, "mtc64": 6.0}
+_MTC_COMPILE_S |= {"mtc64w": 10.0, "mtc128": 10.0}
 _MTC_COMPILE_S["mtc128w"] = 16.0
 
 

@@ -241,8 +241,10 @@ __device__ __forceinline__ void w4a16_mtc_body(const uint4* __restrict__ W, cons
                     slo[j] = Dt<1>::to_f(static_cast<uint16_t>(v.x & 0xFFFFu));
                     shi[j] = Dt<1>::to_f(static_cast<uint16_t>(v.y & 0xFFFFu));
                 }
-                zlo[j] = Dt<DT>::pack2(-(Dt<DT>::MAGIC_F + static_cast<float>(v.x >> 16)));
-                zhi[j] = Dt<DT>::pack2(-(Dt<DT>::MAGIC_F + static_cast<float>(v.y >> 16)));
+                // -(MAGIC + z) as a pair, built from bits: MAGIC's exponent with z in the mantissa
+                // (z <= 64 fits bf16's 7 and fp16's 10 mantissa bits; ulp 1 there), sign set
+                zlo[j] = (Dt<DT>::MAGIC | 0x80008000u) | ((v.x >> 16) * 0x00010001u);
+                zhi[j] = (Dt<DT>::MAGIC | 0x80008000u) | ((v.y >> 16) * 0x00010001u);
                 s2lo[j] = Dt<DT>::pack2(slo[j]);
                 s2hi[j] = Dt<DT>::pack2(shi[j]);
             }

@@ -72,6 +72,9 @@ class MtcConfig:
 MTC_CONFIGS: dict[str, MtcConfig] = {
     "mtc8": MtcConfig(mt=1, ns=2, wm=1, wn=8, st=8, regs=80, sa=False, minb=2),  # 8 x 256
     "mtc16": MtcConfig(mt=2, ns=2, wm=1, wn=8, st=8, regs=104, sa=False, minb=2),  # 16 x 256
+    # 4 strips per warp: the per-chunk copy, barrier and scale work spread over twice the weights
+    "mtc8x": MtcConfig(mt=1, ns=4, wm=1, wn=8, st=5, regs=120, sa=False, minb=2),  # 8 x 512
+    "mtc16x": MtcConfig(mt=2, ns=4, wm=1, wn=8, st=5, regs=128, sa=False, minb=2),  # 16 x 512
     "mtc32": MtcConfig(mt=4, ns=2, wm=1, wn=8, st=6, regs=128, sa=False, minb=2),  # 32 x 256
     "mtc64": MtcConfig(mt=4, ns=2, wm=2, wn=4, st=5, regs=112, sa=True, minb=2),  # 64 x 128
     "mtc64w": MtcConfig(mt=4, ns=4, wm=2, wn=4, st=5, regs=168, sa=True, minb=1),  # 64 x 256
@@ -134,10 +137,10 @@ def prepack_mtc(w: Int4Weight) -> dict[str, np.ndarray]:
     # k = 64 kc + 16 s + 8 jhi + 2 t4 + e ; n = 16 strip + 8 jlo + g8
     q8 = q.reshape(k // 64, 4, 2, 4, 2, n // 16, 2, 8)
     # -> (kc, strip, g8, t4, s, e, jhi, jlo): lane = 4 g8 + t4, word = s, nibble = 4 e + 2 jhi + jlo
-    qt = np.ascontiguousarray(q8.transpose(0, 5, 7, 3, 1, 4, 2, 6)).reshape(k // 64, n // 16, 32, 4, 8)
-    words = np.zeros(qt.shape[:-1], np.uint32)
-    for p in range(8):
-        words |= qt[..., p].astype(np.uint32) << np.uint32(4 * p)
+    qt = q8.transpose(0, 5, 7, 3, 1, 4, 2, 6).reshape(k // 64, n // 16, 32, 4, 8)
+    # nibbles 2i, 2i+1 -> byte i; four little-endian bytes -> the word (nibble p at bits 4p)
+    pairs = np.ascontiguousarray(qt[..., 0::2] | (qt[..., 1::2] << np.uint8(4)))
+    words = pairs.view("<u4").reshape(qt.shape[:-1]).astype(np.uint32)
     word_sz, kind = sz_words(w)  # (G, N)
     msz = np.ascontiguousarray(word_sz.reshape(k // g, n // 16, 2, 8).transpose(0, 1, 3, 2))
     return {"mq": words, "msz": msz, "meta": np.array([k, n, g, kind], np.int64)}
