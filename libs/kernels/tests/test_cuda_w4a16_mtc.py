@@ -299,9 +299,24 @@ def test_mtc_matches_twin(
 @pytest.mark.gpu
 @pytest.mark.parametrize(("k", "n"), [(4096, 14336), (14336, 4096), (8192, 8192), (384, 1536), (1536, 384)])
 def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: int) -> None:
-    """The benchmark's shapes, each config at the M it is meant for, with the planned split."""
+    """The benchmark's shapes, each config at the M it is meant for, with the planned split (one
+    weight per shape, both layouts prepacked once: the large ones take seconds on the host)."""
+    import cupy as cp
+
+    from anvil_kernels.cuda import W4A16Linear
+    from anvil_kernels.cuda.gpu_check import from_dev, to_dev
+
+    w = random_weight(rng, k, n, 128, "bf16")
+    packed = prepack(w) | prepack_mtc(w)
     for cfg, m in (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256)):
-        check_case(module, rng, "bf16", m, k, n, 128, kernel=cfg)
+        layer = W4A16Linear(module, packed, m, kernel=cfg)
+        x_d, x = to_dev(rng.standard_normal((m, k)).astype(np.float32), "bf16")
+        out = cp.full((m, n), 0xFFFF, dtype=cp.uint16)  # bf16 NaN
+        layer(x_d, out)
+        ref = np.empty((m, n), np.float32)
+        int4_linear(x, w, ref)
+        where = f"{cfg} split {layer.plan(m).split} M={m} K={k} N={n}"
+        compare(from_dev(out, "bf16"), ref, "bf16", where, weight_error(cfg, "bf16", x, w))
 
 
 @gpu
