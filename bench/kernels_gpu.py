@@ -1,15 +1,19 @@
 """GPU benchmark of W4A16 (g128, bf16 activations) against its peers and the harness's own floor.
 
-For each (K, N) and M, in one run, timed the same way: Anvil's GEMV-like kernel, each tensor-core
-tile config (planned split, and a split sweep for the best one), the dispatcher's choice (what
-``W4A16Linear`` runs by default), cuBLAS bf16 (torch.matmul on the dequantized weights), PyTorch's
+For each (K, N) and M, in one run, timed the same way: Anvil's GEMV-like kernel, the Marlin-like
+"mtc" tiles (``w4a16_mtc.cu``) and the older "tc" tiles (``w4a16_tc.cu``, from M = 32 on, where
+they were measured; at smaller M the GEMV-like kernel beat them by 1.5x), each at its planned
+split, then a split sweep of the best tile; the dispatcher's choice (what ``W4A16Linear`` runs by
+default), cuBLAS bf16 (torch.matmul on the dequantized weights), PyTorch's
 INT4 tinygemm (``_weight_int4pack_mm``, same quantized weights), a tuned streaming read of the same
 weight bytes (16-byte ``ld.global.cs`` loads, 2,112 blocks of 512 threads: what any kernel that
 reads those bytes can reach in this harness) and an empty kernel.
 
-Cold L2: every method's weights are rotated over COPIES copies (6 x 34 MB > the 60 MB L2). Times
-are medians per launch of CUDA-graph replays of R launches (CUDA events). Writes kernels_gpu.json,
-kernels_gpu.md and w4a16_dispatch.json (the measured dispatch table, ``DispatchTable.load``) to --out.
+Cold L2: every method's weights are rotated over COPIES copies (6 x 34 MB > the 60 MB L2; the
+MiniLM shapes' weights, 0.3 MB, stay in L2 for every method alike). Times are medians per launch of
+CUDA-graph replays of R launches (CUDA events). Writes kernels_gpu.json, kernels_gpu.md and
+w4a16_dispatch.json (the measured dispatch table, ``DispatchTable.load``: per shape and M the
+fastest INT4 kernel whose error passed, and ``bf16_faster`` where cuBLAS beat it) to --out.
 
 On the H200 (bench/w4a16_device.sh runs it):
     PYTHONPATH=libs/kernels/src python3 bench/kernels_gpu.py --fatbin F --out $OUT
@@ -31,10 +35,14 @@ from typing import Any
 import numpy as np
 
 SHAPES = [(8192, 8192), (4096, 14336), (14336, 4096)]
-MS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+MS = [1, 4, 16, 32, 64, 128, 256]
+# the MiniLM/BERT linears the executor runs (K x N: QKV, FFN in, FFN out) and their batch rows
+MINILM_SHAPES = [(384, 1152), (384, 1536), (1536, 384)]
+MINILM_MS = [16, 128, 512, 2048]
 COPIES = 6
 GROUP = 128
-SPLITS = (1, 2, 4, 8, 16)
+SPLITS = (1, 2, 4, 8, 16, 32)
+ERR_OK = 1e-2  # relative error bound of a bf16 output (gpu_check.DT_TOL); a kernel above it never wins
 
 _STREAM_SRC = r"""
 extern "C" __global__ void stream_read(const uint4* __restrict__ p, size_t n16, unsigned* out) {
@@ -147,6 +155,16 @@ def _tinygemm(x: Any, packed: list, szs: list, i: int) -> None:
     torch.ops.aten._weight_int4pack_mm(x, packed[i % COPIES], GROUP, szs[i % COPIES])
 
 
+def _configs_for(m: int) -> tuple[list[str], list[str]]:
+    """(mtc, tc) tile configs measured at M = m: mtc tiles no taller than max(16, 2M) rows (taller
+    ones only multiply zero rows), the older tc tiles from M = 32 on."""
+    from anvil_kernels.cuda import MTC_CONFIGS, TC_CONFIGS
+
+    mtc = [c for c, cfg in MTC_CONFIGS.items() if cfg.bm <= max(16, 2 * m)]
+    tc = list(TC_CONFIGS) if m >= 32 else []
+    return mtc, tc
+
+
 def bench_shape(
     k: int, n: int, ms: list[int], module: Any, helpers: Any, rng: np.random.Generator
 ) -> list[dict]:
@@ -155,7 +173,7 @@ def bench_shape(
     import torch
 
     from anvil_kernels import Int4Weight, dequantize, to_tinygemm
-    from anvil_kernels.cuda import TC_CONFIGS, W4A16Linear, prepack
+    from anvil_kernels.cuda import W4A16Linear, prepack, prepack_mtc
     from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits, pack_nibbles
 
     g = GROUP
@@ -164,26 +182,44 @@ def bench_shape(
     z = f32_to_bf16_bits(rng.integers(0, 16, size=(k // g, n)).astype(np.float32))
     w = Int4Weight(pack_nibbles(q), s, z, g, k, n, "bf16")
     del q
-    packed = prepack(w)
+    packed = prepack(w) | prepack_mtc(w)  # both layouts: every kernel can run
     wdeq = torch.from_numpy(dequantize(w)).cuda()  # float32 (K, N), exact
-    layers = [W4A16Linear(module, packed, max(ms)) for _ in range(COPIES)]
+
+    def make_layers(m_max: int) -> list[W4A16Linear]:
+        layers = [W4A16Linear(module, packed, m_max, keep_host=True) for _ in range(COPIES)]
+        for layer in layers:  # upload both layouts now, outside the timed region
+            layer.set_kernel("gemv")
+            layer.set_kernel("mtc8")
+            layer.set_kernel(None)
+        return layers
+
+    # one set of layers up to the largest M, or (small weights, large M: set_kernel plans every
+    # M up to m_max) a set per M
+    per_m = k * n < (1 << 24)
+    all_layers = None if per_m else make_layers(max(ms))
     wbf = [wdeq.to(torch.bfloat16).contiguous() for _ in range(COPIES)]
-    tg = to_tinygemm(w, "bf16")
-    tg_w = torch.from_numpy(tg.weight).cuda()
-    tg_sz = torch.from_numpy(tg.scales_and_zeros.view(np.int16)).view(torch.bfloat16).cuda()
-    tg_packed = [torch.ops.aten._convert_weight_to_int4pack(tg_w, 8) for _ in range(COPIES)]
-    tg_szs = [tg_sz.clone() for _ in range(COPIES)]
+    tg_packed: list = []
+    tg_szs: list = []
+    try:
+        tg = to_tinygemm(w, "bf16")
+        tg_w = torch.from_numpy(tg.weight).cuda()
+        tg_sz = torch.from_numpy(tg.scales_and_zeros.view(np.int16)).view(torch.bfloat16).cuda()
+        tg_packed = [torch.ops.aten._convert_weight_to_int4pack(tg_w, 8) for _ in range(COPIES)]
+        tg_szs = [tg_sz.clone() for _ in range(COPIES)]
+    except Exception as exc:  # a shape or torch build tinygemm does not take must not end the run
+        print(f"tinygemm setup failed for {k}x{n}: {exc!r}")
     wbytes = packed["qweight"].nbytes + packed["sz"].nbytes
     stream = _stream_us(helpers, wbytes, 60, 15)
     rows = []
     for m in ms:
+        layers = make_layers(m) if all_layers is None else all_layers
         xbits = f32_to_bf16_bits(rng.standard_normal((m, k)).astype(np.float32))
         x_cp = cp.asarray(xbits)
         x_t = torch.from_numpy(xbits.view(np.int16)).view(torch.bfloat16).cuda()
         ref = torch.from_numpy(bf16_bits_to_f32(xbits)).cuda() @ wdeq
         refn = float(torch.linalg.norm(ref))
         outs = [cp.full((m, n), 0xFFFF, dtype=cp.uint16) for _ in range(COPIES)]
-        r = 60 if m <= 16 else 24
+        r = 60 if m <= 16 else 24 if m <= 256 else 12
 
         def relerr(o: torch.Tensor, ref: torch.Tensor = ref, refn: float = refn) -> float:
             return (
@@ -193,7 +229,12 @@ def bench_shape(
             )
 
         def anvil(
-            kernel: str | None, split: int | None, r: int = r, x_cp: Any = x_cp, outs: list = outs
+            kernel: str | None,
+            split: int | None,
+            r: int = r,
+            x_cp: Any = x_cp,
+            outs: list = outs,
+            layers: list = layers,
         ) -> tuple[float, float]:
             for layer in layers:
                 layer.set_kernel(kernel, split)
@@ -203,26 +244,40 @@ def bench_shape(
             t = _graph_cupy(lambda i: layers[i % COPIES](x_cp, outs[i % COPIES]), r, 15)
             return t, relerr(got)
 
+        def ok(us: float, err: float) -> float:  # NaN errors (unwritten outputs) fail too
+            return us if err <= ERR_OK else float("inf")
+
         res: dict[str, Any] = {"K": k, "N": n, "M": m, "stream_us": round(stream, 2)}
-        res["gemv_us"], res["gemv_err"] = anvil("gemv", None)
-        tc: dict[str, dict[str, Any]] = {}
-        for cfg in TC_CONFIGS:
+        if m <= 128:
+            res["gemv_us"], res["gemv_err"] = anvil("gemv", None)
+        else:  # measured 1.2-4x slower than the tiles there (bench/results/kernels_gpu.md)
+            res["gemv_us"], res["gemv_err"] = float("nan"), float("nan")
+        mtc_cfgs, tc_cfgs = _configs_for(m)
+        tiles: dict[str, dict[str, Any]] = {}
+        for cfg in mtc_cfgs + tc_cfgs:
             t, e = anvil(cfg, None)
-            tc[cfg] = {"us": round(t, 2), "err": e, "split": getattr(layers[0].plan(m), "split", None)}
-        best_cfg = min(tc, key=lambda c_: tc[c_]["us"] if tc[c_]["err"] <= 1e-2 else float("inf"))
-        sweep = {}
+            tiles[cfg] = {"us": round(t, 2), "err": e, "split": getattr(layers[0].plan(m), "split", None)}
+        best_cfg = min(tiles, key=lambda c_: ok(tiles[c_]["us"], tiles[c_]["err"]))
+        sweep = {tiles[best_cfg]["split"]: tiles[best_cfg]["us"]}
         for sp in SPLITS:
-            if sp <= k // g:
+            if sp <= k // g and sp not in sweep:
                 sweep[sp] = round(anvil(best_cfg, sp)[0], 2)
         best_split = min(sweep, key=lambda s_: sweep[s_])
-        res["tc"] = tc
+        res["mtc"] = {c_: v for c_, v in tiles.items() if c_ in mtc_cfgs}
+        res["tc"] = {c_: v for c_, v in tiles.items() if c_ in tc_cfgs}
         res["tc_best"] = {"cfg": best_cfg, "split": best_split, "us": sweep[best_split], "splits": sweep}
+        for fam, cfgs in (("mtc_best", mtc_cfgs), ("tc_old_best", tc_cfgs)):
+            if cfgs:
+                bc = min(cfgs, key=lambda c_: ok(tiles[c_]["us"], tiles[c_]["err"]))
+                res[fam] = {"cfg": bc, "us": tiles[bc]["us"], "split": tiles[bc]["split"]}
         res["dispatch_us"], res["dispatch_err"] = anvil(None, None)
         res["dispatch_choice"] = layers[0].choice(m).as_dict()
         o_t = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
         res["cublas_us"] = _graph_torch(functools.partial(_cublas, x_t, wbf, o_t), r, 15)
         res["cublas_err"] = relerr(o_t)
         try:
+            if not tg_packed:
+                raise RuntimeError("no tinygemm weights")
             y = torch.ops.aten._weight_int4pack_mm(x_t, tg_packed[0], g, tg_szs[0])
             res["tinygemm_err"] = relerr(y)
             res["tinygemm_us"] = _graph_torch(functools.partial(_tinygemm, x_t, tg_packed, tg_szs), r, 15)
@@ -230,8 +285,8 @@ def bench_shape(
             print(f"tinygemm failed: {exc!r}")
             res["tinygemm_us"], res["tinygemm_err"] = float("nan"), float("nan")
         # a kernel whose output failed the error bound is never the measured best
-        tc_us = sweep[best_split] if tc[best_cfg]["err"] <= 1e-2 else float("inf")
-        gemv_us = res["gemv_us"] if res["gemv_err"] <= 1e-2 else float("inf")
+        tc_us = ok(sweep[best_split], tiles[best_cfg]["err"])
+        gemv_us = ok(res["gemv_us"], res["gemv_err"]) if m <= 128 else float("inf")
         best_int4 = min(gemv_us, tc_us)
         res["best_int4_us"] = best_int4  # inf: no INT4 kernel passed (no table entry then)
         res["best_kernel"] = "gemv" if gemv_us <= tc_us else best_cfg
@@ -239,11 +294,13 @@ def bench_shape(
         for key in ("gemv_us", "dispatch_us", "cublas_us", "tinygemm_us"):
             res[key] = round(res[key], 2)
         rows.append(res)
+        mb = res.get("mtc_best", {})
         print(
             f"K={k:6d} N={n:6d} M={m:4d} stream {stream:7.2f} | gemv {res['gemv_us']:8.2f} | "
-            f"tc {best_cfg}/s{best_split} {sweep[best_split]:8.2f} | dispatch {res['dispatch_us']:8.2f} "
+            f"mtc {mb.get('cfg')}/s{mb.get('split')} {mb.get('us')} | best tile {best_cfg}/s{best_split} "
+            f"{sweep[best_split]:8.2f} | dispatch {res['dispatch_us']:8.2f} "
             f"({res['dispatch_choice']['kernel']}) | cuBLAS {res['cublas_us']:8.2f} | tinygemm "
-            f"{res['tinygemm_us']:8.2f} | err disp {res['dispatch_err']:.1e}",
+            f"{res['tinygemm_us']:8.2f} | err best {tiles[best_cfg]['err']:.1e}",
             flush=True,
         )
     return rows
@@ -257,20 +314,29 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
         f"{meta['cupy']}; g{GROUP}, bf16 activations, weights rotated over {COPIES} copies; median us per "
         f"launch of CUDA-graph replays; empty kernel {meta['empty_us']} us. Command: `{meta['command']}`",
         "",
-        "stream = a tuned streaming read of the same weight bytes (the floor of this harness). tc = best "
-        "tensor-core tile and split of the sweep; dispatch = what W4A16Linear runs by default.",
+        "stream = a tuned streaming read of the same weight bytes (the floor of this harness). mtc = best "
+        "Marlin-like tile at its planned split; tc (old) = best older tile (measured from M = 32); best = "
+        "best tile after the split sweep; dispatch = what W4A16Linear runs by default (the rule: the "
+        "measured table is written next to this file). `-`: not measured.",
         "",
-        "| K x N | M | stream | gemv | tc (cfg/split) | dispatch (kernel) | cuBLAS bf16 | tinygemm "
-        "| dispatch / cuBLAS | dispatch / stream | rel err dispatch |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| K x N | M | stream | gemv | mtc (cfg/split) | tc old (cfg/split) | best tile (cfg/split) | "
+        "dispatch (kernel) | cuBLAS bf16 | tinygemm | best INT4 / cuBLAS | best INT4 / stream "
+        "| rel err best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def cell(d: dict | None) -> str:
+        return "-" if not d else f"{d['us']} ({d['cfg']}/{d['split']})"
+
     for r in rows:
         tb = r["tc_best"]
+        best = r["best_int4_us"]
+        err = (r["tc"] | r["mtc"]).get(tb["cfg"], {}).get("err", float("nan"))
         lines.append(
-            f"| {r['K']} x {r['N']} | {r['M']} | {r['stream_us']} | {r['gemv_us']} | {tb['us']} "
-            f"({tb['cfg']}/{tb['split']}) | {r['dispatch_us']} ({r['dispatch_choice']['kernel']}) | "
-            f"{r['cublas_us']} | {r['tinygemm_us']} | {r['dispatch_us'] / r['cublas_us']:.2f} | "
-            f"{r['dispatch_us'] / r['stream_us']:.2f} | {r['dispatch_err']:.1e} |"
+            f"| {r['K']} x {r['N']} | {r['M']} | {r['stream_us']} | {r['gemv_us']} | "
+            f"{cell(r.get('mtc_best'))} | {cell(r.get('tc_old_best'))} | {cell(tb)} | {r['dispatch_us']} "
+            f"({r['dispatch_choice']['kernel']}) | {r['cublas_us']} | {r['tinygemm_us']} | "
+            f"{best / r['cublas_us']:.2f} | {best / r['stream_us']:.2f} | {err:.1e} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -302,13 +368,14 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--shapes", default=None, help="e.g. 8192x8192,4096x14336")
     ap.add_argument("--ms", default=None, help="e.g. 1,16,64")
+    ap.add_argument("--no-minilm", action="store_true", help="skip the MiniLM shapes")
     ap.add_argument("--commit", default="unknown")
     args = ap.parse_args()
 
     import cupy as cp
     import torch
 
-    from anvil_kernels.cuda import W4A16Params, build_fatbins, load_module
+    from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, build_fatbins, load_module
 
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = SHAPES
@@ -318,7 +385,7 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    params = W4A16Params(dtypes=("bf16",), groups=(GROUP,))
+    params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), mtc_configs=tuple(MTC_CONFIGS))
     module = load_module(args.fatbin or build_fatbins(params, ("compute_90,code=sm_90",)))
     helpers = _helpers_module()
     dev = torch.cuda.get_device_properties(0)
@@ -336,8 +403,11 @@ def main() -> None:
         "command": "python3 bench/kernels_gpu.py "
         + " ".join(f"--{k_} {v}" for k_, v in vars(args).items() if v),
     }
-    for k, n in shapes:
-        rows += bench_shape(k, n, ms, module, helpers, rng)
+    todo = [(k, n, ms) for k, n in shapes]
+    if not args.no_minilm and not args.shapes:
+        todo += [(k, n, MINILM_MS) for k, n in MINILM_SHAPES]
+    for k, n, shape_ms in todo:
+        rows += bench_shape(k, n, shape_ms, module, helpers, rng)
         torch.cuda.empty_cache()
         cp.get_default_memory_pool().free_all_blocks()
         meta["wall_s"] = round(time.time() - t0, 1)

@@ -1,8 +1,15 @@
-"""Fresh random inputs on every run; the seed is printed so a failure can be replayed."""
+"""Fresh random inputs on every run; the seed is printed so a failure can be replayed. Also the
+stand-in cupy and kernels that let the CPU tests drive ``W4A16Linear`` through the numpy models of
+the tensor-core kernels (``fake_cupy``, ``model_module``)."""
 
 from __future__ import annotations
 
 import os
+import re
+import sys
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -20,7 +27,92 @@ def module() -> object:
     """The W4A16 kernels: ``ANVIL_W4A16_FATBIN`` (prebuilt fatbins, os.pathsep-separated, e.g. by
     bench/w4a16_device.sh), else every variant built once per session with nvcc (in parallel)."""
     pytest.importorskip("cupy")
-    from anvil_kernels.cuda import W4A16Params, build_fatbins, load_module
+    from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, build_fatbins, load_module
 
     env = os.environ.get("ANVIL_W4A16_FATBIN")
-    return load_module(env if env else build_fatbins(W4A16Params(), ("compute_90,code=sm_90",)))
+    params = W4A16Params(mtc_configs=tuple(MTC_CONFIGS))
+    return load_module(env if env else build_fatbins(params, ("compute_90,code=sm_90",)))
+
+
+class DevArray(np.ndarray):
+    """A host array posing as a CuPy one: ``.data.ptr`` (registered, so a kernel stand-in can
+    find an array from the pointer the launcher passes)."""
+
+    registry: ClassVar[dict[int, np.ndarray]] = {}
+
+    @property
+    def data(self) -> SimpleNamespace:  # type: ignore[override]
+        ptr = 4096 * (1 + id(self) % (1 << 40))
+        DevArray.registry[ptr] = self
+        return SimpleNamespace(ptr=ptr)
+
+
+def _dev(a: np.ndarray) -> DevArray:
+    return np.ascontiguousarray(a).view(DevArray)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], DevArray]:
+    """Installs a stand-in ``cupy`` (asarray, zeros on host arrays); returns the host -> "device"
+    array function."""
+    fake = SimpleNamespace(
+        asarray=lambda a, dtype=None: _dev(np.asarray(a, dtype=dtype)),
+        zeros=lambda shape, dtype=None: _dev(np.zeros(shape, dtype=dtype)),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return _dev
+
+
+class ModelKernel:
+    """Stands in for one compiled tc or mtc kernel: checks the launch (block, shared memory and
+    its opt-in, grid, workspace, counters), runs the kernel's numpy model (``tc_model`` or
+    ``mtc_model``) on the arguments in the kernel's order, then the epilogue (bias, activation,
+    residual, rounding)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.max_dynamic_shared_size_bytes = 0
+
+    def __call__(
+        self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0
+    ) -> None:
+        from anvil_kernels.activations import activate
+        from anvil_kernels.cuda import mtc_model, tc_model
+        from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS
+        from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS
+        from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits
+
+        hit = re.match(r"w4a16((?:m?tc)\w+?)_(bf16|fp16)_c(\d)$", self.name)
+        assert hit is not None, self.name
+        cfg, dt, cpg = hit.group(1), hit.group(2), int(hit.group(3))
+        qw, sz, x, y, bias, res, ws, counters, m, n, k, act, flags = args
+        mtc = cfg in MTC_CONFIGS
+        c = MTC_CONFIGS[cfg] if mtc else TC_CONFIGS[cfg]
+        assert block == (c.threads,) and shared_mem == c.smem
+        assert shared_mem <= 48 * 1024 or self.max_dynamic_shared_size_bytes >= shared_mem
+        assert tuple(grid[:2]) == (-(-int(m) // c.bm), -(-int(n) // c.bn))
+        assert grid[2] == 1 or ws.size >= grid[0] * grid[1] * grid[2] * c.bm * c.bn
+        assert counters.size >= grid[0] * grid[1] and not counters.any()
+
+        def f64(a: np.ndarray) -> np.ndarray:
+            return bf16_bits_to_f32(a).astype(np.float64) if dt == "bf16" else a.astype(np.float64)
+
+        meta = np.array([int(k), int(n), 64 * cpg, int(flags) & 1], np.int64)
+        if mtc:
+            packed = {"mq": qw, "msz": sz, "meta": meta}
+            out, writes = mtc_model.simulate(packed, f64(x), cfg, int(grid[2]), dt)
+        else:
+            packed = {"qweight": qw, "sz": sz, "meta": meta}
+            out, writes = tc_model.simulate(packed, f64(x), cfg, int(grid[2]), dt)
+        assert np.array_equal(writes, np.ones_like(writes))
+        v = out + (f64(DevArray.registry[int(bias)]) if int(bias) else 0.0)
+        v = np.vectorize(lambda t: activate(t, int(act)))(v)
+        if int(res):
+            v = v + f64(DevArray.registry[int(res)])
+        y[...] = f32_to_bf16_bits(v.astype(np.float32)) if dt == "bf16" else v.astype(np.float16)
+
+
+@pytest.fixture
+def model_module() -> SimpleNamespace:
+    """A stand-in for the compiled module whose kernels are the numpy models (``ModelKernel``)."""
+    return SimpleNamespace(get_function=ModelKernel)

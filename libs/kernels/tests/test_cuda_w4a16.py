@@ -94,7 +94,9 @@ def test_plan_launch_shapes() -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_source_compiles_for_sm90(tmp_path: Path) -> None:
     params = W4A16Params(
-        variants=(Variant("bf16", 1, 1, 2, default_gd(1, 1, 2)), Variant("fp16", 2, 2, 1, 4)), tc_configs=()
+        variants=(Variant("bf16", 1, 1, 2, default_gd(1, 1, 2)), Variant("fp16", 2, 2, 1, 4)),
+        tc_configs=(),
+        mtc_configs=(),
     )
     out = build_fatbin(params, ("compute_90,code=sm_90",), tmp_path)
     assert out.stat().st_size > 1000

@@ -7,16 +7,15 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
 
 from anvil_kernels import Int4Weight, dequantize, int4_linear
-from anvil_kernels.activations import ACTIVATIONS, activate
+from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.cuda import TC_CONFIGS, DispatchTable, KernelChoice, W4A16Params, choose, plan_tc
 from anvil_kernels.cuda.gpu_check import (
     check_case,
@@ -182,7 +181,7 @@ def test_tc_ptxas_report(tmp_path: Path) -> None:
     procs = []
     for cfg in TC_CONFIGS:  # one nvcc per config, in parallel (each takes seconds)
         src = tmp_path / f"{cfg}.cu"
-        params = W4A16Params(dtypes=("bf16",), tiles=(), groups=(128,), tc_configs=(cfg,))
+        params = W4A16Params(dtypes=("bf16",), tiles=(), groups=(128,), tc_configs=(cfg,), mtc_configs=())
         src.write_text(w4a16_source(params))
         cubin = str(tmp_path / f"{cfg}.cubin")
         cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-o", cubin, str(src)]
@@ -208,60 +207,13 @@ def test_tc_ptxas_report(tmp_path: Path) -> None:
     assert len(seen) == len(TC_CONFIGS), stderr
 
 
-class _DevArray(np.ndarray):
-    """A host array posing as a CuPy one: ``.data.ptr`` (registered, so a kernel stand-in can
-    find an array from the pointer the launcher passes)."""
-
-    registry: ClassVar[dict[int, np.ndarray]] = {}
-
-    @property
-    def data(self) -> SimpleNamespace:  # type: ignore[override]
-        ptr = 4096 * (1 + id(self) % (1 << 40))
-        _DevArray.registry[ptr] = self
-        return SimpleNamespace(ptr=ptr)
-
-
-class _ModelKernel:
-    """Stands in for one compiled tc kernel: checks the launch, runs ``tc_model.simulate`` on the
-    arguments in the kernel's order, then the epilogue (bias, activation, residual, rounding)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.max_dynamic_shared_size_bytes = 0
-
-    def __call__(
-        self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple, shared_mem: int = 0
-    ) -> None:
-        hit = re.match(r"w4a16(tc\w+?)_(bf16|fp16)_c(\d)$", self.name)
-        assert hit is not None, self.name
-        cfg, dt, cpg = hit.group(1), hit.group(2), int(hit.group(3))
-        qw, sz, x, y, bias, res, ws, counters, m, n, k, act, flags = args
-        c = TC_CONFIGS[cfg]
-        assert block == (c.threads,) and shared_mem == c.smem
-        assert shared_mem <= 48 * 1024 or self.max_dynamic_shared_size_bytes >= shared_mem
-        assert tuple(grid[:2]) == (-(-int(m) // c.bm), -(-int(n) // c.bn))
-        assert grid[2] == 1 or ws.size >= grid[0] * grid[1] * grid[2] * c.bm * c.bn
-        assert counters.size >= grid[0] * grid[1] and not counters.any()
-
-        def f64(a: np.ndarray) -> np.ndarray:
-            return bf16_bits_to_f32(a).astype(np.float64) if dt == "bf16" else a.astype(np.float64)
-
-        meta = np.array([int(k), int(n), 64 * cpg, int(flags) & 1], np.int64)
-        out, writes = simulate({"qweight": qw, "sz": sz, "meta": meta}, f64(x), cfg, int(grid[2]), dt)
-        assert np.array_equal(writes, np.ones_like(writes))
-        v = out + (f64(_DevArray.registry[int(bias)]) if int(bias) else 0.0)
-        v = np.vectorize(lambda t: activate(t, int(act)))(v)
-        if int(res):
-            v = v + f64(_DevArray.registry[int(res)])
-        y[...] = f32_to_bf16_bits(v.astype(np.float32)) if dt == "bf16" else v.astype(np.float16)
-
-
 @pytest.mark.parametrize(
     ("cfg", "dt", "m", "k", "n", "g", "split"),
     [("tc64", "bf16", 37, 512, 160, 128, 3), ("tc64s", "fp16", 70, 256, 288, 64, 1)],
 )
 def test_launcher_drives_the_model(
-    monkeypatch: pytest.MonkeyPatch,
+    fake_cupy: Callable[[np.ndarray], Any],
+    model_module: object,
     rng: np.random.Generator,
     cfg: str,
     dt: str,
@@ -275,21 +227,20 @@ def test_launcher_drives_the_model(
     numpy model as the kernel behind a stand-in cupy, against the CPU twin with the GPU tests'
     tolerances: the host side of the GPU tests, run in CI."""
 
-    def dev(a: np.ndarray) -> _DevArray:
-        return np.ascontiguousarray(a).view(_DevArray)
-
-    fake = SimpleNamespace(
-        asarray=lambda a, dtype=None: dev(np.asarray(a, dtype=dtype)),
-        zeros=lambda shape, dtype=None: dev(np.zeros(shape, dtype=dtype)),
-    )
-    monkeypatch.setitem(sys.modules, "cupy", fake)
+    dev = fake_cupy
     from anvil_kernels.cuda import W4A16Linear
 
     w = random_weight(rng, k, n, g, "bf16")
-    module = SimpleNamespace(get_function=_ModelKernel)
     dtype: Any = dt
     layer = W4A16Linear(
-        module, prepack(w), m, dtype=dtype, activation="gelu_tanh", sm_count=132, kernel=cfg, split=split
+        model_module,
+        prepack(w),
+        m,
+        dtype=dtype,
+        activation="gelu_tanh",
+        sm_count=132,
+        kernel=cfg,
+        split=split,
     )
     xs = rng.standard_normal((m, k)).astype(np.float32)
     bs, rs = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)

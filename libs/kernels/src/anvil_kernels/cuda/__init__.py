@@ -19,11 +19,13 @@ from anvil_kernels.cuda.w4a16 import (
 )
 from anvil_kernels.cuda.w4a16_dispatch import DispatchTable, KernelChoice, choose
 from anvil_kernels.cuda.w4a16_linear import OPS, ModuleSet, W4A16Linear, int4_linear_cuda, load_module
+from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS, MtcConfig, plan_mtc, prepack_mtc, unprepack_mtc
 from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS, TcConfig, TcPlan, plan_tc
 
 PLAN_COMMON = Path(__file__).with_name("plan_common.cuh")
 
 __all__ = [
+    "MTC_CONFIGS",
     "OPS",
     "PLAN_COMMON",
     "TC_CONFIGS",
@@ -31,6 +33,7 @@ __all__ = [
     "KernelChoice",
     "LaunchPlan",
     "ModuleSet",
+    "MtcConfig",
     "TcConfig",
     "TcPlan",
     "Variant",
@@ -42,8 +45,11 @@ __all__ = [
     "int4_linear_cuda",
     "load_module",
     "plan_launch",
+    "plan_mtc",
     "plan_tc",
     "prepack",
+    "prepack_mtc",
     "unprepack",
+    "unprepack_mtc",
     "w4a16_source",
 ]

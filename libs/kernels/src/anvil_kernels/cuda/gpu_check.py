@@ -102,14 +102,15 @@ def check_case(
 
 
 def weight_error(kernel: str, dt: str, x: np.ndarray, w: Int4Weight) -> np.ndarray | None:
-    """For a scaled-A tensor-core config (TcConfig.sa), which multiplies weights rounded to the
-    activations' type (the scale rounded once, the product once: relative error <= 2u, u = 2^-9
+    """For a scaled-A tensor-core config (TcConfig.sa or MtcConfig.sa), which multiplies weights
+    rounded to the activations' type (the scale rounded once, the product once: relative error <= 2u, u = 2^-9
     for bf16, 2^-12 for fp16), the rigorous bound on that rounding's effect per output element:
     2u * (|x| @ |W|), times 1.2 for the activations' slope (gelu's is below 1.13). None otherwise."""
+    from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS
     from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS
     from anvil_kernels.quantize import dequantize
 
-    cfg = TC_CONFIGS.get(kernel)
+    cfg = TC_CONFIGS.get(kernel) or MTC_CONFIGS.get(kernel)
     if cfg is None or not cfg.sa:
         return None
     u = 2.0**-9 if dt == "bf16" else 2.0**-12

@@ -31,6 +31,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from anvil_kernels.cuda.w4a16_mtc import mtc_instantiation
 from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS, tc_instantiation
 from anvil_kernels.format import Int4Weight, f32_to_bf16_bits, pack_nibbles, unpack_nibbles
 
@@ -42,6 +43,7 @@ FLAG_EVICT_FIRST = 2
 SCALE_FP16, SCALE_BF16 = 0, 1
 _SRC_PATH = Path(__file__).with_name("w4a16.cu")
 _TC_SRC_PATH = Path(__file__).with_name("w4a16_tc.cu")
+_MTC_SRC_PATH = Path(__file__).with_name("w4a16_mtc.cu")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class W4A16Params:
     groups: tuple[int, ...] = SUPPORTED_GROUPS
     variants: tuple[Variant, ...] = field(default=())
     tc_configs: tuple[str, ...] = tuple(TC_CONFIGS)  # tensor-core tiles, for every dtype x group
+    # Marlin-like tiles (w4a16_mtc.cu), for every dtype x group; opt-in (tuple(MTC_CONFIGS): all),
+    # so that a build that names only the kernels it needs (the compiler's) does not grow
+    mtc_configs: tuple[str, ...] = ()
 
     def all_variants(self) -> list[Variant]:
         if self.variants:
@@ -92,8 +97,13 @@ class W4A16Params:
 
 
 def w4a16_source(params: W4A16Params | None = None) -> str:
-    """The CUDA source: w4a16.cu and w4a16_tc.cu plus one extern "C" kernel per variant."""
-    return "\n".join([_SRC_PATH.read_text(), _TC_SRC_PATH.read_text(), *_instantiations(params)]) + "\n"
+    """The CUDA source: w4a16.cu, w4a16_tc.cu and w4a16_mtc.cu plus one extern "C" kernel per
+    variant."""
+    return "\n".join([*_sources(), *_instantiations(params)]) + "\n"
+
+
+def _sources() -> list[str]:
+    return [_SRC_PATH.read_text(), _TC_SRC_PATH.read_text(), _MTC_SRC_PATH.read_text()]
 
 
 def _instantiations(params: W4A16Params | None) -> list[str]:
@@ -111,11 +121,17 @@ def _costed_instantiations(params: W4A16Params | None) -> list[tuple[str, float]
         for g in params.groups:
             for cfg in params.tc_configs:
                 out.append((tc_instantiation(_DT_CODE[dt], dt, cfg, g // 64), _TC_COMPILE_S.get(cfg, 10.0)))
+            for cfg in params.mtc_configs:
+                line = mtc_instantiation(_DT_CODE[dt], dt, cfg, g // 64)
+                out.append((line, _MTC_COMPILE_S.get(cfg, 10.0)))
     return out
 
 
 _TC_COMPILE_S = {"tc16": 2.3, "tc32": 4.1, "tc64": 2.4, "tc128": 10.1, "tc64s": 17.1, "tc128s": 12.4}
 _TC_COMPILE_S["tc128ws"] = 15.4
+_MTC_COMPILE_S = {"mtc8": 3.0, "mtc16": 4.0, "mtc8x": 4.0, "mtc16x": 6.0, "mtc32": 6.0, "mtc64": 6.0}
+_MTC_COMPILE_S |= {"mtc64w": 10.0, "mtc128": 10.0}
+_MTC_COMPILE_S["mtc128w"] = 16.0
 
 
 DEFAULT_ARCHS: tuple[str, ...] = ("compute_90a,code=sm_90a", "compute_90,code=sm_90")
@@ -162,7 +178,7 @@ def build_fatbins(
         u = load.index(min(load))
         units[u].append(line)
         load[u] += cost
-    head = [_SRC_PATH.read_text(), _TC_SRC_PATH.read_text()]
+    head = _sources()
     procs = []
     for i in range(jobs):
         stem = "w4a16" if jobs == 1 else f"w4a16.{i}"
@@ -215,16 +231,7 @@ def prepack(w: Int4Weight) -> dict[str, np.ndarray]:
     for p in range(8):
         words |= qt[..., p].astype(np.uint32) << np.uint32(4 * p)
 
-    if w.scale_dtype == "fp16":
-        sbits, kind = w.scales.view(np.uint16), SCALE_FP16
-    elif w.scale_dtype == "bf16":
-        sbits, kind = w.scales, SCALE_BF16
-    else:
-        sbits, kind = f32_to_bf16_bits(w.scales_f32), SCALE_BF16
-    z = w.zeros_f32
-    if not np.all((z == np.round(z)) & (z >= 0) & (z <= 64)):
-        raise ValueError("zeros must be integers in [0, 64] for the CUDA kernel")
-    word_sz = sbits.astype(np.uint32) | (z.astype(np.uint32) << np.uint32(16))  # (G, N)
+    word_sz, kind = sz_words(w)  # (G, N)
     sz = np.ascontiguousarray(word_sz.reshape(k // g, n // 16, 2, 8).transpose(1, 0, 3, 2))
     meta = np.array([k, n, g, kind], np.int64)
     return {"qweight": words, "sz": sz, "meta": meta}
@@ -241,6 +248,27 @@ def unprepack(packed: Mapping[str, np.ndarray]) -> Int4Weight:
     nib9 = nib.reshape(n // 16, k // 64, 8, 4, 2, 2, 2, 2, 2)
     q = np.ascontiguousarray(nib9.transpose(1, 3, 4, 8, 5, 6, 0, 7, 2)).reshape(k, n)
     word_sz = packed["sz"].transpose(1, 0, 3, 2).reshape(k // g, n)
+    return int4_from_words(q, word_sz, g, kind)
+
+
+def sz_words(w: Int4Weight) -> tuple[np.ndarray, int]:
+    """(G, N) uint32 words scale bits | zero << 16 (both kernels' scale/zero format) and the scale
+    kind (SCALE_FP16 or SCALE_BF16; fp32 scales are rounded to bf16, nearest even)."""
+    if w.scale_dtype == "fp16":
+        sbits, kind = w.scales.view(np.uint16), SCALE_FP16
+    elif w.scale_dtype == "bf16":
+        sbits, kind = w.scales, SCALE_BF16
+    else:
+        sbits, kind = f32_to_bf16_bits(w.scales_f32), SCALE_BF16
+    z = w.zeros_f32
+    if not np.all((z == np.round(z)) & (z >= 0) & (z <= 64)):
+        raise ValueError("zeros must be integers in [0, 64] for the CUDA kernel")
+    return sbits.astype(np.uint32) | (z.astype(np.uint32) << np.uint32(16)), kind
+
+
+def int4_from_words(q: np.ndarray, word_sz: np.ndarray, g: int, kind: int) -> Int4Weight:
+    """The Int4Weight of nibbles q (K, N) and ``sz_words`` (G, N) of scale kind ``kind``."""
+    k, n = q.shape
     sbits = np.ascontiguousarray((word_sz & np.uint32(0xFFFF)).astype(np.uint16))
     zf = (word_sz >> np.uint32(16)).astype(np.float32)
     if kind == SCALE_FP16:

@@ -18,10 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS
 from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS
 
 GEMV = "gemv"
-KERNELS: tuple[str, ...] = (GEMV, *TC_CONFIGS)
+KERNELS: tuple[str, ...] = (GEMV, *TC_CONFIGS, *MTC_CONFIGS)
 
 # (largest M, kernel) in increasing M; the last row covers every larger M.
 RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "tc32"), (64, "tc64"), (1 << 30, "tc128s"))
@@ -29,9 +30,10 @@ RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "tc32"), (64, "tc64"), (1 
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """kernel: "gemv" or a TC_CONFIGS name; split: split-K factor for tc (None: planned at load
-    from the GPU's SM count); source: "table" or "rule"; bf16_faster: the table measured cuBLAS
-    bf16 faster than every INT4 kernel at this shape (the plan may prefer dense weights)."""
+    """kernel: "gemv", a TC_CONFIGS or an MTC_CONFIGS name; split: split-K factor for tc/mtc
+    (None: planned at load from the GPU's SM count); source: "table" or "rule"; bf16_faster: the
+    table measured cuBLAS bf16 faster than every INT4 kernel at this shape (the plan may prefer
+    dense weights)."""
 
     kernel: str
     split: int | None = None

@@ -31,6 +31,7 @@ from anvil_kernels.cuda.w4a16 import (
     plan_launch,
 )
 from anvil_kernels.cuda.w4a16_dispatch import GEMV, DispatchTable, KernelChoice, choose
+from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS, mtc_from_prepack, mtc_kernel_name, plan_mtc
 from anvil_kernels.cuda.w4a16_tc import TcPlan, plan_tc, tc_kernel_name
 
 
@@ -76,13 +77,18 @@ class W4A16Linear:
     """One INT4 linear layer on the GPU: weights uploaded once, kernels looked up once.
 
     ``module``: a cupy.RawModule holding the kernels this layer needs (``build_fatbin`` with the
-    default params holds all). ``packed``: ``prepack(w)``. ``m_max``: the largest M a call may
-    pass. Per M the kernel comes from ``w4a16_dispatch.choose`` (``table``: measured choices) or,
-    for tuning and tests, from ``kernel``/``split``/``overrides`` (``set_kernel``). The split-K
-    workspace (fp32) and tile counters are sized at construction for every M up to m_max, so
-    steady-state calls allocate nothing and only launch. With split-K the tensor-core kernel
-    uses those counters: one layer must not run on two streams at once. Results are
-    deterministic (split partials are added in a fixed order).
+    default params holds all). ``packed``: ``prepack(w)`` (the GEMV/tc layout), optionally with
+    ``prepack_mtc(w)``'s arrays added (``mq``, ``msz``); each layout is uploaded only if a kernel
+    that reads it runs for some M <= m_max (the mtc one is derived from ``prepack``'s on the host
+    when absent). The host arrays are dropped after construction unless ``keep_host`` (then
+    ``set_kernel`` may later pick a kernel of the other layout: tuning and benchmarks).
+    ``m_max``: the largest M a call may pass. Per M the kernel comes from
+    ``w4a16_dispatch.choose`` (``table``: measured choices) or, for tuning and tests, from
+    ``kernel``/``split``/``overrides`` (``set_kernel``). The split-K workspace (fp32) and tile
+    counters are sized at construction for every M up to m_max, so steady-state calls allocate
+    nothing and only launch. With split-K the tensor-core kernels use those counters: one layer
+    must not run on two streams at once. Results are deterministic (split partials are added in a
+    fixed order).
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class W4A16Linear:
         table: DispatchTable | None = None,
         kernel: str | None = None,
         split: int | None = None,
+        keep_host: bool = False,
     ) -> None:
         import cupy
 
@@ -113,8 +120,11 @@ class W4A16Linear:
         self.m_max = m_max
         self._act = ACTIVATIONS[activation]
         self._scale_flag = FLAG_SCALE_BF16 if kind == SCALE_BF16 else 0
-        self.qweight = cupy.asarray(packed["qweight"])
-        self.sz = cupy.asarray(packed["sz"])
+        self._packed: Mapping[str, np.ndarray] | None = packed
+        self.qweight: Any = None  # GEMV / tc layout, uploaded when a kernel that reads it is chosen
+        self.sz: Any = None
+        self.mq: Any = None  # mtc layout, likewise
+        self.msz: Any = None
         self._module = module
         if sm_count is None:
             sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
@@ -124,11 +134,18 @@ class W4A16Linear:
         self._counters = cupy.zeros(1, np.int32)
         self._launches: dict[int, _Launch] = {}
         self.set_kernel(kernel, split, overrides)
+        if not keep_host:
+            self._packed = None
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes of the weights uploaded to the device (every layout this layer uploaded)."""
+        return sum(int(a.nbytes) for a in (self.qweight, self.sz, self.mq, self.msz) if a is not None)
 
     def set_kernel(
         self, kernel: str | None = None, split: int | None = None, overrides: Mapping[str, int] | None = None
     ) -> None:
-        """Force one kernel ("gemv" or a TC_CONFIGS name) and split, or the GEMV kernel with a
+        """Force one kernel ("gemv", a TC_CONFIGS or an MTC_CONFIGS name) and split, or the GEMV kernel with a
         launch geometry (overrides: mt, ns, sn, sk), for every M; all None: back to the
         dispatcher (tuning and tests).
         Regrows the workspace where needed; a CUDA graph captured before must be captured again."""
@@ -144,10 +161,23 @@ class W4A16Linear:
         self._force = None if kernel is None else KernelChoice(kernel, split, source="forced")
         self._launches.clear()
         ws, tiles = 1, 1
+        mtc = old = False
         for m in range(1, self.m_max + 1):
-            plan = self._plan(m, self.choice(m))
+            ch = self.choice(m)
+            plan = self._plan(m, ch)
+            mtc, old = mtc or ch.kernel in MTC_CONFIGS, old or ch.kernel not in MTC_CONFIGS
             if isinstance(plan, TcPlan):
                 ws, tiles = max(ws, plan.ws_floats), max(tiles, plan.tiles)
+        packed = self._packed
+        if packed is None and ((old and self.qweight is None) or (mtc and self.mq is None)):
+            raise ValueError("this kernel reads a weight layout not uploaded: construct with keep_host=True")
+        if old and self.qweight is None and packed is not None:
+            self.qweight = cupy.asarray(packed["qweight"])
+            self.sz = cupy.asarray(packed["sz"])
+        if mtc and self.mq is None and packed is not None:
+            arrays = mtc_from_prepack(packed)
+            self.mq = cupy.asarray(arrays["mq"])
+            self.msz = cupy.asarray(arrays["msz"])
         if ws > self._ws.size:
             self._ws = cupy.zeros(ws, np.float32)
         if tiles > self._counters.size:
@@ -165,6 +195,9 @@ class W4A16Linear:
         if ch.kernel == GEMV:
             ov = self._overrides
             return plan_launch(m, self.n, self.k, self.group_size, sm_count=self._sm_count, **ov)
+        if ch.kernel in MTC_CONFIGS:
+            g, sms = self.group_size, self._sm_count
+            return plan_mtc(m, self.n, self.k, g, ch.kernel, sm_count=sms, split=ch.split)
         return plan_tc(m, self.n, self.k, self.group_size, ch.kernel, sm_count=self._sm_count, split=ch.split)
 
     @property
@@ -181,6 +214,8 @@ class W4A16Linear:
         cpg = self.group_size // 64
         if isinstance(plan, LaunchPlan):
             name = Variant(self.dtype, plan.mt, plan.ns, cpg, default_gd(plan.mt, plan.ns, cpg)).name
+        elif plan.cfg in MTC_CONFIGS:
+            name = mtc_kernel_name(self.dtype, plan.cfg, cpg)
         else:
             name = tc_kernel_name(self.dtype, plan.cfg, cpg)
         fn = self._module.get_function(name)
@@ -226,9 +261,15 @@ class W4A16Linear:
             )  # fmt: skip
             launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
         else:
+            flags = self._scale_flag
+            if plan.cfg in MTC_CONFIGS:  # weights read once (one M tile): L2 evict_first for them
+                wq, wsz = self.mq, self.msz
+                flags |= FLAG_EVICT_FIRST if plan.grid[0] == 1 else 0
+            else:
+                wq, wsz = self.qweight, self.sz
             args = (
-                self.qweight, self.sz, x, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
-                *dims, np.int32(self._act), np.int32(self._scale_flag),
+                wq, wsz, x, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
+                *dims, np.int32(self._act), np.int32(flags),
             )  # fmt: skip
             launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
         return out

@@ -101,13 +101,15 @@ class TcPlan:
     tiles: int
 
 
-def choose_split(tiles: int, groups: int, sm_count: int, blocks_per_sm: int) -> int:
+def choose_split(
+    tiles: int, groups: int, sm_count: int, blocks_per_sm: int, *, max_split: int = MAX_SPLIT
+) -> int:
     """Split-K factor (a power of two, at most the groups along K): the one with the fewest waves
     per unit of work, plus 2% per split for the partial-sum traffic and the reduction."""
     slots = sm_count * blocks_per_sm
     best, best_cost = 1, float("inf")
     s = 1
-    while s <= min(groups, MAX_SPLIT):
+    while s <= min(groups, max_split):
         cost = -(-tiles * s // slots) / s + 0.02 * s
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost

@@ -1,0 +1,199 @@
+"""A numpy model of ``w4a16_mtc.cu``: every thread's cp.async copies into the pipeline stages (the
+``MtcLoader`` pieces, zero-fill past N and past M, sz only with a group's first chunk), every lane's
+A words from shared memory and their dequantization (the shifts and masks of ``mtc_pair``), the
+``ldmatrix.x4`` of x (which lane supplies which row address, which lane receives which elements),
+the ``mma.m16n8k16`` fragments through the PTX ISA layouts, the split-K partials in fragment order
+and the epilogue's (m, n) mapping, in float64.
+
+The names match the .cu, so a CPU test can check that ``prepack_mtc``'s layout, the stage layout
+and the fragment ownership reconstruct x @ W before any GPU runs it (``simulate``). It models no
+timing: the cp.async ring is replayed in program order and each read checks that its stage holds
+the chunk (and the group's scales) it expects.
+
+ldmatrix (m8n8, .x4, 16-bit): lanes 8j .. 8j+7 give the row addresses of matrix j (16 bytes each);
+lane T receives in register j the elements 2 (T & 3) and 2 (T & 3) + 1 of row T >> 2 of matrix j.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from numpy.typing import NDArray
+
+from anvil_kernels.cuda.tc_model import _G8, _LANES, _T4, _a_index, _b_index, _c_index, _scale_f, round_a
+from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS
+from anvil_kernels.cuda.w4a16_tc import STAGE_XROW_BYTES
+
+XROW = STAGE_XROW_BYTES
+
+
+def ldmatrix_x4(stage_x: NDArray[np.float64], addr: NDArray[np.int64]) -> NDArray[np.float64]:
+    """ldmatrix.x4 on a stage's x bytes (as 2-byte elements): addr (32,) byte addresses, one per
+    lane (lane 8j + r: row r of matrix j). Returns (4 registers, 32 lanes, 2 elements)."""
+    assert addr.shape == (32,) and not np.any(addr % 16), "ldmatrix rows are 16-byte aligned"
+    rows = stage_x[(addr // 2)[:, None] + np.arange(8)]  # (32 row addresses, 8 elements)
+    out = np.empty((4, 32, 2))
+    for j in range(4):
+        mat = rows[8 * j : 8 * j + 8]  # matrix j: 8 rows x 8 elements
+        for e in range(2):
+            out[j, :, e] = mat[_LANES >> 2, 2 * (_LANES & 3) + e]
+    return out
+
+
+def _issue(
+    stages: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    buf: int,
+    c: int,
+    geo: tuple[int, ...],
+    W: np.ndarray,
+    SZ: np.ndarray,
+    x: np.ndarray,
+) -> None:
+    """MtcLoader::issue of chunk c into stage buf: thread tid copies pieces tid + it*NT, so
+    together the threads copy every piece once (vectorized over pieces). Zero-fill (src-size 0)
+    past N and past M; sz only when c starts a group (the stage keeps its old sz otherwise)."""
+    stW, stSZ, stX, held, held_g = stages
+    BS, BM, CPG, strips, strip0, m0, m_rows = geo
+    p = np.arange(BS * 32)
+    ok = strip0 + (p >> 5) < strips
+    src = np.where(ok, (c * strips + strip0) * 32 + p, 0)
+    stW[buf] = np.where(ok[:, None], W[src], 0)
+    if c % CPG == 0:
+        t = np.arange(BS * 4)
+        ok = strip0 + (t >> 2) < strips
+        src = np.where(ok, ((c // CPG) * strips + strip0) * 4 + t, 0)
+        stSZ[buf] = np.where(ok[:, None], SZ[src], 0)
+        held_g[buf] = c // CPG
+    else:
+        held_g[buf] = -1  # this stage's sz is stale: reading it would be a bug
+    p = np.arange(BM * 8)
+    r = p >> 3
+    ok = m0 + r < m_rows
+    dst = (r * XROW + (p & 7) * 16) // 2  # element (2-byte) offset in the stage
+    kk = c * 64 + (p & 7) * 8
+    vals = x[np.where(ok, m0 + r, 0)[:, None], kk[:, None] + np.arange(8)]
+    stX[buf][dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
+    held[buf] = c
+
+
+def simulate(
+    packed: Mapping[str, np.ndarray],
+    x: NDArray[np.float64],
+    cfg_name: str,
+    split: int,
+    dtype: str = "bf16",
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Run the kernel's data movement and math for x (M, K) on ``prepack_mtc`` output; returns
+    (out (M, N) float64, NaN where never written; writes (M, N): how many times the epilogue
+    wrote each element). ``dtype`` sets the rounding of the scaled A fragments of an ``sa``
+    config (``round_a``); exact configs ignore it."""
+    c = MTC_CONFIGS[cfg_name]
+    k, n, g, kind = (int(v) for v in packed["meta"])
+    m_rows = x.shape[0]
+    W = packed["mq"].reshape(-1, 4)  # uint4 view: (chunk, strip, lane) flattened
+    SZ = packed["msz"].reshape(-1, 4)  # uint4 view: (group, strip, 16 B piece) flattened
+    BM, BS, NT, MT, NS, WN, ST = c.bm, c.ns * c.wn, c.threads, c.mt, c.ns, c.wn, c.st
+    strips, KC = n >> 4, k >> 6
+    CPG = g // 64
+    G = KC // CPG
+    S = split
+    mtiles, ntiles = -(-m_rows // BM), -(-n // (16 * BS))
+    out = np.full((m_rows, n), np.nan)
+    writes = np.zeros((m_rows, n), np.int64)
+    REGS = NS * MT * 4
+    nwarps = NT // 32
+
+    for bx in range(mtiles):
+        for by in range(ntiles):
+            m0, strip0 = bx * BM, by * BS
+            ws = np.full((S, REGS, NT), np.nan)
+            for z in range(S):
+                gb, ge = (G * z) // S, (G * (z + 1)) // S
+                c0, nck = gb * CPG, (ge - gb) * CPG
+                stW = np.zeros((ST, BS * 32, 4), np.uint32)
+                stSZ = np.zeros((ST, BS * 4, 4), np.uint32)
+                stX = np.full((ST, BM * XROW // 2), np.nan)  # padding never written: NaN
+                held, held_g = np.full(ST, -1), np.full(ST, -1)
+                stages = (stW, stSZ, stX, held, held_g)
+                geo = (BS, BM, CPG, strips, strip0, m0, m_rows)
+                for s in range(ST - 1):
+                    if s < nck:
+                        _issue(stages, s, c0 + s, geo, W, SZ, x)
+                acc = np.zeros((nwarps, NS, MT, 4, 32))
+                cg = np.zeros_like(acc)
+                slo = np.zeros((nwarps, NS, 32))
+                shi, zlo, zhi = np.zeros_like(slo), np.zeros_like(slo), np.zeros_like(slo)
+                rd, wr = 0, ST - 1
+                for i in range(nck):
+                    if i + ST - 1 < nck:
+                        _issue(stages, wr, c0 + i + ST - 1, geo, W, SZ, x)
+                    buf = rd
+                    rd, wr = (rd + 1) % ST, (wr + 1) % ST
+                    assert held[buf] == c0 + i, f"stage {buf} holds chunk {held[buf]}, not {c0 + i}"
+                    cc = i % CPG
+                    sWw = stW[buf].reshape(-1, 4)
+                    sSZw = stSZ[buf].reshape(-1)
+                    for warp in range(nwarps):
+                        wm, wn = warp // WN, warp % WN
+                        if cc == 0:
+                            assert held_g[buf] == (c0 + i) // CPG, "scales read from a stale stage"
+                            for j in range(NS):
+                                idx = (wn * NS + j) * 8 + _G8  # uint2 index
+                                vx, vy = sSZw[2 * idx], sSZw[2 * idx + 1]
+                                slo[warp, j], shi[warp, j] = _scale_f(vx, kind), _scale_f(vy, kind)
+                                zlo[warp, j], zhi[warp, j] = vx >> np.uint32(16), vy >> np.uint32(16)
+                            cg[warp] = 0.0
+                        wv = [sWw[(wn * NS + j) * 32 + _LANES] for j in range(NS)]  # (32, 4) each
+                        ldsm_off = (wm * MT * 8 + (_LANES & 7)) * XROW + (_LANES >> 3) * 16
+                        for h in range(2):
+                            b = [ldmatrix_x4(stX[buf], ldsm_off + mt * 8 * XROW + h * 64) for mt in range(MT)]
+                            for ss in range(2):
+                                s = 2 * h + ss
+                                for j in range(NS):
+                                    wd = wv[j][:, s]
+                                    A = np.full((16, 16), np.nan)
+                                    for r in range(4):
+                                        v = wd >> np.uint32(4 * r)
+                                        zz = zlo if r % 2 == 0 else zhi
+                                        for e in range(2):
+                                            q = (v >> np.uint32(16 * e)) & np.uint32(15)
+                                            a = q.astype(np.float64) - zz[warp, j]
+                                            if c.sa:  # (q - z) * s, the scale and the product rounded
+                                                sr = (slo if r % 2 == 0 else shi)[warp, j]
+                                                a = round_a(a * round_a(sr, dtype), dtype)
+                                            A[_a_index(r, e)] = a
+                                    for mt in range(MT):
+                                        B = np.full((16, 8), np.nan)
+                                        for r in range(2):
+                                            for e in range(2):
+                                                B[_b_index(r, e)] = b[mt][2 * ss + r][:, e]
+                                        assert not np.isnan(A).any() and not np.isnan(B).any()
+                                        C = A @ B
+                                        for qq in range(4):
+                                            (acc if c.sa else cg)[warp, j, mt, qq] += C[_c_index(qq)]
+                        if not c.sa and cc == CPG - 1:
+                            for j in range(NS):
+                                sc = np.stack([slo[warp, j], slo[warp, j], shi[warp, j], shi[warp, j]])
+                                acc[warp, j] += sc[None] * cg[warp, j]
+                # partials in fragment order: ws[z][(j*MT + mt)*4 + q][tid]
+                ws[z] = acc.transpose(1, 2, 3, 0, 4).reshape(REGS, NT)
+            total = ws[0].copy()  # the last block of the tile adds the S partials in z order
+            for z in range(1, S):
+                total += ws[z]
+            assert not np.isnan(total).any(), "a split left its partials unwritten"
+            acc_t = total.reshape(NS, MT, 4, nwarps, 32)
+            for warp in range(nwarps):
+                wm, wn = warp // WN, warp % WN
+                for j in range(NS):
+                    strip = strip0 + wn * NS + j
+                    if strip >= strips:
+                        continue
+                    for qq in range(4):
+                        nn = strip * 16 + _G8 + 8 * (qq >> 1)
+                        for mt in range(MT):
+                            mm = m0 + (wm * MT + mt) * 8 + 2 * _T4 + (qq & 1)
+                            ok = mm < m_rows
+                            out[mm[ok], nn[ok]] = acc_t[j, mt, qq, warp][ok]
+                            np.add.at(writes, (mm[ok], nn[ok]), 1)
+    return out, writes

@@ -1,0 +1,172 @@
+"""The Marlin-like tensor-core W4A16 kernel (``w4a16_mtc.cu``): its weight layout (``prepack_mtc``,
+``unprepack_mtc``), tile configurations and launch planning.
+
+Same quantization format as the other kernels (``Int4Weight``: g64/128/256, scales and integer
+zero points per group); only the prepacked layout differs: K-major (all strips of one 64-k chunk
+are contiguous, so the blocks that stream the same k range read one window of memory) and in the
+natural k order of the ``mma.m16n8k16`` A fragment (so x is read with ``ldmatrix``, unpermuted).
+Layout, pipeline and split-K are described at the top of ``w4a16_mtc.cu`` and in
+docs/kernels_gpu.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from anvil_kernels.cuda.w4a16_tc import SMEM_PER_SM, STAGE_XROW_BYTES, TcPlan, choose_split
+from anvil_kernels.format import Int4Weight
+
+MTC_MAX_SPLIT = 32
+REGS_PER_SM = 65536
+
+
+@dataclass(frozen=True)
+class MtcConfig:
+    """One block tile: BM = 8*mt*wm rows of x by BN = 16*ns*wn columns, 32*wm*wn threads, st
+    pipeline stages of one 64-k chunk, ``minb`` blocks per SM asked of ptxas (launch bounds).
+    ``regs``: ptxas's count on sm_90 (nvcc 13.0, bf16, g128; test_mtc_ptxas_report keeps it
+    honest). ``sa``: scaled A (the A fragment is (q - z) * s rounded to the activations' type, one
+    accumulator set) or exact (integers (q - z) on the tensor cores, the scale applied per group in
+    fp32), as ``TcConfig``."""
+
+    mt: int
+    ns: int
+    wm: int
+    wn: int
+    st: int
+    regs: int
+    sa: bool
+    minb: int = 1
+
+    @property
+    def bm(self) -> int:
+        return 8 * self.mt * self.wm
+
+    @property
+    def bn(self) -> int:
+        return 16 * self.ns * self.wn
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+    @property
+    def stage_bytes(self) -> int:
+        strips = self.ns * self.wn
+        return strips * 512 + strips * 64 + self.bm * STAGE_XROW_BYTES
+
+    @property
+    def smem(self) -> int:
+        return self.st * self.stage_bytes
+
+    @property
+    def blocks_per_sm(self) -> int:
+        by_regs = REGS_PER_SM // (max(self.regs, 1) * self.threads)
+        return max(1, min(by_regs, SMEM_PER_SM // self.smem, 2048 // self.threads))
+
+
+# name -> config (all 256 threads). Registers as reported by ptxas for sm_90 (bf16, g128).
+MTC_CONFIGS: dict[str, MtcConfig] = {
+    "mtc8": MtcConfig(mt=1, ns=2, wm=1, wn=8, st=8, regs=80, sa=False, minb=2),  # 8 x 256
+    "mtc16": MtcConfig(mt=2, ns=2, wm=1, wn=8, st=8, regs=104, sa=False, minb=2),  # 16 x 256
+    # 4 strips per warp: the per-chunk copy, barrier and scale work spread over twice the weights
+    "mtc8x": MtcConfig(mt=1, ns=4, wm=1, wn=8, st=5, regs=120, sa=False, minb=2),  # 8 x 512
+    "mtc16x": MtcConfig(mt=2, ns=4, wm=1, wn=8, st=5, regs=128, sa=False, minb=2),  # 16 x 512
+    "mtc32": MtcConfig(mt=4, ns=2, wm=1, wn=8, st=6, regs=128, sa=False, minb=2),  # 32 x 256
+    "mtc64": MtcConfig(mt=4, ns=2, wm=2, wn=4, st=5, regs=112, sa=True, minb=2),  # 64 x 128
+    "mtc64w": MtcConfig(mt=4, ns=4, wm=2, wn=4, st=5, regs=168, sa=True, minb=1),  # 64 x 256
+    "mtc128": MtcConfig(mt=8, ns=2, wm=2, wn=4, st=4, regs=184, sa=True, minb=1),  # 128 x 128
+    "mtc128w": MtcConfig(mt=8, ns=4, wm=2, wn=4, st=4, regs=255, sa=True, minb=1),  # 128 x 256
+}
+
+
+def mtc_kernel_name(dtype: str, cfg_name: str, cpg: int) -> str:
+    return f"w4a16{cfg_name}_{dtype}_c{cpg}"
+
+
+def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
+    c = MTC_CONFIGS[cfg_name]
+    name = mtc_kernel_name(dtype, cfg_name, cpg)
+    sa = "true" if c.sa else "false"
+    args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wm}, {c.wn}, {c.st}, {cpg}, {sa}, {c.minb}"
+    return f"ANVIL_W4A16_MTC_KERNEL({args})"
+
+
+def plan_mtc(
+    m: int, n: int, k: int, g: int, cfg_name: str, *, sm_count: int = 132, split: int | None = None
+) -> TcPlan:
+    """Geometry of one launch of mtc config ``cfg_name`` for (M, N, K) with groups of g: grid (M
+    tiles, N tiles, split), as ``plan_tc`` (the same split-K protocol and workspace)."""
+    if cfg_name not in MTC_CONFIGS:
+        raise ValueError(f"unknown mtc config {cfg_name!r}; known: {sorted(MTC_CONFIGS)}")
+    if n % 16 != 0 or k % g != 0 or g % 64 != 0:
+        raise ValueError(f"N={n} must be a multiple of 16 and K={k} a multiple of g={g} (a multiple of 64)")
+    c = MTC_CONFIGS[cfg_name]
+    mtiles = -(-m // c.bm)
+    ntiles = -(-n // c.bn)
+    groups = k // g
+    if split is None:
+        split = choose_split(mtiles * ntiles, groups, sm_count, c.blocks_per_sm, max_split=MTC_MAX_SPLIT)
+    if not 1 <= split <= groups:
+        raise ValueError(f"split={split} must be in [1, {groups}] (the groups along K)")
+    ws = mtiles * ntiles * split * c.bm * c.bn if split > 1 else 0
+    return TcPlan(cfg_name, (mtiles, ntiles, split), c.threads, c.smem, split, ws, mtiles * ntiles)
+
+
+# ---------------------------------------------------------------------------------------------
+# layout
+
+
+def prepack_mtc(w: Int4Weight) -> dict[str, np.ndarray]:
+    """Int4Weight -> the arrays ``w4a16_mtc.cu`` reads: ``mq`` uint32 (K/64, N/16, 32, 4), ``msz``
+    uint32 (K/g, N/16, 8, 2) and ``meta`` [K, N, g, scale kind], as ``prepack`` (same checks, same
+    scale/zero words, fp32 scales rounded to bf16); ``unprepack_mtc`` is the inverse.
+
+    mq[kc, strip, lane, step], nibble p (bits 4p..4p+3), j = p & 3, e = p >> 2:
+        n = 16 strip + (lane >> 2) + 8 (j & 1),  k = 64 kc + 16 step + 2 (lane & 3) + e + 8 (j >> 1)
+    """
+    from anvil_kernels.cuda.w4a16 import _check_prepackable, sz_words
+    from anvil_kernels.format import unpack_nibbles
+
+    _check_prepackable(w)
+    k, n, g = w.k, w.n, w.group_size
+    q = unpack_nibbles(w.packed)  # (K, N)
+    # k = 64 kc + 16 s + 8 jhi + 2 t4 + e ; n = 16 strip + 8 jlo + g8
+    q8 = q.reshape(k // 64, 4, 2, 4, 2, n // 16, 2, 8)
+    # -> (kc, strip, g8, t4, s, e, jhi, jlo): lane = 4 g8 + t4, word = s, nibble = 4 e + 2 jhi + jlo
+    qt = q8.transpose(0, 5, 7, 3, 1, 4, 2, 6).reshape(k // 64, n // 16, 32, 4, 8)
+    # nibbles 2i, 2i+1 -> byte i; four little-endian bytes -> the word (nibble p at bits 4p)
+    pairs = np.ascontiguousarray(qt[..., 0::2] | (qt[..., 1::2] << np.uint8(4)))
+    words = pairs.view("<u4").reshape(qt.shape[:-1]).astype(np.uint32)
+    word_sz, kind = sz_words(w)  # (G, N)
+    msz = np.ascontiguousarray(word_sz.reshape(k // g, n // 16, 2, 8).transpose(0, 1, 3, 2))
+    return {"mq": words, "msz": msz, "meta": np.array([k, n, g, kind], np.int64)}
+
+
+def unprepack_mtc(packed: Mapping[str, np.ndarray]) -> Int4Weight:
+    """Inverse of ``prepack_mtc`` (fp32 scales come back as bf16)."""
+    from anvil_kernels.cuda.w4a16 import int4_from_words
+
+    k, n, g, kind = (int(v) for v in packed["meta"])
+    words = packed["mq"]
+    nib = np.empty((*words.shape, 8), np.uint8)
+    for p in range(8):
+        nib[..., p] = (words >> np.uint32(4 * p)) & np.uint32(15)
+    # (kc, strip, g8, t4, s, e, jhi, jlo) -> (kc, s, jhi, t4, e, strip, jlo, g8)
+    nib8 = nib.reshape(k // 64, n // 16, 8, 4, 4, 2, 2, 2)
+    q = np.ascontiguousarray(nib8.transpose(0, 4, 6, 3, 5, 1, 7, 2)).reshape(k, n)
+    word_sz = packed["msz"].transpose(0, 1, 3, 2).reshape(k // g, n)
+    return int4_from_words(q, word_sz, g, kind)
+
+
+def mtc_from_prepack(packed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The mtc arrays of a layer given ``prepack``'s output (the GEMV layout): converted on the
+    host (a permutation, no rounding), or taken as they are when ``packed`` already holds them."""
+    if "mq" in packed and "msz" in packed:
+        return {"mq": packed["mq"], "msz": packed["msz"], "meta": packed["meta"]}
+    from anvil_kernels.cuda.w4a16 import unprepack
+
+    return prepack_mtc(unprepack(packed))
