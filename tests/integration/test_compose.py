@@ -281,6 +281,7 @@ def _compose_run(stack: Any, volumes: list[str], argv: list[str], timeout_s: flo
     return proc.returncode, proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(900)  # compile, load and two `compose run`s: over 300 s at load 35-50 on 2 vCPUs
 def test_anvil_deploy_through_the_cli_container(compose_stack: Any, tmp_path: Path, waiter: Any) -> None:
     """`docker compose run --rm cli anvil deploy` (the operator's container: Redis's admin user and
     the compiler's API key, on the compose network): compiled by the compiler container without a
