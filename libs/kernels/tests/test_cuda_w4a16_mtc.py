@@ -199,6 +199,7 @@ def _ptxas(tmp_path: Path, dtype: str) -> tuple[str, list[Path]]:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.timeout(900)  # nine nvcc runs: 107 s alone on the shared 2-vCPU machine, more when busy
 def test_mtc_ptxas_report_and_sass(tmp_path: Path) -> None:
     """Every mtc config compiles for sm_90 with no spills and no stack, within the registers its
     MtcConfig states (the split planner's occupancy estimate uses them); with cuobjdump on PATH,
