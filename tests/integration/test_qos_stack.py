@@ -247,7 +247,8 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
         assert any(e.get("event") == "qos.increase" for e in events)
 
         for p1, p3 in (calm, hogged, after):
-            assert _share(p1, 429) == 0.0, "priority 1 was throttled"
+            p1_429 = {p1.reasons[int(i)] for i in np.flatnonzero(p1.status == 429)}
+            assert _share(p1, 429) == 0.0, f"priority 1 was throttled: {p1_429}"
             assert np.all(p1.answers == 1) and np.all(p3.answers == 1), "a request got no answer, or two"
         met, sent = _p1_in_slo([calm[0], hogged[0], after[0]])
         print(  # shown with `pytest -s`: the figures docs/qos.md quotes
