@@ -72,10 +72,19 @@ def parse_json_document(body: bytes | bytearray | memoryview, bulk: bool = False
                 doc = _materialize_but_inputs_data(doc)
         else:
             doc = json_codec.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("JSON nested too deeply") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise _bad_json(exc) from None
+    return _object(doc)
+
+
+def _bad_json(exc: Exception) -> BadRequest:
+    """What a body that does not parse is told (one wording for the whole and the stepped parse)."""
+    if isinstance(exc, RecursionError):
+        return BadRequest("JSON nested too deeply")
+    return BadRequest(f"body is not valid JSON: {exc}")
+
+
+def _object(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BadRequest("the request body must be a JSON object")
     return doc
@@ -88,13 +97,9 @@ def json_document_steps(body: bytes | bytearray | memoryview) -> json_bulk.Steps
     raw = body if isinstance(body, bytes | bytearray) else bytes(body)
     try:
         doc = yield from json_bulk.loads_steps(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise BadRequest("JSON nested too deeply") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("the request body must be a JSON object")
-    doc = _materialize_but_inputs_data(doc)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise _bad_json(exc) from None
+    doc = _materialize_but_inputs_data(_object(doc))
     inputs = doc.get("inputs")
     for i, raw_input in enumerate(inputs[:MAX_TENSORS] if isinstance(inputs, list) else ()):
         if not isinstance(raw_input, dict) or not isinstance(raw_input.get("data"), json_bulk.NumberArray):
