@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from anvil_core import codec
 from anvil_core.codec import pb
@@ -57,7 +58,7 @@ def register(models: list[str], credits: int = 1) -> list[Frame]:
 def answers(s: Any) -> dict[str, tuple[int, str]]:
     out = {}
     for _, parts in s.replies:
-        for resp, _group in codec.unbundle([Frame(bytes(p)) for p in parts]):
+        for resp, _group in codec.unbundle([p if isinstance(p, Frame) else Frame(bytes(p)) for p in parts]):
             err = resp.error
             out[resp.requestId] = (err.code, err.reason) if err is not None else (0, "")
     return out
@@ -103,3 +104,31 @@ def test_undeploy_answers_the_queue_and_redeploy_takes_the_model_back(sched: Any
     s.unloaded = frozenset()  # deployed again: no new Register needed
     s._remove_unloaded(time.monotonic())
     assert "m" in s.core.models() and any("m" in spec.models for spec in s.core.pool.specs())
+
+
+def _series_of(model: str) -> list[str]:
+    """The sample lines of the scheduler's registry that carry `model` as their model label."""
+    text = generate_latest().decode()
+    return [line for line in text.splitlines() if f'model="{model}"' in line and not line.startswith("#")]
+
+
+def test_a_batch_in_flight_at_the_undeploy_is_answered_and_brings_back_no_series(sched: Any) -> None:
+    s = sched
+    s.handle(s._on_executor, register(["m"]))
+    s.handle(s._on_gateway, request("flying"))
+    s._poll_core(time.monotonic())
+    assert len(s.sent) == 1
+    assert _series_of("m"), "the dispatch should have created the model's series"
+
+    s.unloaded = frozenset({"m"})
+    s._remove_unloaded(time.monotonic())
+    assert _series_of("m") == []
+
+    batch, _ = codec.unpack(s.sent[0])
+    assert isinstance(batch, pb.BatchT)
+    res = pb.BatchResultT()
+    res.batchId, res.executorId, res.computeUs, res.frameCounts = batch.batchId, "ex-1", 100, [1]
+    resp = codec.build_response(request_id="flying", trace_id="t", model="m")
+    s.handle(s._on_executor, [Frame(EXECUTOR), *[Frame(bytes(f)) for f in codec.pack(res, [resp])]])
+    assert answers(s)["flying"] == (0, "")  # the client still gets its result
+    assert _series_of("m") == [], "the late answer re-created the undeployed model's series"

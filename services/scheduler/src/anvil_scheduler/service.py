@@ -282,9 +282,16 @@ class Scheduler:
         except zmq.ZMQError as exc:  # the gateway is gone: nobody waits for this answer any more
             log.warning("gateway unreachable; answer dropped", extra={"err": str(exc)})
 
+    def _label(self, model: str) -> str:
+        """The metric label of `model`: itself while it is registered, else `_unknown`. No series per
+        crafted name, and none brought back by a batch that was in flight when its model was undeployed
+        (its answers arrive after `_remove_unloaded` forgot the model's series)."""
+        return model if self.core.has_model(model) else "_unknown"
+
     def _reply_error(self, ticket: Ticket, rid: str, model: str, code: int, reason: str) -> None:
-        label = model if self.core.has_model(model) else "_unknown"  # no series per crafted name
-        m.requests.labels(model=label, outcome=codec.ERROR_NAMES.get(code, "error").lower()).inc()
+        m.requests.labels(
+            model=self._label(model), outcome=codec.ERROR_NAMES.get(code, "error").lower()
+        ).inc()
         env = codec.build_response(
             request_id=rid, trace_id=ticket.trace_id, model=model, error=(code, reason)
         )
@@ -389,7 +396,7 @@ class Scheduler:
             m.duplicates.labels(what="late_result").inc(len(done.late))
         answered = {r.request_id: r for r in done.answered}
         if answered:
-            self._series(m.batch_rtt_us, done.answered[0].model).observe((now - sent) * 1e6)
+            self._series(m.batch_rtt_us, self._label(done.answered[0].model)).observe((now - sent) * 1e6)
         replies: dict[bytes, list[list[Any]]] = {}  # gateway -> response groups, forwarded unchanged
         try:
             for group in codec.split_groups(frames, result.frameCounts or ()):
@@ -397,7 +404,7 @@ class Scheduler:
                 codec.check_payloads(resp.outputs, group[1:], "output")
                 r = answered.pop(resp.requestId or "", None)
                 if r is not None:
-                    self._series(m.requests, r.model, "answered").inc()
+                    self._series(m.requests, self._label(r.model), "answered").inc()
                     self._hop("executor_round_trip", r.priority).observe((now - sent) * 1e6)
                     replies.setdefault(_ticket(r).gateway, []).append(group)
         except codec.ProtocolError as exc:  # the batch's requests still get an answer below
