@@ -80,7 +80,7 @@ def test_hog_on_the_same_core_raises_run_queue_delay_and_agrees_with_schedstat(
         waits = r1.runq_events - r0.runq_events
         probe_ns = r1.runq_delay_ns - r0.runq_delay_ns
         idle_wakes = r1.idle_wakes - r0.idle_wakes
-        results[phase] = (hist.percentile_us(0.99), probe_ns, kernel_ns)
+        results[phase] = (probe_ns / max(waits, 1), probe_ns, kernel_ns)
         print(  # shown with -s: the figures docs/qos.md quotes
             f"{phase}: waits {waits} (of which on an idle CPU {idle_wakes}, "
             f"{(r1.idle_wake_ns - r0.idle_wake_ns) / 1e6:.2f} ms), probe {probe_ns / 1e6:.2f} ms, "
@@ -101,10 +101,13 @@ def test_hog_on_the_same_core_raises_run_queue_delay_and_agrees_with_schedstat(
         # CPU time is measured too.
         assert r1.cpu_ns > r0.cpu_ns
 
-    calm_p99, calm_ns, _ = results["calm"]
-    hog_p99, hog_ns, _ = results["hog"]
+    calm_wait_ns, calm_ns, _ = results["calm"]
+    hog_wait_ns, hog_ns, _ = results["hog"]
     # Ratios leave room for whatever else runs on a shared machine (its load lands in both phases).
-    assert hog_p99 > max(2 * calm_p99, 1000), results
+    # The mean wait, not the p99: a p99 of a few hundred waits is one other task's slice on a busy
+    # machine (a fresh-clone CI beside another stack's CPU hog saw a calm p99 of 12.7 ms against
+    # 15.4 ms hogged, while the mean wait went from 0.39 to 4.4 ms).
+    assert hog_wait_ns > max(2 * calm_wait_ns, 1e6), results
     assert hog_ns > 1.5 * calm_ns, results
 
 
