@@ -5,9 +5,11 @@ lower-priority batches never touch the reserve. Predictions are exact: t(B) = 4 
 from __future__ import annotations
 
 from anvil_scheduler.core import (
+    Admission,
     AdmitOutcome,
     EdfPidPolicy,
     ExecutorSpec,
+    PriorityClass,
     ProfilePrior,
     SchedulerConfig,
     SchedulerCore,
@@ -104,3 +106,74 @@ def test_the_pool_learns_the_per_batch_overhead_and_counts_it_in_the_work_ahead(
     admit(core, "last", 3, t)
     (b,) = core.poll(t).batches
     assert abs(core.accounting(t).work_ahead_s - (b.predicted_exec_s + core.pool.overhead_s("e0"))) < 1e-9
+
+
+def test_admission_predicts_priority_1_on_the_urgent_path_and_keeps_what_dispatch_can_serve() -> None:
+    """The live stack under a CPU hog (#19): priority 1 was shed as overload while a priority-3 batch
+    waited behind the running one, because admission predicted its finish behind *all* in-flight work,
+    although dispatch sends it on a reserved credit and the executor runs it before that queued batch.
+    SLO 20 ms: behind both batches it would finish at 24 + 5 ms (late); after the running one, 17 ms."""
+    classes = (PriorityClass(1, "interactive", 20.0), PriorityClass(3, "batch", 2000.0))
+    cfg = SchedulerConfig(
+        classes, slack_guard_us=1000, slack_guard_fraction=0.0, dispatch_lead_us=0, reserved_credits=1
+    )
+    core = SchedulerCore(EdfPidPolicy(), cfg, PRIOR)
+    core.register_model("m", 8)
+    core.register_executor(ExecutorSpec("e0", "gpu", 8, frozenset({"m"}), 2), 0.0)
+    busy_with_batch_class(core)  # running 0-12 ms, queued behind it 12-24 ms
+    running, queued = core.pool.in_flight("e0")
+    p1 = core.new_request("p1", "m", 1, 0.0)
+    admission = core.admit(p1, 0.0)
+    assert admission.outcome is AdmitOutcome.QUEUED, [s.reason for s in admission.shed]
+    t, sent = 0.0, core.poll(0.0).batches
+    while not sent and t < 0.012:  # it leaves by the running batch's end, on the reserved credit
+        t = round(t + 0.0005, 4)
+        sent = core.poll(t).batches
+    (urgent,) = sent
+    assert urgent.request_ids == ["p1"]
+    # The executor runs the urgent batch right after the running one, ahead of the queued one.
+    core.on_batch_done(running.batch_id, "e0", 0.012, 0.012)
+    done = core.on_batch_done(urgent.batch_id, "e0", 0.005, 0.017)
+    assert [r.request_id for r in done.answered] == ["p1"] and p1.deadline_s >= 0.017
+    core.on_batch_done(queued.batch_id, "e0", 0.012, 0.029)
+    assert core.idle_violations(0.029) == []
+
+
+def admit_by(core: SchedulerCore, rid: str, priority: int, now: float, timeout_s: float) -> Admission:
+    return core.admit(core.new_request(rid, "m", priority, now, timeout_s=timeout_s), now)
+
+
+def test_priority_1_predicted_late_but_not_hopeless_is_queued_and_served_if_the_executor_is_faster() -> None:
+    """Priority 1 is refused only when hopeless (#19): behind two priority-1 requests and a running
+    batch predicted at 24 ms, "c" (deadline 31.5 ms) is predicted to finish at 31 ms + 1 ms guard, which
+    the work-ahead test called overload; first in a batch of one it would finish at 29 ms. Queued, it is
+    served in time when the running batch ends early, as the profile's tail predicted it would not."""
+    core = make_core(reserved=1, credits=1, max_batch=32)
+    for i in range(20):
+        assert admit(core, f"w{i}", 1, 0.0) is AdmitOutcome.QUEUED
+    (running,) = core.poll(0.0).batches  # 4 + 20 ms predicted
+    assert admit_by(core, "a", 1, 0.0, 0.030).outcome is AdmitOutcome.QUEUED  # 24 + 5 (+1) ms
+    assert admit_by(core, "b", 1, 0.0, 0.030).outcome is AdmitOutcome.QUEUED  # 24 + 6 (+1) ms
+    c = admit_by(core, "c", 1, 0.0, 0.0315)
+    assert c.outcome is AdmitOutcome.QUEUED, [s.reason for s in c.shed]
+    core.on_batch_done(running.batch_id, "e0", 0.010, 0.010)
+    (batch,) = core.poll(0.010).batches
+    assert batch.request_ids == ["a", "b", "c"]
+    done = core.on_batch_done(batch.batch_id, "e0", 0.007, 0.017)
+    assert all(r.deadline_s >= 0.017 for r in done.answered) and len(done.answered) == 3
+
+
+def test_a_priority_1_head_rides_a_smaller_batch_rather_than_being_shed_to_keep_a_batch_full() -> None:
+    """Backlog of priority 1 only (a full batch of 2 waits): the head (deadline 12.5 ms) misses in a
+    batch of 2 (6 + 6 + 1 ms) but not alone (6 + 5 + 1 ms). It leaves alone; it was shed as overload
+    to keep the batch full, the rule for lower priorities (#19)."""
+    core = make_core(reserved=1, credits=1, max_batch=2)
+    for i in range(2):
+        admit(core, f"p3-{i}", 3, 0.0)
+    (running,) = core.poll(0.0).batches  # e0 busy until 6 ms
+    assert admit_by(core, "h", 1, 0.0, 0.0125).outcome is AdmitOutcome.QUEUED
+    assert admit(core, "n", 1, 0.0) is AdmitOutcome.QUEUED
+    core.on_batch_done(running.batch_id, "e0", 0.006, 0.006)
+    decision = core.poll(0.006)
+    assert decision.shed == ()
+    assert [b.request_ids for b in decision.batches] == [["h"]]

@@ -117,3 +117,22 @@ def test_a_size_seen_once_leans_on_the_fit_of_the_others_not_on_the_bare_prior()
     prior_16 = ProfilePrior().predict_s(16)
     assert prof.predict_s(16) < prior_16 / 10
     assert prof.predict_s(16) > prof.predict_s(2)  # still ordered by size
+
+
+def test_rare_sizes_recover_with_size_1_once_the_device_is_fast_again() -> None:
+    """The live stack under a CPU hog (#19): batches of 2-4 were measured slow while the hog ran and
+    hardly formed after it, so their tails (and the fit through them) stayed at the hog's level while
+    batches of one were fast again; the work-ahead test then shed priority 1 after the hog had gone.
+    A batch of B never costs more than B batches of one: fresh size-1 samples bound the stale sizes."""
+    now = [0.0]
+    prof = LatencyProfile(ProfilePrior(), clock=lambda: now[0])
+    for i in range(200):  # 10 s under the hog: B=1 ~12 ms, B=2-4 ~40 ms
+        now[0] = i * 0.05
+        prof.observe(1 + i % 4, 0.012 if i % 4 == 0 else 0.040)
+    assert prof.predict_s(2) > 0.020  # slow while the hog runs
+    for i in range(64):  # the hog stops: 3 s of lone requests at 2 ms
+        now[0] = 10.0 + i * 0.05
+        prof.observe(1, 0.002)
+    one = prof.predict_s(1)
+    assert one < 0.003  # the window of size 1 has turned over (the prior still weighs a little)
+    assert prof.predict_s(2) <= 2 * one + 1e-12 and prof.predict_s(8) <= 8 * one + 1e-12

@@ -216,16 +216,21 @@ class ExecutorPool:
             default=float("inf"),
         )
 
-    def predict_finish(self, model: str, position: int, cap: int, predict: Predictor, now_s: float) -> float:
+    def predict_finish(
+        self, model: str, position: int, cap: int, predict: Predictor, now_s: float, urgent: bool = False
+    ) -> float:
         """When the request at 1-based ``position`` of the model's queue would finish if the queue were
         drained in order, in batches of ``cap``, each onto the executor that finishes it first.
-        Exact for the first 256 batches, then a fluid estimate at the pool's full-batch rate."""
+        Exact for the first 256 batches, then a fluid estimate at the pool's full-batch rate.
+        ``urgent``: the batches are urgent ones (led by top-priority work), which the executor runs
+        before its queued lower-priority batches, so each executor is ready when its running batch and
+        its queued urgent ones end (``_Executor.start_s``), as dispatch predicts them."""
         hosts = self._hosts(model)
         if not hosts:
             return float("inf")
         caps = [max(1, min(cap, ex.spec.max_batch)) for ex in hosts]
         full = [predict(ex.spec.device, c) for ex, c in zip(hosts, caps, strict=True)]
-        ready = [max(now_s, ex.free_at_s) for ex in hosts]
+        ready = [ex.start_s(now_s, urgent) for ex in hosts]
         remaining = position
         if len(hosts) == 1:  # the loop below in closed form: admission runs this per arrival (#19)
             full_batches = (remaining - 1) // caps[0] if remaining > 0 else 0

@@ -91,7 +91,10 @@ class LatencyProfile:
         self._counts[batch_size] = self._counts.get(batch_size, 0) + 1
         self._mass[batch_size] = (self._weight_of(batch_size, t) + 1.0, t)
         self._tails.pop(batch_size, None)
-        # What this sample moves: its own size's prediction, and every unseen size's (the fit).
+        # What this sample moves: its own size's prediction, and every unseen size's (the fit); a sample
+        # of size 1 moves every size's sequential bound.
+        if batch_size == 1:
+            self._cache.clear()
         for size in [b for b in self._cache if b == batch_size or b not in self._samples]:
             del self._cache[size]
         self._fit = None
@@ -141,6 +144,12 @@ class LatencyProfile:
             n = self._weight_of(batch_size, now)
             w = n / (n + self.prior.prior_weight) if n else 0.0
             value = w * self._tail_of(batch_size, bucket) + (1.0 - w) * fallback
+        if batch_size > 1:
+            # Sequential bound: a batch of B never costs more than B batches of one run in a row. Size 1
+            # is the size measured most often (every lone request), so the bound carries its freshness
+            # to the rarer sizes: on the live stack a CPU hog left batches of 2-6 predicted at 17-45 ms
+            # for 10 s after it stopped, while batches of one were back at 2-3 ms (#19).
+            value = min(value, batch_size * self.predict_s(1))
         self._cache[batch_size] = value
         return value
 

@@ -223,9 +223,15 @@ class SchedulerCore:
             return []  # nothing hosts the model yet: no basis for a prediction
         cap = self.policy.batch_limit(req.model)
         position = queue.count_through(req.deadline_s) + 1
+        # Top-priority work leaves in urgent batches (poll: the head is of the top priority), which the
+        # executor runs before its queued lower-priority batches: predict its start where dispatch will.
+        head = queue.peek()
+        urgent = req.priority == self._top_priority and (
+            head is None or head.deadline_s > req.deadline_s or head.priority == self._top_priority
+        )
 
         def finish_at(pos: int) -> float:
-            return self.pool.predict_finish(req.model, pos, cap, self._predictor(req.model), now_s)
+            return self.pool.predict_finish(req.model, pos, cap, self._predictor(req.model), now_s, urgent)
 
         def guarded_finish_at(pos: int) -> float:
             finish = finish_at(pos)
@@ -235,7 +241,17 @@ class SchedulerCore:
             return []
         candidates = queue.eviction_candidates(req.priority, position - 1, req.deadline_s)
         needed = evictions_needed(position, req.deadline_s, guarded_finish_at, len(candidates))
-        return None if needed is None else candidates[:needed]
+        if needed is not None:
+            return candidates[:needed]
+        predict = self._predictor(req.model)
+        if req.priority == self._top_priority and (
+            self.pool.predict_finish(req.model, 1, cap, predict, now_s, urgent=True) <= req.deadline_s
+        ):
+            # The top priority is refused only when hopeless: first in an urgent batch of one it could
+            # still finish in time. The queue's head check sheds it (deadline) if it turns hopeless while
+            # the work ahead of it drains; everything of a lower priority ahead of it goes first.
+            return candidates
+        return None
 
     # ---- release decisions ----------------------------------------------------------------------
     def poll(self, now_s: float) -> Decision:
@@ -315,10 +331,10 @@ class SchedulerCore:
 
         A batch shrinks until the head fits, down to one, except under backlog (a full batch is waiting):
         there a shrunk batch costs capacity that the whole queue needs, so it shrinks only for a head of
-        the top priority, and only if the shrink defers some lower-priority work (overload sheds the
-        lowest priorities first; among equals it keeps batches full and sheds the head). A request
-        ``alone`` on an idle executor is no backlog and is never shed for overload: it goes if it can
-        finish by its deadline without the guard."""
+        the top priority, which is refused only when hopeless (#19: under a CPU hog the live stack shed
+        priority-1 heads that a batch of one would have served, to keep a batch of two priority-1
+        requests full). A request ``alone`` on an idle executor is no backlog and is never shed for
+        overload: it goes if it can finish by its deadline without the guard."""
         head = queue.peek()
         assert head is not None
 
@@ -335,12 +351,8 @@ class SchedulerCore:
             return 0
         if alone:
             return size
-        if full >= cap:  # backlog
-            if head.priority != self._top_priority:
-                return 0
-            deferred = queue.peek_batch(full)[size:]
-            if not any(r.priority > head.priority for r in deferred):
-                return 0
+        if full >= cap and head.priority != self._top_priority:  # backlog
+            return 0
         return size
 
     def _form(

@@ -7,7 +7,8 @@ Two reasons, both answered at once and counted per (reason, priority):
 * ``OVERLOAD`` — it could finish alone, but not behind the work already queued ahead of it (the
   work-ahead test), or the queue's hard bound is reached. Lower priorities go first: a newcomer evicts
   lower-priority requests ahead of it (lowest priority, latest deadline first) when that makes it
-  feasible; otherwise the newcomer itself is shed.
+  feasible; otherwise the newcomer itself is shed — except the top priority, which is shed only when
+  hopeless (even a batch of one, started where dispatch would start its urgent batch, misses).
 """
 
 from __future__ import annotations
