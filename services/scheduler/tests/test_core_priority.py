@@ -13,6 +13,7 @@ from anvil_scheduler.core import (
     ProfilePrior,
     SchedulerConfig,
     SchedulerCore,
+    ShedReason,
 )
 
 PRIOR = ProfilePrior(base_us=4000, per_item_us=1000)
@@ -177,3 +178,20 @@ def test_a_priority_1_head_rides_a_smaller_batch_rather_than_being_shed_to_keep_
     decision = core.poll(0.006)
     assert decision.shed == ()
     assert [b.request_ids for b in decision.batches] == [["h"]]
+
+
+def test_a_hopeless_priority_1_newcomer_is_shed_as_deadline_not_as_overload() -> None:
+    """Priority 1 refused at admission is refused because it is hopeless (first in a batch of one
+    after the running batch it would still miss), so its answer says deadline, not "lower priorities
+    go first", which would be untrue for the top priority. Running batch predicted 24 ms; alone after
+    it 29 ms; deadline 27 ms, although alone on an idle executor it would take 5 ms."""
+    core = make_core(reserved=1, credits=1, max_batch=32)
+    for i in range(20):
+        assert admit(core, f"w{i}", 1, 0.0) is AdmitOutcome.QUEUED
+    assert len(core.poll(0.0).batches) == 1  # running until 24 ms
+    refused = admit_by(core, "late", 1, 0.0, 0.027)
+    assert refused.outcome is AdmitOutcome.SHED
+    assert [s.reason for s in refused.shed] == [ShedReason.DEADLINE]
+    # A priority-3 newcomer that the same work ahead makes late is shed for overload (lower first).
+    p3 = admit_by(core, "p3", 3, 0.0, 0.027)
+    assert p3.outcome is AdmitOutcome.SHED and [s.reason for s in p3.shed] == [ShedReason.OVERLOAD]

@@ -201,7 +201,9 @@ class SchedulerCore:
             else:
                 victims = self._work_ahead_victims(queue, req, now_s)
                 if victims is None and not alone:
-                    return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.OVERLOAD, now_s),))
+                    # The top priority is refused only when hopeless (_work_ahead_victims): say so.
+                    why = ShedReason.DEADLINE if req.priority == self._top_priority else ShedReason.OVERLOAD
+                    return Admission(AdmitOutcome.SHED, (self._shed(req, why, now_s),))
                 evicted.extend(victims or [])
         if len(queue) - len(evicted) >= self.config.max_queue_depth:
             spare = [v for v in queue.eviction_candidates(req.priority, len(evicted) + 1) if v not in evicted]
