@@ -286,6 +286,10 @@ def main() -> int:
         "machine": f"{platform.platform()}, {os.cpu_count()} cores; generator and server share them",
         "load_before": os.getloadavg(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": "uv run python bench/serving_peers.py " + " ".join(sys.argv[1:]),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip(),
         "servers": {},
     }
     last = RESULTS / f"{args.out}.json"

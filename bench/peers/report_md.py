@@ -27,6 +27,7 @@ def render(doc: dict[str, Any]) -> str:
     out = [
         "# Serving peers: mlp4x1024",
         "",
+        *([f"- command: `{doc['command']}` at {doc.get('commit') or '?'}"] if "command" in doc else []),
         f"- model: {doc['model']}",
         f"- protocol: {doc['protocol']}",
         f"- batching: {doc['batching']}",
