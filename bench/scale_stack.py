@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from anvil_client.launcher import PORT_STRIDE, private_port_env
+from anvil_client.launcher import PORT_STRIDE, port_free, private_port_env
 
 __all__ = ["ScaleConfig", "ScaleStack", "StackFailed"]
 
@@ -51,18 +50,9 @@ def _private_ports(executors: int, attempts: int = 20) -> dict[str, str]:
         ports = private_port_env(ROOT / "compose.yaml")
         base = int(ports["ANVIL_EXECUTOR_METRICS_PORT"])
         derived = [base + PORT_STRIDE * k for k in range(1, executors)]
-        if not set(map(str, derived)) & set(ports.values()) and all(map(_free, derived)):
+        if not set(map(str, derived)) & set(ports.values()) and all(map(port_free, derived)):
             return ports
     raise StackFailed(f"no free metrics ports for {executors} executors after {attempts} draws")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class StackFailed(RuntimeError):

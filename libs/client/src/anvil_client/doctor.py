@@ -18,13 +18,13 @@ import ctypes.util
 import importlib
 import os
 import resource
-import socket
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from anvil_client import launcher
 from anvil_core.settings import redact_url
 
 __all__ = ["CHECKS", "Check", "Host", "add_doctor_command", "run_checks"]
@@ -136,12 +136,7 @@ class RealHost:
         return -1 if soft == resource.RLIM_INFINITY else int(soft)
 
     def port_free(self, port: int) -> bool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-        return True
+        return launcher.port_free(port)
 
     def redis_ping(self, url: str) -> str | None:
         import redis

@@ -82,6 +82,16 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def port_free(port: int) -> bool:
+    """Whether `port` can be bound on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def private_port_env(compose: Path) -> dict[str, str]:
     """A free port for every `${ANVIL_*PORT}` that compose.yaml reads: set them to run a second
     stack beside another one (tests, benchmarks). compose.yaml stays the one list of ports, plus
