@@ -200,11 +200,11 @@ class SchedulerCore:
                 req.probe = True
             else:
                 victims = self._work_ahead_victims(queue, req, now_s)
-                if victims is None and not alone:
-                    # The top priority is refused only when hopeless (_work_ahead_victims): say so.
-                    why = ShedReason.DEADLINE if req.priority == self._top_priority else ShedReason.OVERLOAD
-                    return Admission(AdmitOutcome.SHED, (self._shed(req, why, now_s),))
-                evicted.extend(victims or [])
+                if isinstance(victims, ShedReason):
+                    if not alone:
+                        return Admission(AdmitOutcome.SHED, (self._shed(req, victims, now_s),))
+                else:
+                    evicted.extend(victims)
         if len(queue) - len(evicted) >= self.config.max_queue_depth:
             spare = [v for v in queue.eviction_candidates(req.priority, len(evicted) + 1) if v not in evicted]
             if not spare:
@@ -218,9 +218,10 @@ class SchedulerCore:
         queue.push(req)
         return Admission(AdmitOutcome.QUEUED, tuple(sheds))
 
-    def _work_ahead_victims(self, queue: EDFQueue, req: Request, now_s: float) -> list[Request] | None:
+    def _work_ahead_victims(self, queue: EDFQueue, req: Request, now_s: float) -> list[Request] | ShedReason:
         """Lower-priority requests ahead of ``req`` to evict so that it meets its deadline behind the
-        queued work ([] if it already does); None if evicting cannot make it feasible."""
+        queued work ([] if it already does); if evicting cannot make it feasible, why ``req`` is shed:
+        OVERLOAD, or DEADLINE for the top priority, which is refused only when hopeless."""
         if not self.pool.max_batch(req.model):
             return []  # nothing hosts the model yet: no basis for a prediction
         cap = self.policy.batch_limit(req.model)
@@ -253,7 +254,7 @@ class SchedulerCore:
             # still finish in time. The queue's head check sheds it (deadline) if it turns hopeless while
             # the work ahead of it drains; everything of a lower priority ahead of it goes first.
             return candidates
-        return None
+        return ShedReason.DEADLINE if req.priority == self._top_priority else ShedReason.OVERLOAD
 
     # ---- release decisions ----------------------------------------------------------------------
     def poll(self, now_s: float) -> Decision:
