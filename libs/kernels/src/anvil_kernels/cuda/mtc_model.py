@@ -21,7 +21,17 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from anvil_kernels.cuda.tc_model import _G8, _LANES, _T4, _a_index, _b_index, _c_index, _scale_f, round_a
+from anvil_kernels.cuda.tc_model import (
+    _G8,
+    _LANES,
+    _T4,
+    _a_index,
+    _b_index,
+    _c_index,
+    _scale_f,
+    round_a,
+    stage_x,
+)
 from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS
 from anvil_kernels.cuda.w4a16_tc import STAGE_XROW_BYTES
 
@@ -67,13 +77,7 @@ def _issue(
         held_g[buf] = c // CPG
     else:
         held_g[buf] = -1  # this stage's sz is stale: reading it would be a bug
-    p = np.arange(BM * 8)
-    r = p >> 3
-    ok = m0 + r < m_rows
-    dst = (r * XROW + (p & 7) * 16) // 2  # element (2-byte) offset in the stage
-    kk = c * 64 + (p & 7) * 8
-    vals = x[np.where(ok, m0 + r, 0)[:, None], kk[:, None] + np.arange(8)]
-    stX[buf][dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
+    stage_x(stX[buf], x, c, BM, m0, m_rows)
     held[buf] = c
 
 

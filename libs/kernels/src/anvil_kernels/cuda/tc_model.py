@@ -72,7 +72,6 @@ def _load(
     pieces. Zero-fill (src-size 0) past N and past M."""
     stW, stSZ, stX, held = stages
     BS, BM, CPG, KC, G, strips, strip0, m0, m_rows = geo
-    XROW = STAGE_XROW_BYTES
     grp = chunk // CPG
     p = np.arange(BS * 32)
     strip = strip0 + (p >> 5)
@@ -84,15 +83,23 @@ def _load(
     ok = strip < strips
     src = np.where(ok, (strip * G + grp) * 4 + (t & 3), 0)
     stSZ[buf] = np.where(ok[:, None], SZ[src], 0)
+    stage_x(stX[buf], x, chunk, BM, m0, m_rows)
+    held[buf] = chunk
+
+
+def stage_x(
+    stage: NDArray[np.float64], x: NDArray[np.float64], chunk: int, BM: int, m0: int, m_rows: int
+) -> None:
+    """The X tile of k-chunk ``chunk`` (64 columns of rows m0..m0+BM) into one stage, as the kernels'
+    16-byte cp.async pieces lay it (rows STAGE_XROW_BYTES apart), zeros past M (tc and mtc share it)."""
     p = np.arange(BM * 8)
     r = p >> 3
     m = m0 + r
     ok = m < m_rows
-    dst = (r * XROW + (p & 7) * 16) // 2  # element (2-byte) offset in the stage
+    dst = (r * STAGE_XROW_BYTES + (p & 7) * 16) // 2  # element (2-byte) offset in the stage
     kk = chunk * 64 + (p & 7) * 8
     vals = x[np.where(ok, m, 0)[:, None], kk[:, None] + np.arange(8)]
-    stX[buf][dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
-    held[buf] = chunk
+    stage[dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
 
 
 def simulate(
