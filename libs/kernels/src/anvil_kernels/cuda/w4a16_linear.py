@@ -261,15 +261,12 @@ class W4A16Linear:
             )  # fmt: skip
             launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
         else:
-            flags = self._scale_flag
-            if plan.cfg in MTC_CONFIGS:  # weights read once (one M tile): L2 evict_first for them
-                wq, wsz = self.mq, self.msz
-                flags |= FLAG_EVICT_FIRST if plan.grid[0] == 1 else 0
-            else:
-                wq, wsz = self.qweight, self.sz
+            # the mtc kernels take no L2 policy: their copies with an evict_first cache hint
+            # (cp.async ... L2::cache_hint) raised an illegal instruction on the H200
+            wq, wsz = (self.mq, self.msz) if plan.cfg in MTC_CONFIGS else (self.qweight, self.sz)
             args = (
                 wq, wsz, x, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
-                *dims, np.int32(self._act), np.int32(flags),
+                *dims, np.int32(self._act), np.int32(self._scale_flag),
             )  # fmt: skip
             launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
         return out

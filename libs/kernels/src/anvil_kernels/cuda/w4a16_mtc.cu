@@ -79,13 +79,6 @@ __device__ __forceinline__ void cp_async16s(uint32_t s, const void* gmem, bool v
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
 }
 
-// The same with an L2 cache policy (make_policy): the weights, read once when one M tile covers M.
-__device__ __forceinline__ void cp_async16p(uint32_t s, const void* gmem, bool valid, uint64_t pol) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(s), "l"(gmem),
-                 "r"(n), "l"(pol));
-}
-
 // The cp.async copies of one chunk into one stage. Thread tid copies pieces tid + it*NT of each
 // array (a fixed trip count; whether a piece is past N or past M is the same for every chunk, so
 // it is decided once): W pieces p < BS*32 (16 B of strip p >> 5, lane p & 31), x pieces p < BM*8
@@ -107,13 +100,11 @@ struct MtcLoader {
     bool szok;
     uint32_t xdst;      // this thread's first x piece in a stage (bytes)
     int c;              // next chunk
-    uint64_t pol;       // L2 policy of the weight copies (evict_first with FLAG_EVICT_FIRST)
 
     __device__ __forceinline__ MtcLoader(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                          const uint16_t* __restrict__ X, int strip0, int strips, int m0,
-                                         int M, int K, int c0, bool evict_first) {
+                                         int M, int K, int c0) {
         const int tid = threadIdx.x;
-        pol = make_policy(evict_first);
         wstride = static_cast<size_t>(strips) * 32;
         szstride = static_cast<size_t>(strips) * 4;
         xrows = static_cast<size_t>(T::NT / 8) * K;
@@ -146,7 +137,7 @@ struct MtcLoader {
         for (int it = 0; it < WIT; ++it) {
             if (T::BS * 32 % T::NT == 0 || tid + it * T::NT < T::BS * 32) {
                 const bool ok = (wok >> it) & 1u;
-                cp_async16p(st + (tid + it * T::NT) * 16, ok ? w + it * T::NT : w - tid, ok, pol);
+                cp_async16s(st + (tid + it * T::NT) * 16, ok ? w + it * T::NT : w - tid, ok);
             }
         }
         if (c % CPG == 0) {
@@ -205,7 +196,7 @@ __device__ __forceinline__ void w4a16_mtc_body(const uint4* __restrict__ W, cons
 #pragma unroll
             for (int q = 0; q < 4; ++q) acc[j][mt][q] = 0.0f;
 
-    MtcLoader<MT, NS, WM, WN, CPG> ld(W, SZ, X, strip0, strips, m0, M, K, c0, (flags & FLAG_EVICT_FIRST) != 0);
+    MtcLoader<MT, NS, WM, WN, CPG> ld(W, SZ, X, strip0, strips, m0, M, K, c0);
     const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) {
