@@ -92,7 +92,8 @@ def parse_configs(text: str) -> list[ScaleConfig]:
             if int(g) in gpus:
                 raise ValueError(f"config {item!r}: GPU {int(g)} is listed twice")
             gpus.append(int(g))
-        epg = executors_per_gpu(fields.get("epg"))  # GpuSelectionError (a ValueError) outside 1..8
+        # a configuration names its count (1 when left out), not the launcher's host-dependent `auto`
+        epg = executors_per_gpu(fields.get("epg") or "1")  # GpuSelectionError (a ValueError) outside 1..8
         cfg = ScaleConfig(tuple(sorted(gpus)), epg)
         if cfg in out:
             raise ValueError(f"config {item!r}: {cfg.label} is listed twice")

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from corpus import CORPUS, sentences  # noqa: E402
 
+from anvil_client.gpus import executors_per_gpu  # noqa: E402
+
 
 def deploy(model_dir: Path, name: str, max_batch: int, max_seq: int, precision: str) -> float:
     t0 = time.perf_counter()
@@ -303,6 +305,8 @@ def main() -> None:
             "gemm": os.environ.get("ANVIL_GPU_GEMM", "cublas"),
         },
         "gateway_workers": int(os.environ.get("ANVIL_HTTP_WORKERS", "1")),
+        # what `anvil up` started (the launcher's count for this host when the variable is unset)
+        "executors_per_gpu": executors_per_gpu(os.environ.get("ANVIL_EXECUTORS_PER_GPU")),
     }
     res["deploy_s"] = round(
         deploy(args.model_dir, args.name, args.max_batch, args.max_seq, args.gpu_precision), 2
@@ -369,7 +373,8 @@ def main() -> None:
         "",
         f"Command: `{res['command']}` · commit {res['commit']} · {res['gpu']}",
         f"· {CORPUS}, {len(texts)} sentences",
-        f"· plan {res['plan']} · gateway processes: {res['gateway_workers']}",
+        f"· plan {res['plan']} · gateway processes: {res['gateway_workers']}"
+        f" · executors per GPU: {res.get('executors_per_gpu', 1)}",
         "",
         f"Accuracy vs sentence-transformers fp32: {res['accuracy_vs_st_fp32']}",
         "",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from anvil_client import launcher
-from anvil_client.gpus import visible_gpus
+from anvil_client.gpus import executors_per_gpu, visible_gpus
 from anvil_client.launcher import Proc, Stack, StackError, default_profiles, plan_procs
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,8 +34,9 @@ def _fake_smi(tmp_path: Path, gpus: int, code: int = 0) -> Path:
 
 
 def _env(bindir: Path | None, **extra: str) -> dict[str, str]:
+    """One executor per GPU unless a test says otherwise (the default, `auto`, follows the host's cores)."""
     path = f"{bindir}:/usr/bin:/bin" if bindir else "/usr/bin:/bin"
-    return {"PATH": path, "ANVIL_REDIS_URL": "redis://127.0.0.1:1/0", **extra}
+    return {"PATH": path, "ANVIL_REDIS_URL": "redis://127.0.0.1:1/0", "ANVIL_EXECUTORS_PER_GPU": "1", **extra}
 
 
 def _plan(env: dict[str, str], tmp_path: Path, profiles: set[str] | None = None, **kw: Any) -> list[Proc]:
@@ -78,11 +79,30 @@ def test_executors_per_gpu_share_each_gpu(tmp_path: Path) -> None:
     assert any("2 executors on each of cuda:0, cuda:1" in s for s in said)
 
 
-@pytest.mark.parametrize("spec", ["0", "9", "two", "-1", "1.5"])
+@pytest.mark.parametrize("spec", ["0", "9", "two", "-1", "1.5", "AUTO"])
 def test_bad_executors_per_gpu_is_refused(tmp_path: Path, spec: str) -> None:
     env = _env(_fake_smi(tmp_path, 1), ANVIL_EXECUTORS_PER_GPU=spec)
-    with pytest.raises(StackError, match=r"ANVIL_EXECUTORS_PER_GPU=.*expected a whole number from 1 to 8"):
+    want = r"ANVIL_EXECUTORS_PER_GPU=.*expected `auto` or a whole number from 1 to 8"
+    with pytest.raises(StackError, match=want):
         _plan(env, tmp_path)
+
+
+@pytest.mark.parametrize(("cpus", "want"), [(1, 1), (2, 1), (7, 1), (8, 2), (12, 3), (16, 4), (128, 4)])
+def test_auto_executors_per_gpu_follow_the_cores(cpus: int, want: int) -> None:
+    """`auto` (and unset): one executor per 4 cores, 1 to 4 (4 was the best measured on the H200 host)."""
+    assert executors_per_gpu("auto", cpus=cpus) == want
+    assert executors_per_gpu(None, cpus=cpus) == want
+    assert executors_per_gpu(" ", cpus=cpus) == want
+
+
+def test_unset_executors_per_gpu_plans_the_auto_count(tmp_path: Path) -> None:
+    env = _env(_fake_smi(tmp_path, 1))
+    del env["ANVIL_EXECUTORS_PER_GPU"]
+    said: list[str] = []
+    gpu = _gpu_procs(_plan(env, tmp_path, said=said))
+    n = executors_per_gpu(None)
+    assert [p.device for p in gpu] == ["cuda:0"] * n
+    assert len({p.env["ANVIL_METRICS_PORT"] for p in gpu}) == n
 
 
 def test_container_copies_are_not_run_twice(tmp_path: Path) -> None:

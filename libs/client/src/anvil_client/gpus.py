@@ -7,10 +7,13 @@ instances are not counted separately: an executor gets a whole GPU.
 ANVIL_GPUS: `all` (the default) or a comma-separated list of indices into the visible GPUs, e.g.
 `0,1` or `1`. Executor i then runs with ANVIL_DEVICE=cuda:i.
 
-ANVIL_EXECUTORS_PER_GPU: executor processes per selected GPU (default 1, at most 8). An executor's
-Python work (decoding, tokenization, staging, splitting results) runs on one core; where that, not the
-GPU, bounds a model (docs/executor_gpu.md), several processes share the GPU, each with its own
-arena and graphs, and the scheduler balances batches across them as across GPUs.
+ANVIL_EXECUTORS_PER_GPU: executor processes per selected GPU, 1 to 8, or `auto` (the default): one
+per 4 CPU cores of the host, at most 4 (4 on a 16-core host, 1 on 2-7 cores). An executor's Python
+work (decoding, tokenization, staging, splitting results) runs mostly on one core; where that, not
+the GPU, bounds a model (docs/executor_gpu.md), several processes share the GPU, each with its own
+arena and graphs (device memory times N), and the scheduler balances batches across them as across
+GPUs. Measured on the H200 host (16 cores, bench/results/gpu_scale.md): MiniLM at c16 1 -> 2 -> 4
+executors 18.2k -> 23.0k -> 28.1k sentences/s.
 
 compose.yaml marks its GPU executor services `x-anvil-per-gpu` (containers need one per GPU, each
 seeing its GPU as cuda:0); `per_gpu_services` turns them into the launcher's one per selected GPU.
@@ -18,6 +21,7 @@ seeing its GPU as cuda:0); `per_gpu_services` turns them into the launcher's one
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
@@ -36,6 +40,8 @@ __all__ = [
 ]
 
 MAX_EXECUTORS_PER_GPU = 8  # each holds its own arena and CUDA graphs on the device
+AUTO_MAX_EXECUTORS_PER_GPU = 4  # `auto`'s ceiling: the most measured (bench/results/gpu_scale.md)
+CORES_PER_EXECUTOR = 4  # `auto`: an executor's own threads plus its share of gateway and scheduler
 SMI_TIMEOUT_S = 10.0  # `nvidia-smi -L` answers in ~50 ms; this only bounds a wedged driver
 
 
@@ -64,12 +70,18 @@ def nvidia_smi_gpus(env: Mapping[str, str]) -> list[str] | None:
     return [line.strip() for line in out.stdout.splitlines() if line.startswith("GPU ")]
 
 
-def executors_per_gpu(spec: str | None) -> int:
-    """ANVIL_EXECUTORS_PER_GPU as a count, 1 when unset; GpuSelectionError outside 1..8."""
-    spec = (spec or "").strip() or "1"
+def executors_per_gpu(spec: str | None, cpus: int | None = None) -> int:
+    """ANVIL_EXECUTORS_PER_GPU as a count; unset or `auto`: one per CORES_PER_EXECUTOR of ``cpus``
+    (default: this host's), between 1 and AUTO_MAX_EXECUTORS_PER_GPU. GpuSelectionError for anything
+    but `auto` or a whole number from 1 to 8."""
+    spec = (spec or "").strip() or "auto"
+    if spec == "auto":
+        cores = cpus if cpus is not None else (os.cpu_count() or 1)
+        return max(1, min(AUTO_MAX_EXECUTORS_PER_GPU, cores // CORES_PER_EXECUTOR))
     if not _is_index(spec) or not 1 <= int(spec) <= MAX_EXECUTORS_PER_GPU:
         raise GpuSelectionError(
-            f"ANVIL_EXECUTORS_PER_GPU={spec!r}: expected a whole number from 1 to {MAX_EXECUTORS_PER_GPU}"
+            f"ANVIL_EXECUTORS_PER_GPU={spec!r}: expected `auto` or a whole number "
+            f"from 1 to {MAX_EXECUTORS_PER_GPU}"
         )
     return int(spec)
 
