@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1
 SRC=libs/core/src:libs/client/src:libs/kernels/src:services/gateway/src:services/scheduler/src
 SRC=$SRC:services/executor/src:services/compiler/src:services/qos/src
 export PYTHONPATH=$PWD/${SRC//:/:$PWD/}${PYTHONPATH:+:$PYTHONPATH}
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+COMMIT=${ANVIL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  # the device copy's git can be stale
 BUILD=$(mktemp -d /tmp/anvil_w4a16.XXXXXX)
 T0=$SECONDS
 nvidia-smi -L || true
