@@ -151,9 +151,9 @@ def test_choose_split() -> None:
 def test_dispatch_rule_and_table() -> None:
     assert choose(1, 8192, 8192, 128).kernel == "gemv"
     assert choose(16, 8192, 8192, 128).kernel == "gemv"
-    assert choose(17, 8192, 8192, 128).kernel == "tc32"
-    assert choose(64, 8192, 8192, 128).kernel == "tc64"
-    assert choose(256, 8192, 8192, 128).kernel == "tc128s"
+    assert choose(17, 8192, 8192, 128).kernel == "mtc32"
+    assert choose(64, 8192, 8192, 128).kernel == "mtc64"
+    assert choose(256, 8192, 8192, 128).kernel == "mtc128w"
     table = DispatchTable.from_json(
         '{"arch": "sm_90", "entries": ['
         '{"K": 8192, "N": 8192, "M": 16, "kernel": "tc16", "split": 4},'

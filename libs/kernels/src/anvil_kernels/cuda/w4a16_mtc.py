@@ -74,7 +74,7 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "mtc16": MtcConfig(mt=2, ns=2, wm=1, wn=8, st=8, regs=104, sa=False, minb=2),  # 16 x 256
     # 4 strips per warp: the per-chunk copy, barrier and scale work spread over twice the weights
     "mtc8x": MtcConfig(mt=1, ns=4, wm=1, wn=8, st=5, regs=120, sa=False, minb=2),  # 8 x 512
-    "mtc16x": MtcConfig(mt=2, ns=4, wm=1, wn=8, st=5, regs=128, sa=False, minb=2),  # 16 x 512
+    "mtc16x": MtcConfig(mt=2, ns=4, wm=1, wn=8, st=5, regs=160, sa=False, minb=1),  # 16 x 512
     "mtc32": MtcConfig(mt=4, ns=2, wm=1, wn=8, st=6, regs=128, sa=False, minb=2),  # 32 x 256
     "mtc64": MtcConfig(mt=4, ns=2, wm=2, wn=4, st=5, regs=112, sa=True, minb=2),  # 64 x 128
     "mtc64w": MtcConfig(mt=4, ns=4, wm=2, wn=4, st=5, regs=168, sa=True, minb=1),  # 64 x 256
