@@ -169,6 +169,25 @@ def test_fp16_mlp_matches_the_fp32_cpu_plan(tmp_path: Path, quantize: bool, act:
         np.testing.assert_array_equal(g["y"], e["y"])
 
 
+def test_fp16_int4_linears_follow_the_measured_dispatch_table(tmp_path: Path) -> None:
+    """MiniLM's linear shapes as an INT4 MLP (384 -> 1536 -> 384): where the table kept with the kernels
+    for this GPU's arch measured cuBLAS faster (384 x 1536 on the H200) the plan says
+    cublas_f16_dequant and the executor runs it so; 1536 x 384 keeps W4A16 up to its rows."""
+    from anvil_kernels.cuda import packaged_table
+
+    art = _onnx(tmp_path, mlp_bytes(d_in=384, hidden=1536, d_out=384), True, max_batch=16)
+    table = packaged_table(_arch())
+    shapes = ((384, 1536), (1536, 384))  # (K, N) of fc1, fc2
+    # rows the W4A16 kernels may take by the table (16 by the rule where the arch was not measured)
+    rows = {kn: 16 if table is None else table.int4_max_rows(16, kn[1], kn[0]) for kn in shapes}
+    gpu = _gpu(art, nan_fill=True)
+    backends = [r["backend"] for r in gpu.linear_report()]
+    want = ["w4a16" if rows[kn] else "cublas_f16_dequant" for kn in shapes]
+    assert backends == want, gpu.linear_report()
+    reqs = [{"x": np.random.default_rng(4).standard_normal((n, 384)).astype(np.float32)} for n in (1, 5, 16)]
+    _check(gpu.run(reqs), PlanModel.load(art).run(reqs))
+
+
 def test_fp16_int4_without_the_w4a16_module_runs_cublas_on_dequantized_weights(tmp_path: Path) -> None:
     art = _onnx(tmp_path, mlp_bytes(), True)
     gpu = _gpu(art, w4a16=False, nan_fill=True)

@@ -159,7 +159,7 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
         gpu: dict[str, Any] = {}
         if n.op == "linear":
             gpu = linear_backend(
-                {r: a for r, (_, a) in wroles.items()}, int(n.attrs.get("group", 0)), precision
+                {r: a for r, (_, a) in wroles.items()}, int(n.attrs.get("group", 0)), precision, opts.archs
             )
             backends[gpu["gpu_backend"]] = backends.get(gpu["gpu_backend"], 0) + 1
             if gpu["gpu_backend"] == "w4a16":

@@ -17,7 +17,7 @@ from anvil_kernels.cuda.w4a16 import (
     unprepack,
     w4a16_source,
 )
-from anvil_kernels.cuda.w4a16_dispatch import DispatchTable, KernelChoice, choose
+from anvil_kernels.cuda.w4a16_dispatch import DispatchTable, KernelChoice, choose, packaged_table
 from anvil_kernels.cuda.w4a16_linear import OPS, ModuleSet, W4A16Linear, int4_linear_cuda, load_module
 from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS, MtcConfig, plan_mtc, prepack_mtc, unprepack_mtc
 from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS, TcConfig, TcPlan, plan_tc
@@ -44,6 +44,7 @@ __all__ = [
     "choose",
     "int4_linear_cuda",
     "load_module",
+    "packaged_table",
     "plan_launch",
     "plan_mtc",
     "plan_tc",

@@ -8,7 +8,12 @@ kernel for the nearest measured M at or above m wins, for that exact (K, N); oth
 decides. The rule follows the H200 run at af3a678 (bench/results/kernels_gpu.md): the GEMV-like
 kernel up to M = 16 (fastest or within 1% on the three large shapes), then the Marlin-like tiles
 (mtc32 at M = 32, mtc64 at 64, mtc128w above), which beat the older tc tiles at every measured
-M >= 32 (8192x8192: M = 32 28.4 vs 39.4 us, M = 256 126 vs 170 us)."""
+M >= 32 (8192x8192: M = 32 28.4 vs 39.4 us, M = 256 126 vs 170 us).
+
+The measured tables are kept with the kernels: ``tables/w4a16_<arch>.json`` (a copy of the bench's
+``w4a16_dispatch.json``, bench/results keeps the same file; a test checks they agree), read by
+``packaged_table(arch)``. The compiler asks ``DispatchTable.int4_max_rows`` how many rows of a linear
+the W4A16 kernels may take before cuBLAS on dense weights measured faster (0: never)."""
 
 from __future__ import annotations
 
@@ -80,6 +85,20 @@ class DispatchTable:
     def load(cls, path: str | Path) -> DispatchTable:
         return cls.from_json(Path(path).read_text())
 
+    def int4_max_rows(self, m_max: int, n: int, k: int) -> int:
+        """Rows (at most ``m_max``) up to which no measured entry for (K, N) has cuBLAS bf16 faster
+        than every INT4 kernel: an entry at M covers the rows above the previous entry's M up to M,
+        so the first ``bf16_faster`` entry caps the rows at the previous entry's M (0 when it is the
+        first). ``m_max`` where (K, N) was not measured or nothing up to m_max was faster dense."""
+        prev = 0
+        for mm, ch in self.entries.get((k, n), ()):
+            if ch.bf16_faster:
+                return min(prev, m_max)
+            if mm >= m_max:
+                break
+            prev = mm
+        return m_max
+
     def lookup(self, m: int, n: int, k: int) -> KernelChoice | None:
         rows = self.entries.get((k, n))
         if not rows:
@@ -88,6 +107,21 @@ class DispatchTable:
             if m <= mm:
                 return ch
         return None  # above the largest measured M: the rule decides
+
+
+TABLES = Path(__file__).with_name("tables")
+
+
+def packaged_table(arch: str) -> DispatchTable | None:
+    """The measured table kept with the kernels for ``arch`` (e.g. "sm_90"), None where that arch was
+    never measured."""
+    path = TABLES / f"w4a16_{arch}.json"
+    if not path.is_file():
+        return None
+    table = DispatchTable.load(path)
+    if table.arch != arch:
+        raise ValueError(f"{path.name} holds arch {table.arch!r}, not {arch!r}")
+    return table
 
 
 def choose(m: int, n: int, k: int, g: int, table: DispatchTable | None = None) -> KernelChoice:

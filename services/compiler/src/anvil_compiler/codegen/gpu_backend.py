@@ -12,8 +12,12 @@ which backend runs each linear there. Both are recorded in the plan (op attrs ``
   kernels cannot take the layer (group 32, N % 16 != 0).
 
 ``W4A16_MAX_M``: the H200 measurement (bench/results/kernels_gpu.md, w4a16_dispatch.json) has the
-GEMV-like W4A16 kernel 1.5-1.8x faster than cuBLAS bf16 up to M = 16 and every INT4 kernel (the
-tensor-core tiles included) slower than cuBLAS from M = 32-64 on, on all three measured shapes.
+GEMV-like W4A16 kernel 1.5-1.8x faster than cuBLAS bf16 up to M = 16 on the three large shapes
+(8192x8192, 4096x14336, 14336x4096) and every INT4 kernel slower than cuBLAS from M = 64 on. Per
+linear shape the measured table kept with the kernels (``anvil_kernels.cuda.packaged_table`` for each
+of the plan's archs that has one) lowers that: where cuBLAS on dense weights measured faster at the
+smallest M (MiniLM's 384x1152 and 384x1536: 2.9 vs 4.0 us at M = 16), the linear runs
+``cublas_f16_dequant`` for every M; ``w4a16_from`` in the op's attrs names the table or "rule".
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 
 from anvil_compiler.ir import Graph
 from anvil_compiler.options import CompileOptions
+from anvil_kernels.cuda import packaged_table
 
 __all__ = ["W4A16_GROUPS", "W4A16_MAX_M", "linear_backend", "resolve_precision"]
 
@@ -38,14 +43,26 @@ def resolve_precision(g: Graph, opts: CompileOptions) -> str:
     return "fp16" if any(n.op == "attention" for n in g.nodes) else "fp32"
 
 
-def linear_backend(weights: dict[str, np.ndarray], group: int, precision: str) -> dict[str, Any]:
-    """The op attrs of one linear: ``gpu_backend`` and, for ``w4a16``, ``w4a16_max_m``."""
+def linear_backend(
+    weights: dict[str, np.ndarray], group: int, precision: str, archs: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The op attrs of one linear: ``gpu_backend`` and, for ``w4a16``, ``w4a16_max_m`` (the fewest
+    rows any of ``archs``' measured tables allows, else W4A16_MAX_M) and ``w4a16_from``."""
     if "packed" not in weights:
         return {"gpu_backend": "cublas_f16" if precision == "fp16" else "cublas_tf32"}
     if precision != "fp16":
         return {"gpu_backend": "plan_int4"}
     k = 2 * int(weights["packed"].shape[0])
     n = int(weights["packed"].shape[1])
-    if group in W4A16_GROUPS and n % 16 == 0 and k % group == 0:
-        return {"gpu_backend": "w4a16", "w4a16_max_m": W4A16_MAX_M}
-    return {"gpu_backend": "cublas_f16_dequant"}
+    if not (group in W4A16_GROUPS and n % 16 == 0 and k % group == 0):
+        return {"gpu_backend": "cublas_f16_dequant"}
+    rows, source = W4A16_MAX_M, "rule"
+    for arch in sorted(archs):
+        table = packaged_table(arch)
+        if table is not None and (k, n) in table.entries:
+            measured = table.int4_max_rows(W4A16_MAX_M, n, k)
+            if measured < rows or source == "rule":
+                rows, source = measured, f"table {arch}"
+    if rows == 0:
+        return {"gpu_backend": "cublas_f16_dequant", "w4a16_from": source}
+    return {"gpu_backend": "w4a16", "w4a16_max_m": rows, "w4a16_from": source}
