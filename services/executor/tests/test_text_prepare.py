@@ -1,0 +1,41 @@
+"""The text front end's tokenization (TextEmbeddingModel.prepare): the ids it hands the encoder are
+the tokenizer's own, row after row, cut at the longest bucket, whichever encode call it uses (the
+offset-free ``encode_batch_fast`` where tokenizers has it)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from anvil_executor.models.text_embedding import TextEmbeddingModel
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_bert import make_tiny_bert
+
+TEXTS = ["the cat", "", "a dog runs on the mat " * 20, "naïve café — 東京 🚀", "the red model serves text"]
+
+
+def _model(tokenizer_json: Path, buckets: tuple[int, ...] = (16, 32, 64)) -> TextEmbeddingModel:
+    def encoder(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        return np.zeros((ids.shape[0], 8), np.float32)
+
+    return TextEmbeddingModel("t", tokenizer_json, encoder, 8, 64, max_tokens=64, buckets=buckets)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_prepared_ids_are_the_tokenizers_own(tmp_path: Path, fast: bool) -> None:
+    hf = make_tiny_bert(tmp_path / "hf")
+    model = _model(hf / "tokenizer.json")
+    if not fast:  # the fallback for a tokenizers without encode_batch_fast
+        model._encode_batch = model.tokenizer.encode_batch
+    reqs = [{"TEXT": np.array([t.encode() for t in TEXTS[:2]], dtype=object)}]
+    reqs += [{"TEXT": np.array([t.encode()], dtype=object)} for t in TEXTS[2:]]
+    got = model.prepare(reqs)
+    want = [model.tokenizer.encode(t).ids[:64] for t in TEXTS]  # cut at max_tokens (the last bucket)
+    assert got.rows == [2, 1, 1, 1]
+    assert got.counts.tolist() == [len(w) for w in want]
+    assert [got.flat[got.cu[r] : got.cu[r + 1]].tolist() for r in range(len(TEXTS))] == want
+    assert max(got.counts) == 64  # the long row was cut at the longest bucket
