@@ -87,16 +87,16 @@ CLIENT_PROCS = 4  # load-generator processes: one Python httpx process tops out 
 
 async def _load_part(
     url: str, name: str, texts: list[str], per_req: int, workers: range, stride: int, seconds: float
-) -> tuple[list[float], int, float]:
-    """Closed-loop clients ``workers`` (of ``stride`` in all): latencies (ms), errors, wall (s)."""
+) -> tuple[list[float], dict[int, int], float]:
+    """Closed-loop clients ``workers`` (of ``stride`` in all): latencies (ms), failed answers by
+    status, wall (s)."""
     lat: list[float] = []
-    errors = 0
+    errors: dict[int, int] = {}
     stop = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=len(workers), max_keepalive_connections=len(workers))
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
 
         async def worker(k: int) -> None:
-            nonlocal errors
             i = k * per_req
             while time.perf_counter() < stop:
                 chunk = [texts[(i + j) % len(texts)] for j in range(per_req)]
@@ -106,7 +106,7 @@ async def _load_part(
                 if r.status_code == 200:
                     lat.append((time.perf_counter() - t0) * 1e3)
                 else:
-                    errors += 1
+                    errors[r.status_code] = errors.get(r.status_code, 0) + 1
                 i += stride * per_req
 
         t0 = time.perf_counter()
@@ -115,7 +115,7 @@ async def _load_part(
     return lat, errors, wall
 
 
-def _part_main(args: tuple[Any, ...]) -> tuple[list[float], int, float]:
+def _part_main(args: tuple[Any, ...]) -> tuple[list[float], dict[int, int], float]:
     return asyncio.run(_load_part(*args))
 
 
@@ -144,7 +144,10 @@ async def load(
                 None, lambda: list(pool.map(_part_main, jobs))
             )
         lat = [x for r in results for x in r[0]]
-        errors = sum(r[1] for r in results)
+        errors = {}
+        for r in results:
+            for code, n in r[1].items():
+                errors[code] = errors.get(code, 0) + n
         wall = max(r[2] for r in results)
     a = np.asarray(lat) if lat else np.zeros(1)
     return {
@@ -154,7 +157,8 @@ async def load(
         "sentences_per_s": round(len(lat) * per_req / wall, 1),
         "p50_ms": round(float(np.percentile(a, 50)), 2),
         "p99_ms": round(float(np.percentile(a, 99)), 2),
-        "errors": errors,
+        "errors": sum(errors.values()),
+        "error_statuses": {str(code): n for code, n in sorted(errors.items())},  # HTTP status: count
     }
 
 

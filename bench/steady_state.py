@@ -147,6 +147,7 @@ def main() -> None:
             "sentences_per_s": r["sentences_per_s"],
             "p99_ms": r["p99_ms"],
             "errors": r["errors"],
+            "error_statuses": r.get("error_statuses", {}),
             "rss_mib": {str(p): (round(v, 1) if (v := rss_mib(p)) is not None else None) for p in pids},
             "gpu_mem_mib": gpu_mem_mib(),
             "counters": executor_counters(),
@@ -207,11 +208,13 @@ def main() -> None:
         "",
         f"Executor counters after their last model load, first window -> last: {first} -> {last}",
         "",
-        "| window | t s | sentences/s | p99 ms | errors |",
-        "|---:|---:|---:|---:|---:|",
+        "| window | t s | sentences/s | p99 ms | errors | by HTTP status |",
+        "|---:|---:|---:|---:|---:|---|",
     ]
     lines += [
-        f"| {r['window']} | {r['t_s']} | {r['sentences_per_s']} | {r['p99_ms']} | {r['errors']} |"
+        f"| {r['window']} | {r['t_s']} | {r['sentences_per_s']} | {r['p99_ms']} | {r['errors']} | "
+        + (", ".join(f"{k}: {v}" for k, v in r["error_statuses"].items()) or "-")
+        + " |"
         for r in rows
     ]
     (args.out_dir / f"{args.out_name}.md").write_text("\n".join(lines) + "\n")
