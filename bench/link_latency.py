@@ -27,10 +27,8 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import platform
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +40,9 @@ import zmq
 import zmq.asyncio
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from run_meta import run_meta  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 QUIT = b"q"
 
@@ -252,22 +253,8 @@ def main() -> None:
     base = next(r["p50_us"] for r in rows if r["transport"] == "unix_asyncio")
     for r in rows:
         r["p50_vs_unix_asyncio"] = round(r["p50_us"] / base, 2)
-    try:
-        load1 = round(os.getloadavg()[0], 2)
-    except OSError:
-        load1 = None
-    commit = (
-        os.environ.get("ANVIL_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-    )
     meta = {
-        "command": "python bench/link_latency.py " + " ".join(sys.argv[1:]),
-        "commit": commit,
-        "machine": f"{platform.node()}, {platform.machine()}, {os.cpu_count()} CPUs",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "load_1min_at_end": load1,
+        **run_meta("bench/link_latency.py"),
         "pyzmq": zmq.__version__,
         "libzmq": zmq.zmq_version(),
         "messages": args.messages,
@@ -282,8 +269,8 @@ def main() -> None:
     lines = [
         "# Round trip of one small message between two processes, by transport (`bench/link_latency.py`)",
         "",
-        f"- Command: `{meta['command']}`; commit {commit}; {meta['date']}",
-        f"- Machine: {meta['machine']}; 1-min load at the end {load1}; "
+        f"- Command: `{meta['command']}`; commit {meta['commit']}; {meta['date']}",
+        f"- Machine: {meta['machine']}; 1-min load at the end {meta['load_1min_at_end']}; "
         f"pyzmq {meta['pyzmq']}, libzmq {meta['libzmq']}",
         f"- {args.messages} round trips of {args.bytes} B per transport and round, {args.gap_ms} ms apart "
         f"(the threads sleep between messages, as for a lone request); medians over {args.rounds} rounds",

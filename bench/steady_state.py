@@ -24,13 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from corpus import sentences  # noqa: E402
 from minilm_gpu import load  # noqa: E402
+from run_meta import run_meta  # noqa: E402
 from scale_probe import label_sum, scrape  # noqa: E402
 
 METRICS_PORTS = tuple(8004 + 100 * k for k in range(32))  # executor k of `anvil up` (gpus x per GPU)
@@ -166,22 +164,8 @@ def main() -> None:
             series[f"GPU {gpu} memory used"] = [row["gpu_mem_mib"].get(gpu, 0.0) for row in rows]
     drifts = {name: drift(vals) for name, vals in series.items()}
     first, last = rows[0]["counters"], rows[-1]["counters"]
-    commit = (
-        os.environ.get("ANVIL_COMMIT")
-        or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip()
-    )
-    try:
-        load1 = round(os.getloadavg()[0], 2)
-    except OSError:
-        load1 = None
     meta = {
-        "command": "python bench/steady_state.py " + " ".join(sys.argv[1:]),
-        "commit": commit,
-        "machine": f"{platform.node()}, {platform.machine()}, {os.cpu_count()} CPUs",
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "load_1min_at_end": load1,
+        **run_meta("bench/steady_state.py"),
         "executors": pids,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -190,8 +174,9 @@ def main() -> None:
     lines = [
         f"# Steady state under load: {args.model} for {args.minutes} min (`bench/steady_state.py`)",
         "",
-        f"- Command: `{meta['command']}`; commit {commit}; {meta['date']}",
-        f"- Machine: {meta['machine']}; 1-min load at the end {load1}; executors (pids): {pids}",
+        f"- Command: `{meta['command']}`; commit {meta['commit']}; {meta['date']}",
+        f"- Machine: {meta['machine']}; 1-min load at the end {meta['load_1min_at_end']}; "
+        f"executors (pids): {pids}",
         f"- Load: {args.concurrency} closed-loop clients, {args.per_request} sentences a request, "
         f"{windows} windows of {args.window_s} s",
         "",
