@@ -30,6 +30,9 @@ from anvil_client.bench.report import summarize
 from anvil_client.bench.scrape import parse_batch_metrics
 from anvil_client.bench.workload import Workload
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run_meta
+
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_DIR = ROOT / ".anvil" / "peers"
 SRC = ROOT / "bench" / "peers"
@@ -287,9 +290,7 @@ def main() -> int:
         "load_before": os.getloadavg(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": "uv run python bench/serving_peers.py " + " ".join(sys.argv[1:]),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": run_meta.commit(),
         "servers": {},
     }
     last = RESULTS / f"{args.out}.json"
