@@ -17,6 +17,7 @@ the W4A16 kernels may take before cuBLAS on dense weights measured faster (0: ne
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -112,9 +113,10 @@ class DispatchTable:
 TABLES = Path(__file__).with_name("tables")
 
 
+@functools.cache
 def packaged_table(arch: str) -> DispatchTable | None:
     """The measured table kept with the kernels for ``arch`` (e.g. "sm_90"), None where that arch was
-    never measured."""
+    never measured. Read once per process (the compiler asks per linear)."""
     path = TABLES / f"w4a16_{arch}.json"
     if not path.is_file():
         return None

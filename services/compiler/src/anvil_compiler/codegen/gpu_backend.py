@@ -56,13 +56,15 @@ def linear_backend(
     n = int(weights["packed"].shape[1])
     if not (group in W4A16_GROUPS and n % 16 == 0 and k % group == 0):
         return {"gpu_backend": "cublas_f16_dequant"}
+    measured = {  # arch -> rows, for each of the plan's archs whose table measured this shape
+        arch: table.int4_max_rows(W4A16_MAX_M, n, k)
+        for arch in sorted(archs)
+        if (table := packaged_table(arch)) is not None and (k, n) in table.entries
+    }
     rows, source = W4A16_MAX_M, "rule"
-    for arch in sorted(archs):
-        table = packaged_table(arch)
-        if table is not None and (k, n) in table.entries:
-            measured = table.int4_max_rows(W4A16_MAX_M, n, k)
-            if measured < rows or source == "rule":
-                rows, source = measured, f"table {arch}"
+    if measured:
+        arch = min(measured, key=lambda a: measured[a])
+        rows, source = measured[arch], f"table {arch}"
     if rows == 0:
         return {"gpu_backend": "cublas_f16_dequant", "w4a16_from": source}
     return {"gpu_backend": "w4a16", "w4a16_max_m": rows, "w4a16_from": source}
