@@ -23,7 +23,6 @@ MiniLM c16 p99 <= 50 ms) when a 2-GPU configuration ran.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import json
 import os
@@ -163,12 +162,12 @@ def measure(stack: ScaleStack, model: str, phase: Callable[[], dict[str, Any]]) 
 
 
 def _items(row: dict[str, Any], per_req: int) -> dict[str, Any]:
-    """minilm_gpu.load and int4_gpu._closed_loop rows in one shape: items/s (sentences or rows)."""
+    """minilm_gpu.load and int4_gpu.closed_loop rows in one shape: items/s (sentences or rows)."""
     if "sentences_per_s" in row:
         row["items_per_s"] = row.pop("sentences_per_s")
     else:
         row["items_per_s"] = round(row["requests_per_s"] * per_req, 1)
-        if isinstance(row["errors"], dict):  # int4_gpu._closed_loop: {"<status>: <text>": count}
+        if isinstance(row["errors"], dict):  # int4_gpu.closed_loop: {"<status>: <text>": count}
             row["error_examples"] = dict(list(row["errors"].items())[:3])
             row["errors"] = sum(row["errors"].values())
     return row
@@ -211,7 +210,7 @@ class Workloads:
 
         def phase(conc: int, seconds: float = a.seconds) -> dict[str, Any]:
             load = minilm_gpu.load(stack.url, a.name, self.texts, 32, conc, seconds, procs=a.client_procs)
-            row = _items(asyncio.run(load), 32)
+            row = _items(load, 32)
             if row["errors"]:  # minilm_gpu.load counts them; one more request says what they were
                 body = {"model": a.name, "input": self.texts[:32]}
                 r = httpx.post(stack.url + "/v1/embeddings", json=body, timeout=30)
@@ -229,8 +228,8 @@ class Workloads:
         x = np.full((1, 256), 0.5, np.float32)  # (1, 256) fp32, perf_analyzer's identity shape
 
         def phase(conc: int, seconds: float = a.seconds) -> dict[str, Any]:
-            loop = int4_gpu._closed_loop(stack.url, "identity", x, conc, seconds, "INPUT0", "OUTPUT0")
-            return _items(asyncio.run(loop), 1)
+            row = int4_gpu.closed_loop(stack.url, "identity", x, conc, seconds, "INPUT0", "OUTPUT0")
+            return _items(row, 1)
 
         phase(16, a.warmup_s)
         return self._phases(stack, "identity", "identity 1 row/request", served_s, a.concurrency, phase)
@@ -250,7 +249,7 @@ class Workloads:
         x = np.random.default_rng(1).standard_normal((1, a.int4_dim)).astype(np.float32)  # (1, dim)
 
         def phase(conc: int, seconds: float = a.seconds) -> dict[str, Any]:
-            return _items(asyncio.run(int4_gpu._closed_loop(stack.url, name, x, conc, seconds)), 1)
+            return _items(int4_gpu.closed_loop(stack.url, name, x, conc, seconds), 1)
 
         for c in a.int4_concurrency:
             phase(c, 1.0)  # every batch bucket this concurrency reaches

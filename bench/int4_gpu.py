@@ -16,7 +16,6 @@ Against a running stack whose executor has ANVIL_DEVICE=cuda:N (bench/h200_gpu.s
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -32,6 +31,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services" / "compiler" / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+import http_load  # noqa: E402
+
 VARIANTS = {  # served name -> extra `anvil deploy` flags
     "wb_int4": ["--gpu-precision", "fp16", "--max-rel-error", "none"],
     "wb_fp16": ["--gpu-precision", "fp16", "--unquantized"],
@@ -90,38 +92,48 @@ def _parse(r: httpx.Response, dim: int) -> np.ndarray:
     return np.frombuffer(r.content[n:], np.float32).reshape(-1, dim)
 
 
-async def _closed_loop(
-    url: str, name: str, x: np.ndarray, conc: int, seconds: float, inp: str = "x", out: str = "y"
+def closed_loop(
+    url: str,
+    name: str,
+    x: np.ndarray,
+    conc: int,
+    seconds: float,
+    inp: str = "x",
+    out: str = "y",
+    procs: int = 4,
 ) -> dict[str, Any]:
+    """``conc`` closed-loop clients (bench/http_load.py, over ``min(procs, conc)`` processes) posting
+    ``x`` to ``name`` for ``seconds``; each answer checked for ``x.shape[0]`` rows of the output, binary."""
     body, headers = _body(x, inp, out)
-    lat: list[float] = []
-    errors: dict[str, int] = {}
-    stop = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
-
-        async def worker() -> None:
-            while time.perf_counter() < stop:
-                t0 = time.perf_counter()
-                r = await client.post(f"/v2/models/{name}/infer", content=body, headers=headers)
-                if r.status_code == 200:
-                    lat.append((time.perf_counter() - t0) * 1e3)
-                else:
-                    key = f"{r.status_code}: {r.text[:120]}"
-                    errors[key] = errors.get(key, 0) + 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(conc)))
-        wall = time.perf_counter() - t0
-    a = np.asarray(lat) if lat else np.asarray([np.nan])
-    return {
+    job = http_load.Load(
+        url=url,
+        path=f"/v2/models/{name}/infer",
+        bodies=(body,),
+        headers=tuple(headers.items()),
+        concurrency=conc,
+        seconds=seconds,
+        check="kserve_binary",
+        expect=int(x.shape[0]) * _out_dim(x),
+        procs=procs,
+    )
+    got = http_load.summary(http_load.run(job))
+    row: dict[str, Any] = {
         "concurrency": conc,
-        "requests_per_s": round(len(lat) / wall, 1),
-        "p50_ms": round(float(np.percentile(a, 50)), 3),
-        "p99_ms": round(float(np.percentile(a, 99)), 3),
-        "ok": len(lat),
-        "errors": errors,
+        "client_processes": max(1, min(procs, conc)),
+        "requests_per_s": got["items_per_s"],
+        "p50_ms": got["p50_ms"],
+        "p99_ms": got["p99_ms"],
+        "ok": got["answers"],
+        "errors": got["error_kinds"],
     }
+    if "hops_p50_us" in got:
+        row["hops_p50_us"] = got["hops_p50_us"]
+    return row
+
+
+def _out_dim(x: np.ndarray) -> int:
+    """The served models answer rows as wide as their input (weight_bound: dim -> dim; identity)."""
+    return int(np.prod(x.shape[1:]))
 
 
 def _cos_min(a: np.ndarray, b: np.ndarray) -> float:
@@ -321,8 +333,8 @@ def main() -> None:
         http: dict[str, Any] = {}
         for c in (int(v) for v in args.concurrency.split(",")):
             for n in VARIANTS:  # warm every batch bucket this concurrency reaches
-                asyncio.run(_closed_loop(args.url, n, one, c, 1.0))
-            row = {n: asyncio.run(_closed_loop(args.url, n, one, c, args.seconds)) for n in VARIANTS}
+                closed_loop(args.url, n, one, c, 1.0)
+            row = {n: closed_loop(args.url, n, one, c, args.seconds) for n in VARIANTS}
             row["ratio"] = round(
                 row["wb_int4"]["requests_per_s"] / max(row["wb_fp16"]["requests_per_s"], 1e-9), 3
             )

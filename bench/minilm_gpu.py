@@ -33,6 +33,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+import http_load  # noqa: E402
 from corpus import CORPUS, sentences  # noqa: E402
 
 from anvil_client.gpus import executors_per_gpu  # noqa: E402
@@ -81,45 +82,21 @@ async def embed_all(url: str, name: str, texts: list[str], batch: int = 32) -> n
     return np.asarray(out, np.float32)
 
 
-CLIENT_PROCS = 4  # load-generator processes: one Python httpx process tops out near ~250 req/s of
-# 32-sentence /v1/embeddings (it reads ~135 KB per answer), which capped every server it measured
+CLIENT_PROCS = 4  # load-generator processes (bench/http_load.py: one thread per client in them)
+ENCODING = "base64"  # what the OpenAI Python client asks for when the caller names no format
 
 
-async def _load_part(
-    url: str, name: str, texts: list[str], per_req: int, workers: range, stride: int, seconds: float
-) -> tuple[list[float], dict[int, int], float]:
-    """Closed-loop clients ``workers`` (of ``stride`` in all): latencies (ms), failed answers by
-    status, wall (s)."""
-    lat: list[float] = []
-    errors: dict[int, int] = {}
-    stop = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=len(workers), max_keepalive_connections=len(workers))
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
-
-        async def worker(k: int) -> None:
-            i = k * per_req
-            while time.perf_counter() < stop:
-                chunk = [texts[(i + j) % len(texts)] for j in range(per_req)]
-                body = {"model": name, "input": chunk if per_req > 1 else chunk[0]}
-                t0 = time.perf_counter()
-                r = await c.post("/v1/embeddings", json=body)
-                if r.status_code == 200:
-                    lat.append((time.perf_counter() - t0) * 1e3)
-                else:
-                    errors[r.status_code] = errors.get(r.status_code, 0) + 1
-                i += stride * per_req
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(k) for k in workers))
-        wall = time.perf_counter() - t0
-    return lat, errors, wall
+def bodies(name: str, texts: list[str], per_req: int, fmt: str = ENCODING) -> tuple[bytes, ...]:
+    """/v1/embeddings bodies of ``per_req`` consecutive corpus sentences each, the corpus covered."""
+    out = []
+    for i in range(0, max(len(texts) - per_req + 1, 1), per_req):
+        chunk = texts[i : i + per_req]
+        doc = {"model": name, "input": chunk if per_req > 1 else chunk[0], "encoding_format": fmt}
+        out.append(json.dumps(doc).encode())
+    return tuple(out)
 
 
-def _part_main(args: tuple[Any, ...]) -> tuple[list[float], dict[int, int], float]:
-    return asyncio.run(_load_part(*args))
-
-
-async def load(
+def load(
     url: str,
     name: str,
     texts: list[str],
@@ -128,38 +105,36 @@ async def load(
     seconds: float,
     who: str = "anvil",
     procs: int = CLIENT_PROCS,
+    fmt: str = ENCODING,
 ) -> dict[str, Any]:
-    """``conc`` closed-loop clients spread over ``min(procs, conc)`` processes, for ``seconds``."""
-    procs = max(1, min(procs, conc))
-    parts = [range(p, conc, procs) for p in range(procs)]
-    if procs == 1:
-        lat, errors, wall = await _load_part(url, name, texts, per_req, parts[0], conc, seconds)
-    else:
-        import concurrent.futures
-        import multiprocessing as mp
-
-        jobs = [(url, name, texts, per_req, ws, conc, seconds) for ws in parts]
-        with concurrent.futures.ProcessPoolExecutor(procs, mp_context=mp.get_context("spawn")) as pool:
-            results = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: list(pool.map(_part_main, jobs))
-            )
-        lat = [x for r in results for x in r[0]]
-        errors = {}
-        for r in results:
-            for code, n in r[1].items():
-                errors[code] = errors.get(code, 0) + n
-        wall = max(r[2] for r in results)
-    a = np.asarray(lat) if lat else np.zeros(1)
-    return {
+    """``conc`` closed-loop clients (bench/http_load.py) over ``min(procs, conc)`` processes, for
+    ``seconds``; every answer decoded as the OpenAI client does and checked for ``per_req`` vectors."""
+    job = http_load.Load(
+        url=url,
+        path="/v1/embeddings",
+        bodies=bodies(name, texts, per_req, fmt),
+        headers=(("Content-Type", "application/json"),),
+        concurrency=conc,
+        seconds=seconds,
+        check="embeddings",
+        expect=per_req,
+        procs=procs,
+    )
+    got = http_load.summary(http_load.run(job), per_req)
+    row: dict[str, Any] = {
         "what": f"{who} {per_req} sentences/request",
         "concurrency": conc,
-        "client_processes": procs,
-        "sentences_per_s": round(len(lat) * per_req / wall, 1),
-        "p50_ms": round(float(np.percentile(a, 50)), 2),
-        "p99_ms": round(float(np.percentile(a, 99)), 2),
-        "errors": sum(errors.values()),
-        "error_statuses": {str(code): n for code, n in sorted(errors.items())},  # HTTP status: count
+        "client_processes": max(1, min(procs, conc)),
+        "encoding_format": fmt,
+        "sentences_per_s": got["items_per_s"],
+        "p50_ms": round(got["p50_ms"], 2),
+        "p99_ms": round(got["p99_ms"], 2),
+        "errors": got["errors"],
+        "error_statuses": got["error_kinds"],  # HTTP status (or "bad answer", a socket error): count
     }
+    if "hops_p50_us" in got:
+        row["hops_p50_us"] = got["hops_p50_us"]
+    return row
 
 
 def st_speed(st: Any, texts: list[str], batch: int, seconds: float, label: str) -> dict[str, Any]:
@@ -233,7 +208,7 @@ def c1_hops(
 ) -> dict[str, Any]:
     """Where a lone single-sentence request spends its time: n sequential KServe infer requests (one
     BYTES row) and the gateway's per-hop header (``x-anvil-hops-us``, µs); medians per hop and of the
-    client's round trip (ms). /v1/embeddings answers carry no hop header."""
+    client's round trip (ms), and the scheduler's and executor's own hop means over the same requests."""
     before = scrape_hops(list(ports))
     with httpx.Client(base_url=url, timeout=30) as cli:
         meta = cli.get(f"/v2/models/{name}").json()
@@ -263,6 +238,11 @@ def c1_hops(
     return out
 
 
+def _hops_cell(row: dict[str, Any]) -> str:
+    h = row.get("hops_p50_us")
+    return " / ".join(str(h[k]) for k in ("in", "queue", "compute", "transit")) if h else ""
+
+
 def accuracy(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
     cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
     nn = lambda e: np.argsort(-(e @ e.T) + 2 * np.eye(len(e)), axis=1)[:, 0]  # noqa: E731
@@ -289,6 +269,13 @@ def main() -> None:
     ap.add_argument("--infinity-port", type=int, default=7997)
     ap.add_argument("--no-peers", action="store_true", help="Anvil only (no ratios): a quick A/B of settings")
     ap.add_argument("--infinity-batch", type=int, default=128, help="infinity-emb's --batch-size")
+    ap.add_argument(
+        "--encoding-format",
+        choices=("base64", "float"),
+        default=ENCODING,
+        help="what every load client asks for (base64: the OpenAI Python client's default)",
+    )
+    ap.add_argument("--client-procs", type=int, default=CLIENT_PROCS, help="load-generator processes")
     args = ap.parse_args()
     import torch
     from sentence_transformers import SentenceTransformer
@@ -323,11 +310,21 @@ def main() -> None:
     )
     got = asyncio.run(embed_all(args.url, args.name, texts))
     res["accuracy_vs_st_fp32"] = accuracy(got, ref)
+    client = {"procs": args.client_procs, "fmt": args.encoding_format}
+    res["client"] = {
+        "generator": "bench/http_load.py: one keep-alive http.client connection per concurrent client",
+        "processes": args.client_procs,
+        "encoding_format": args.encoding_format,
+    }
     rows = [
-        asyncio.run(load(args.url, args.name, texts, 32, 16, args.seconds)),
-        asyncio.run(load(args.url, args.name, texts, 32, 64, args.seconds)),
-        asyncio.run(load(args.url, args.name, texts, 1, 1, args.seconds)),
+        load(args.url, args.name, texts, 32, 16, args.seconds, **client),
+        load(args.url, args.name, texts, 32, 64, args.seconds, **client),
+        load(args.url, args.name, texts, 1, 1, args.seconds, **client),
     ]
+    if args.encoding_format == "base64":  # the float JSON answers of earlier runs, for comparison
+        rows.append(
+            load(args.url, args.name, texts, 32, 16, args.seconds, procs=args.client_procs, fmt="float")
+        )
     res["c1_hops"] = c1_hops(args.url, args.name, texts)
     print("c1 hops (KServe BYTES, one sentence):", res["c1_hops"], flush=True)
     inf_rows: list[dict[str, Any]] = []
@@ -348,8 +345,15 @@ def main() -> None:
             inf_url = f"http://127.0.0.1:{args.infinity_port}"
             for per_req, conc in ((32, 16), (32, 64), (1, 1)):
                 inf_rows.append(
-                    asyncio.run(
-                        load(inf_url, "infinity-minilm", texts, per_req, conc, args.seconds, "infinity-emb")
+                    load(
+                        inf_url,
+                        "infinity-minilm",
+                        texts,
+                        per_req,
+                        conc,
+                        args.seconds,
+                        "infinity-emb",
+                        **client,
                     )
                 )
         finally:
@@ -379,14 +383,18 @@ def main() -> None:
         f"· {CORPUS}, {len(texts)} sentences",
         f"· plan {res['plan']} · gateway processes: {res['gateway_workers']}"
         f" · executors per GPU: {res.get('executors_per_gpu', 1)}",
+        f"· client: {res['client']['generator']}, {res['client']['processes']} processes, "
+        f"encoding_format {res['client']['encoding_format']} (every server, same client)",
         "",
         f"Accuracy vs sentence-transformers fp32: {res['accuracy_vs_st_fp32']}",
         "",
-        "| what | concurrency | sentences/s | p50 ms | p99 ms |",
-        "|---|---|---|---|---|",
+        "| what | concurrency | format | sentences/s | p50 ms | p99 ms | errors "
+        "| hops p50 µs (in/queue/compute/transit) |",
+        "|---|---|---|---|---|---|---|---|",
         *(
-            f"| {r['what']} | {r.get('concurrency', 'in process')} | {r['sentences_per_s']:,} | "
-            f"{r['p50_ms']} | {r['p99_ms']} |"
+            f"| {r['what']} | {r.get('concurrency', 'in process')} | {r.get('encoding_format', '')} | "
+            f"{r['sentences_per_s']:,} | "
+            f"{r['p50_ms']} | {r['p99_ms']} | {r.get('errors', '')} | {_hops_cell(r)} |"
             for r in rows + inf_rows + st_rows
         ),
         "",

@@ -11,7 +11,6 @@ bench/minilm_gpu.py's (requests of --per-request corpus-v2 sentences).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import json
 import subprocess
@@ -74,8 +73,8 @@ def main() -> None:
     result: dict[str, object] = {}
 
     def drive() -> None:
-        result["load"] = asyncio.run(
-            load(args.url, args.model, texts, args.per_request, args.concurrency, args.seconds + 4)
+        result["load"] = load(
+            args.url, args.model, texts, args.per_request, args.concurrency, args.seconds + 4
         )
 
     loader = threading.Thread(target=drive)

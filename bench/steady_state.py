@@ -22,7 +22,6 @@ bench/results/<out-name>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import statistics
@@ -135,10 +134,8 @@ def main() -> None:
     texts = sentences(1000)
     rows: list[dict[str, Any]] = []
     for w in range(windows):
-        r = asyncio.run(
-            load(args.url, args.model, texts, args.per_request, args.concurrency, args.window_s,
-                 procs=args.client_procs)
-        )  # fmt: skip
+        r = load(args.url, args.model, texts, args.per_request, args.concurrency, args.window_s,
+                 procs=args.client_procs)  # fmt: skip
         row = {
             "window": w + 1,
             "t_s": round((w + 1) * args.window_s, 1),

@@ -1,0 +1,208 @@
+"""Closed-loop HTTP load for the GPU benches (minilm_gpu.py, int4_gpu.py): lean keep-alive clients.
+
+Each concurrent client is one thread with its own stdlib ``http.client`` connection (keep-alive,
+Nagle off), posting prepared bodies in turn and reading every answer whole; clients are spread over
+``procs`` processes so the generator's GIL is not what is measured. Why not httpx: on the build
+machine one httpx.AsyncClient request costs ~900 µs of client CPU against ~150 µs for http.client
+(same local server, same 32-sentence body), and the old generator's four httpx processes, parsing
+~135 KB of float JSON per answer, were a ceiling of every server they measured.
+
+Every answer is checked by a named ``check`` (a function of this module, so spawned processes can
+find it): a 200 whose body does not hold what was asked counts as an error ("bad answer"), so a
+server cannot win by answering less. The gateway's ``x-anvil-hops-us`` header (in/queue/compute/
+transit, µs), where present, is kept per answer; the report gives the hops' medians.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import http.client
+import json
+import multiprocessing as mp
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+HOPS_HEADER = "x-anvil-hops-us"
+
+
+@dataclass(frozen=True)
+class Load:
+    """One closed-loop phase: ``bodies`` posted in turn to ``url`` + ``path`` by ``concurrency``
+    clients for ``seconds``; every answer checked by ``check`` (a name in ``CHECKS``) against
+    ``expect`` (what that check needs: vectors per answer, a dimension)."""
+
+    url: str
+    path: str
+    bodies: tuple[bytes, ...]
+    headers: tuple[tuple[str, str], ...]
+    concurrency: int
+    seconds: float
+    check: str
+    expect: int = 0
+    procs: int = 4
+
+
+@dataclass
+class Part:
+    """What one process measured: latencies (ms), hop splits, failures by status, wall (s)."""
+
+    lat_ms: list[float] = field(default_factory=list)
+    hops: list[tuple[int, ...]] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+
+def check_embeddings(body: bytes, expect: int) -> bool:
+    """An OpenAI embeddings answer with ``expect`` vectors, each decoded as the OpenAI client does
+    (base64 -> float32 array, or the float list), all of one non-zero length."""
+    data = json.loads(body).get("data") or []
+    if len(data) != expect:
+        return False
+    dims = set()
+    for item in data:
+        emb = item.get("embedding")
+        vec = np.frombuffer(base64.b64decode(emb), "<f4") if isinstance(emb, str) else np.asarray(emb, "f4")
+        dims.add(vec.shape[0])
+    return len(dims) == 1 and dims.pop() > 0
+
+
+def check_kserve_binary(body: bytes, expect: int, header_len: int) -> bool:
+    """A KServe v2 answer whose first output is binary: ``expect`` float32 values after the JSON header."""
+    if not header_len:
+        return False
+    head = json.loads(body[:header_len])
+    size = int(head["outputs"][0]["parameters"]["binary_data_size"])
+    return size == expect * 4 and len(body) - header_len >= size
+
+
+def _ok(load: Load, resp: http.client.HTTPResponse, body: bytes) -> bool:
+    try:
+        if load.check == "embeddings":
+            return check_embeddings(body, load.expect)
+        if load.check == "kserve_binary":
+            header_len = int(resp.getheader("Inference-Header-Content-Length") or 0)
+            return check_kserve_binary(body, load.expect, header_len)
+    except (ValueError, KeyError, IndexError, TypeError):
+        return False
+    raise ValueError(f"unknown check {load.check!r}")
+
+
+def _connect(host: str, port: int) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def _hops(value: str | None) -> tuple[int, ...] | None:
+    if not value:
+        return None
+    got = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
+    try:
+        return tuple(int(got[k]) for k in ("in", "queue", "compute", "transit"))
+    except (KeyError, ValueError):
+        return None
+
+
+def _client(load: Load, first: int, stride: int, stop: float, part: Part, lock: threading.Lock) -> None:
+    split = urlsplit(load.url)
+    conn = _connect(split.hostname or "127.0.0.1", split.port or 80)
+    headers = dict(load.headers)
+    i = first
+    lat: list[float] = []
+    hops: list[tuple[int, ...]] = []
+    errors: dict[str, int] = {}
+    try:
+        while time.perf_counter() < stop:
+            body = load.bodies[i % len(load.bodies)]
+            i += stride
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", load.path, body, headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                conn.close()
+                conn = _connect(split.hostname or "127.0.0.1", split.port or 80)
+                continue
+            took = (time.perf_counter() - t0) * 1e3
+            if resp.status != 200:
+                errors[str(resp.status)] = errors.get(str(resp.status), 0) + 1
+            elif not _ok(load, resp, data):
+                errors["bad answer"] = errors.get("bad answer", 0) + 1
+            else:
+                lat.append(took)
+                if (h := _hops(resp.getheader(HOPS_HEADER))) is not None:
+                    hops.append(h)
+    finally:
+        conn.close()
+        with lock:
+            part.lat_ms += lat
+            part.hops += hops
+            for k, n in errors.items():
+                part.errors[k] = part.errors.get(k, 0) + n
+
+
+def run_part(load: Load, clients: list[int]) -> Part:
+    """Clients ``clients`` (indices among ``load.concurrency``), one thread each, in this process."""
+    part, lock = Part(), threading.Lock()
+    t0 = time.perf_counter()
+    stop = t0 + load.seconds
+    threads = [
+        threading.Thread(target=_client, args=(load, k, load.concurrency, stop, part, lock), daemon=True)
+        for k in clients
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    part.wall_s = time.perf_counter() - t0
+    return part
+
+
+def _part_main(args: tuple[Load, list[int]]) -> Part:
+    return run_part(*args)
+
+
+def run(load: Load) -> Part:
+    """The whole phase: ``min(procs, concurrency)`` processes (one: this process), merged."""
+    procs = max(1, min(load.procs, load.concurrency))
+    groups = [list(range(p, load.concurrency, procs)) for p in range(procs)]
+    if procs == 1:
+        return run_part(load, groups[0])
+    with concurrent.futures.ProcessPoolExecutor(procs, mp_context=mp.get_context("spawn")) as pool:
+        parts = list(pool.map(_part_main, [(load, g) for g in groups]))
+    merged = Part(wall_s=max(p.wall_s for p in parts))
+    for p in parts:
+        merged.lat_ms += p.lat_ms
+        merged.hops += p.hops
+        for k, n in p.errors.items():
+            merged.errors[k] = merged.errors.get(k, 0) + n
+    return merged
+
+
+def summary(part: Part, per_request: int = 1) -> dict[str, Any]:
+    """Throughput (items = answers x ``per_request``), p50/p99 (ms), failures, hop medians (µs)."""
+    lat = np.asarray(part.lat_ms) if part.lat_ms else np.asarray([np.nan])
+    out: dict[str, Any] = {
+        "answers": len(part.lat_ms),
+        "items_per_s": round(len(part.lat_ms) * per_request / max(part.wall_s, 1e-9), 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 3),
+        "p99_ms": round(float(np.percentile(lat, 99)), 3),
+        "errors": sum(part.errors.values()),
+        "error_kinds": dict(sorted(part.errors.items())),
+    }
+    if part.hops:
+        med = np.median(np.asarray(part.hops), axis=0)
+        out["hops_p50_us"] = dict(
+            zip(("in", "queue", "compute", "transit"), (int(v) for v in med), strict=True)
+        )
+    return out
