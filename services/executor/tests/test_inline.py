@@ -134,3 +134,106 @@ def test_inline_off_or_a_slow_model_stays_on_the_compute_thread(
         loop.join(10)
         router.close()
         ctx.term()
+
+
+class Preparer(Recorder):
+    """A model that `prepare`s (as a text model tokenizes): records where prepare and run ran."""
+
+    prepares = True
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.prepared_on: list[str] = []
+
+    def prepare(self, batch: list[RequestInputs]) -> Any:
+        self.prepared_on.append(threading.current_thread().name)
+        return batch
+
+
+def test_a_lone_batch_of_a_model_that_prepares_runs_prepare_and_run_on_the_io_loop(
+    redis_url: str, tmp_path: Path
+) -> None:
+    ex, (stop, loop), ctx, router, ident = _start(redis_url, tmp_path)
+    model = Preparer("prep")
+    ex.models["prep"] = model
+    try:
+        router.send_multipart([ident, *batch_frames("1", ["a"], model="prep")])
+        _ok(*result_of(router, "1"), 0.0)
+        assert model.ran_on == ["compute"]  # never measured yet
+        router.send_multipart([ident, *batch_frames("2", ["a"], model="prep")])
+        _ok(*result_of(router, "2"), 0.0)
+        # idle and measured fast: run (which prepares itself when nothing was prepared) on the loop
+        assert model.ran_on[-1] == "io-loop" and ex.inline_batches == 1
+        assert ex.inflight == 0
+    finally:
+        stop.set()
+        loop.join(10)
+        router.close()
+        ctx.term()
+
+
+class CUDARuntimeError(RuntimeError):
+    """Named as CuPy's: `device.is_device_fault` knows a device fault by this class name."""
+
+
+class Faulty(Recorder):
+    """Fails its `fail_at`-th run with a device fault (an illegal address, say)."""
+
+    def __init__(self, name: str, fail_at: int) -> None:
+        super().__init__(name)
+        self.fail_at = fail_at
+
+    def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
+        out = super().run(batch)
+        if len(self.ran_on) == self.fail_at:
+            raise CUDARuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+        return out
+
+
+@pytest.mark.parametrize("fail_at", [1, 2], ids=["on the compute thread", "inline"])
+def test_a_device_fault_answers_the_batch_with_an_error_then_the_executor_exits(
+    redis_url: str, tmp_path: Path, fail_at: int
+) -> None:
+    settings = ExecutorSettings(
+        models="identity",
+        redis_url=redis_url,
+        metrics_port=free_port(),
+        service_id="ex-fault",
+        artifact_dir=str(tmp_path),
+        shm_inputs=False,
+        max_batch=8,
+        zmq_curve=False,
+    )
+    ex = Executor(settings)
+    model = Faulty("gpu", fail_at)
+    ex.models["gpu"] = model
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    ex._follow(f"tcp://127.0.0.1:{port}")
+    exited: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            ex.run(threading.Event())  # never set: only the fault ends the loop
+        except BaseException as exc:  # noqa: BLE001 (SystemExit is what is checked)
+            exited.append(exc)
+
+    loop = threading.Thread(target=serve, name="io-loop", daemon=True)
+    loop.start()
+    try:
+        assert router.poll(30_000), "the executor did not register"
+        ident, *_ = router.recv_multipart()
+        for bid in [str(i) for i in range(1, fail_at)]:  # runs that measure it fast: the next is inline
+            router.send_multipart([ident, *batch_frames(bid, ["a"], model="gpu")])
+            _ok(*result_of(router, bid), 0.0)
+        router.send_multipart([ident, *batch_frames("bad", ["a", "b"], model="gpu")])
+        result, frames = result_of(router, "bad")
+        assert result.error is not None and "illegal memory access" in (result.error.reason or "")
+        assert model.ran_on[-1] == ("io-loop" if fail_at == 2 else "compute")
+        loop.join(30)
+        assert not loop.is_alive(), "the executor kept serving on a faulted device"
+        assert len(exited) == 1 and isinstance(exited[0], SystemExit) and exited[0].code == 3
+    finally:
+        router.close()
+        ctx.term()

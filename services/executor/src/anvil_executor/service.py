@@ -225,6 +225,7 @@ class Executor:
     # ---- I/O loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         serve_metrics(self.s.metrics_port, "executor", self.s.service_id)
+        self._set_compute_threads()  # this loop runs lone batches inline (`_inline`)
         self.shm = self._shm_resolver()
         compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
         compute.start()
@@ -326,7 +327,7 @@ class Executor:
                     self._register()
                 elif isinstance(body, pb.BatchT):
                     # prepared on the prep thread only behind other work: a lone batch (nothing
-                    # queued or running) goes straight to compute, one thread hop fewer
+                    # queued or running) runs inline or goes straight to compute, thread hops fewer
                     model = self.models.get(body.model or "")
                     if model is not None and model.prepares and self.inflight > 0:
                         self.inflight += 1
@@ -339,7 +340,11 @@ class Executor:
                     if self._inline(pending):
                         self.inline_batches += 1
                         m.hop("queued", rank).observe(0)
-                        self._send(self._execute(pending)[0])  # the CPU only: no device fault
+                        parts, fault = self._execute(pending)
+                        self._send(parts)  # its answer first, then the loop exits on the fault
+                        if fault is not None:
+                            self.fault = fault
+                            return
                         continue
                     self.inflight += 1
                     m.inflight.set(self.inflight)
@@ -418,16 +423,17 @@ class Executor:
 
     def _inline(self, pending: Pending) -> bool:
         """Whether a received batch runs here, on the I/O loop, instead of on the compute thread:
-        the executor is idle (nothing queued, preparing or running: it would wait behind nothing),
-        the device is the CPU (a GPU model's streams and graphs belong to the compute thread), the
-        model does not `prepare` (its next batch could not be prepared meanwhile), and its last
-        batch ran within `inline_max_us` (the loop is blocked while it runs: heartbeats and
-        receiving wait, bounded by that). Saves the compute thread's wake-up and the result's
-        hand-off back (issue #19: two thread switches per batch)."""
-        if self.inflight or self.device.is_cuda or self.s.inline_max_us <= 0:
+        the executor is idle (nothing queued, preparing or running: it would wait behind nothing,
+        and no other thread is using the model or its device stream) and the model's last batch ran
+        within `inline_max_us` (the loop is blocked while it runs: heartbeats and receiving wait,
+        bounded by that). Any device: a GPU model's stream and graphs are used by one thread at a
+        time either way. A model that `prepares` runs its `prepare` inline too (nothing is behind it
+        to overlap with). Saves the compute thread's wake-up and the result's hand-off back (issue
+        #19: two thread switches per lone batch)."""
+        if self.inflight or self.s.inline_max_us <= 0:
             return False
         model = pending.model
-        if model is None or model.prepares:
+        if model is None:
             return False
         took_s = self._compute_s.get(model.spec.name)
         return took_s is not None and took_s * 1e6 <= self.s.inline_max_us

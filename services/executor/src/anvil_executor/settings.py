@@ -23,10 +23,10 @@ class ExecutorSettings(ServiceSettings):
     # one log line saying why where its package or the compiler is missing.
     models: str = "identity,mlp,minilm"
     # A batch that finds the executor idle runs on the I/O loop itself, not the compute thread, when
-    # its model's last batch took at most this long, µs (CPU device, models that do not `prepare`):
-    # two thread switches fewer per batch (the compute thread's wake-up and the result's hand-off
-    # back), which on 2 shared cores is ~0.1 ms per lone request. Bounded because the loop neither
-    # receives nor beats while it computes. 0: never.
+    # its model's last batch took at most this long, µs (any device; a model that `prepare`s
+    # prepares inline too): two thread switches fewer per batch (the compute thread's wake-up and
+    # the result's hand-off back), which on 2 shared cores is ~0.1 ms per lone request. Bounded
+    # because the loop neither receives nor beats while it computes. 0: never.
     inline_max_us: int = 2000
     # The `busy` stand-in device: t(B) = base + per_row x rows, sleeping (tests and simulations).
     busy_base_us: int = 4000
