@@ -42,14 +42,17 @@ if [ -d .carry/minilm ]; then  # all-MiniLM-L6-v2 as fp16 safetensors + tokenize
   timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" ${MINILM_ARGS:-} 2>&1 | tail -40
   curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_(target_batch|batch_ceiling|batch_size_(sum|count)|batch_rtt_us_(sum|count)|pid_measured)" \
     | tee "$OUT/scheduler_batching.txt"
+  if [ "${PROFILE:-0}" = 1 ]; then  # py-spy (carried in .whl) on each service under c64 load
+    # py-spy's raw stacks stay on the host ($OUT brings back at most 8 files); the summary comes back
+    mkdir -p /tmp/profile
+    PATH=/tmp/site/bin:$PATH timeout 120 python3 bench/profile_stack.py --concurrency "${PROFILE_CONC:-64}" \
+      --out-dir /tmp/profile 2>&1 | tail -80
+    cp /tmp/profile/profile_stack.json "$OUT/" 2>/dev/null
+    curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_batch_size_(sum|count)" | tee "$OUT/batch.txt"
+  fi
   if [ -n "${STEADY_MIN:-}" ]; then  # executor RSS and device memory under sustained c16 load (#16)
     timeout $((STEADY_MIN * 60 + 120)) python3 bench/steady_state.py --model minilm-gpu \
       --minutes "$STEADY_MIN" --out-dir "$OUT" 2>&1 | tail -30
-  fi
-  if [ "${PROFILE:-0}" = 1 ]; then  # py-spy (carried in .whl) on each service under c64 load
-    PATH=/tmp/site/bin:$PATH timeout 120 python3 bench/profile_stack.py --concurrency "${PROFILE_CONC:-64}" \
-      --out-dir "$OUT" 2>&1 | tail -80
-    curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_batch_size_(sum|count)" | tee "$OUT/batch.txt"
   fi
 fi
 if [ "${SKIP_INT4:-0}" != 1 ]; then  # weight-bound model (4 x 8192^2): INT4 (W4A16) vs fp16 weights, same run
