@@ -333,8 +333,8 @@ def main() -> None:
         print(json.dumps(res, indent=2))
         print(
             "\n".join(
-                f"{r['what']} c{r['concurrency']}: {r['sentences_per_s']:,} sent/s, "
-                f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms"
+                f"{r['what']} c{r['concurrency']} {r['encoding_format']}: {r['sentences_per_s']:,} sent/s, "
+                f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, errors {r['errors']}, hops {_hops_cell(r)}"
                 for r in rows
             )
         )

@@ -146,6 +146,18 @@ class Stream:
         return None
 
 
+class Event:
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
+        self.block = block
+        self.recorded = 0
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded += 1
+
+    def synchronize(self) -> None:
+        return None
+
+
 class Device:
     def __init__(self, device_id: int = 0) -> None:
         self.id = device_id
@@ -190,6 +202,7 @@ def make_module() -> types.ModuleType:
     cuda = types.SimpleNamespace(
         Device=Device,
         Stream=Stream,
+        Event=Event,
         runtime=_runtime(),
         driver=types.SimpleNamespace(CUDADriverError=RuntimeError),
         memory=types.SimpleNamespace(Memory=Memory),

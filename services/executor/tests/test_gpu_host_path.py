@@ -113,6 +113,21 @@ def test_every_launch_matches_its_kernel_signature(
     assert fake_cupy.LAUNCHES.calls
 
 
+def test_the_compute_thread_waits_on_an_event_or_the_stream_as_configured(tmp_path: Path, fake: Any) -> None:
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, "mlp", False, "fp16")
+    block = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0)
+    assert block._done is not None and block._done.block  # a blocking-sync event, made at load
+    block.run(_requests("mlp"))
+    block.run(_requests("mlp"))
+    assert block._done.recorded == 2  # recorded after each batch, the one object reused
+    spin = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, sync="spin")
+    assert spin._done is None
+    with pytest.raises(ValueError, match="sync must be"):
+        GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, sync="yield")
+
+
 def test_an_fp16_plan_without_its_w4a16_module_takes_cublas(tmp_path: Path, fake: Any) -> None:
     from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
 

@@ -201,6 +201,7 @@ class Executor:
             "tf32": self.s.gpu_tf32,
             "precision": self.s.gpu_precision,
             "lt_epilogue": self.s.gpu_lt_epilogue,
+            "sync": self.s.gpu_sync,
         }
 
     def _gpu_loaded(self, name: str, plan: Any) -> None:

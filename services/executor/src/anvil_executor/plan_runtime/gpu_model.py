@@ -103,8 +103,12 @@ class GpuPlanModel(PlanIO):
         precision: str = "auto",
         w4a16_module: Any = None,
         lt_epilogue: bool = False,
+        sync: str = "block",
     ) -> None:
         """``precision``: "auto" (what the compiler recorded in the plan), "fp16" or "fp32".
+        ``sync``: how the host waits for a batch: "block" sleeps on a blocking-sync event (the
+        thread gives its core back while the GPU runs), "spin" on the stream (CUDA's default with
+        fewer contexts than cores: the waiting thread keeps its core busy).
         ``w4a16_module``: the artifact's W4A16 kernels (an fp16 plan's INT4 linears); None: those run
         cuBLAS fp16 on weights dequantized here. ``lt_epilogue``: an fp16 plan's linears with a bias
         and no residual or LayerNorm run on cuBLASLt with the bias (+ ReLU / tanh-GELU) fused."""
@@ -118,6 +122,8 @@ class GpuPlanModel(PlanIO):
         self._cp = cp
         if gemm not in ("cublas", "plan"):
             raise ValueError(f"gemm must be 'cublas' or 'plan', got {gemm!r}")
+        if sync not in ("block", "spin"):
+            raise ValueError(f"sync must be 'block' or 'spin', got {sync!r}")
         if precision == "auto" and gemm == "plan":
             precision = "fp32"  # the compiler's kernels are the fp32 plan's
         self.precision = resolve_precision(precision, p)
@@ -155,6 +161,8 @@ class GpuPlanModel(PlanIO):
             if nan_fill:
                 self.arena.fill("activations", 0xFF)
             self.stream = cp.cuda.Stream(non_blocking=True)
+            # recorded after each batch and waited on; None: the stream is waited on (spinning)
+            self._done = cp.cuda.Event(block=True, disable_timing=True) if sync == "block" else None
             self._blas: Gemm | None = None
             if steps or lin16:
                 ws = self.arena.ptr("staging", tmp_bytes)
@@ -209,6 +217,7 @@ class GpuPlanModel(PlanIO):
         outputs: Sequence[str] | None = None,
         precision: str = "auto",
         lt_epilogue: bool = False,
+        sync: str = "block",
     ) -> GpuPlanModel:
         from safetensors.numpy import load_file
 
@@ -228,7 +237,7 @@ class GpuPlanModel(PlanIO):
         return cls(
             plan, weights, module, device_id, name,
             gemm=gemm, tf32=tf32, outputs=outputs, precision=precision, w4a16_module=w4a16,
-            lt_epilogue=lt_epilogue,
+            lt_epilogue=lt_epilogue, sync=sync,
         )  # fmt: skip
 
     # ---- load --------------------------------------------------------------------------------
@@ -376,7 +385,11 @@ class GpuPlanModel(PlanIO):
                 graph.launch(self.stream)
             else:
                 self._enqueue(bb, bt)
-            self.stream.synchronize()
+            if self._done is not None:
+                self._done.record(self.stream)
+                self._done.synchronize()
+            else:
+                self.stream.synchronize()
         # an fp16 plan's fp16 outputs go back to the spec's fp32 here (a pooled output is fp32 already)
         return {name: _as_f32(self._pinned(name, bb, bt)) for name, _, _, _ in self.outputs}
 
