@@ -224,12 +224,12 @@ def test_fp16_bert_token_states_match_the_fp32_cpu_plan(tmp_path: Path, quantize
 
 
 def test_blocking_and_spinning_waits_give_the_same_outputs(tmp_path: Path) -> None:
-    """ANVIL_GPU_SYNC: the compute thread waits on a blocking-sync event (default) or spins on the
-    stream; the same graphs run either way, NaN-filled activations catch an output read too early."""
+    """ANVIL_GPU_SYNC: the compute thread spins on the stream (default) or waits on a blocking-sync
+    event; the same graphs run either way, NaN-filled activations catch an output read too early."""
     mlp = _onnx(tmp_path / "mlp", mlp_bytes(op="Relu"), False)
     reqs = _mlp_requests(np.random.default_rng(8))
-    block = _gpu(mlp, nan_fill=True)
-    spin = _gpu(mlp, nan_fill=True, sync="spin")
+    block = _gpu(mlp, nan_fill=True, sync="block")
+    spin = _gpu(mlp, nan_fill=True)
     assert block._done is not None and spin._done is None
     for _ in range(3):  # back to back: each wait must cover its own batch
         for b, s in zip(block.run(reqs), spin.run(reqs), strict=True):

@@ -117,12 +117,12 @@ def test_the_compute_thread_waits_on_an_event_or_the_stream_as_configured(tmp_pa
     from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
 
     plan, weights, source = _lowered(tmp_path, "mlp", False, "fp16")
-    block = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0)
+    block = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, sync="block")
     assert block._done is not None and block._done.block  # a blocking-sync event, made at load
     block.run(_requests("mlp"))
     block.run(_requests("mlp"))
     assert block._done.recorded == 2  # recorded after each batch, the one object reused
-    spin = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, sync="spin")
+    spin = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0)  # the default
     assert spin._done is None
     with pytest.raises(ValueError, match="sync must be"):
         GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, sync="yield")

@@ -103,12 +103,12 @@ class GpuPlanModel(PlanIO):
         precision: str = "auto",
         w4a16_module: Any = None,
         lt_epilogue: bool = False,
-        sync: str = "block",
+        sync: str = "spin",
     ) -> None:
         """``precision``: "auto" (what the compiler recorded in the plan), "fp16" or "fp32".
-        ``sync``: how the host waits for a batch: "block" sleeps on a blocking-sync event (the
-        thread gives its core back while the GPU runs), "spin" on the stream (CUDA's default with
-        fewer contexts than cores: the waiting thread keeps its core busy).
+        ``sync``: how the host waits for a batch: "spin" on the stream (CUDA's default with fewer
+        contexts than cores: the waiting thread keeps its core busy), "block" on a blocking-sync
+        event (the thread gives its core back while the GPU runs).
         ``w4a16_module``: the artifact's W4A16 kernels (an fp16 plan's INT4 linears); None: those run
         cuBLAS fp16 on weights dequantized here. ``lt_epilogue``: an fp16 plan's linears with a bias
         and no residual or LayerNorm run on cuBLASLt with the bias (+ ReLU / tanh-GELU) fused."""
@@ -217,7 +217,7 @@ class GpuPlanModel(PlanIO):
         outputs: Sequence[str] | None = None,
         precision: str = "auto",
         lt_epilogue: bool = False,
-        sync: str = "block",
+        sync: str = "spin",
     ) -> GpuPlanModel:
         from safetensors.numpy import load_file
 
