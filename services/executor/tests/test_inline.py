@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,24 @@ class Recorder(Model):
         return [{"OUTPUT0": np.asarray(req["INPUT0"])} for req in batch]
 
 
-def _start(redis_url: str, tmp_path: Path, **extra: Any) -> tuple[Executor, Any, zmq.Context[Any], Any, Any]:
+@dataclass
+class Running:
+    """An Executor on its own I/O-loop thread, registered with a stand-in scheduler's ROUTER."""
+
+    ex: Executor
+    stop: threading.Event
+    loop: threading.Thread
+    ctx: zmq.Context[Any]
+    router: Any
+    ident: bytes
+    exited: list[BaseException]  # what ended the loop's thread (SystemExit(3) after a device fault)
+
+    def send(self, batch_id: str, rids: list[str], model: str) -> None:
+        self.router.send_multipart([self.ident, *batch_frames(batch_id, rids, model=model)])
+
+
+@contextmanager
+def _running(redis_url: str, tmp_path: Path, models: dict[str, Model], **extra: Any) -> Iterator[Running]:
     settings = ExecutorSettings(
         models="identity",
         redis_url=redis_url,
@@ -59,16 +79,31 @@ def _start(redis_url: str, tmp_path: Path, **extra: Any) -> tuple[Executor, Any,
         **extra,
     )
     ex = Executor(settings)
+    ex.models.update(models)
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     ex._follow(f"tcp://127.0.0.1:{port}")
     stop = threading.Event()
-    loop = threading.Thread(target=ex.run, args=(stop,), name="io-loop", daemon=True)
+    exited: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            ex.run(stop)
+        except BaseException as exc:  # SystemExit is what the fault test checks
+            exited.append(exc)
+
+    loop = threading.Thread(target=serve, name="io-loop", daemon=True)
     loop.start()
-    assert router.poll(30_000), "the executor did not register"
-    ident, *_ = router.recv_multipart()
-    return ex, (stop, loop), ctx, router, ident
+    try:
+        assert router.poll(30_000), "the executor did not register"
+        ident, *_ = router.recv_multipart()
+        yield Running(ex, stop, loop, ctx, router, ident, exited)
+    finally:
+        stop.set()
+        loop.join(10)
+        router.close()
+        ctx.term()
 
 
 def _ok(result: Any, frames: list[Any], want: float) -> None:
@@ -81,22 +116,20 @@ def _ok(result: Any, frames: list[Any], want: float) -> None:
 def test_a_lone_batch_of_a_fast_model_runs_on_the_io_loop_and_only_when_idle(
     redis_url: str, tmp_path: Path
 ) -> None:
-    ex, (stop, loop), ctx, router, ident = _start(redis_url, tmp_path)
     fast, slow = Recorder("fast"), Recorder("slow")
-    ex.models["fast"] = fast
-    ex.models["slow"] = slow
-    try:
-        router.send_multipart([ident, *batch_frames("1", ["a"], model="fast")])
+    with _running(redis_url, tmp_path, {"fast": fast, "slow": slow}) as r:
+        ex, router = r.ex, r.router
+        r.send("1", ["a"], "fast")
         _ok(*result_of(router, "1"), 0.0)
         assert fast.ran_on == ["compute"]  # never measured: the compute thread measures it
 
         slow.release.clear()  # batch 2 holds the compute thread: batch 3 finds work in flight
-        router.send_multipart([ident, *batch_frames("2", ["a"], model="slow")])
+        r.send("2", ["a"], "slow")
         assert slow.running.wait(20)
         queued = threading.Event()  # batch 3 reached the compute queue (behind batch 2)
         put = ex.work.put
         ex.work.put = lambda *a, **k: (put(*a, **k), queued.set())  # type: ignore[method-assign]
-        router.send_multipart([ident, *batch_frames("3", ["a", "b"], model="fast")])
+        r.send("3", ["a", "b"], "fast")
         assert queued.wait(20)
         slow.release.set()
         _ok(*result_of(router, "2"), 0.0)
@@ -104,36 +137,24 @@ def test_a_lone_batch_of_a_fast_model_runs_on_the_io_loop_and_only_when_idle(
         assert result.error is None and list(result.frameCounts) == [2, 2]
         assert fast.ran_on == ["compute", "compute"] and ex.inline_batches == 0
 
-        router.send_multipart([ident, *batch_frames("4", ["a"], model="fast")])  # idle now, and fast
+        r.send("4", ["a"], "fast")  # idle now, and fast
         _ok(*result_of(router, "4"), 0.0)
         assert fast.ran_on[-1] == "io-loop" and ex.inline_batches == 1
         assert ex.inflight == 0
-    finally:
-        stop.set()
-        loop.join(10)
-        router.close()
-        ctx.term()
 
 
 @pytest.mark.parametrize("inline_max_us", [0, 2000])
 def test_inline_off_or_a_slow_model_stays_on_the_compute_thread(
     redis_url: str, tmp_path: Path, inline_max_us: int
 ) -> None:
-    ex, (stop, loop), ctx, router, ident = _start(redis_url, tmp_path, inline_max_us=inline_max_us)
     fast = Recorder("fast")
-    ex.models["fast"] = fast
-    try:
+    with _running(redis_url, tmp_path, {"fast": fast}, inline_max_us=inline_max_us) as r:
         for bid in ("1", "2", "3"):
             if inline_max_us and bid != "1":  # its last batch "took" 500 ms: too slow to hold the loop
-                ex._compute_s["fast"] = 0.5
-            router.send_multipart([ident, *batch_frames(bid, ["a"], model="fast")])
-            _ok(*result_of(router, bid), 0.0)
-        assert fast.ran_on == ["compute"] * 3 and ex.inline_batches == 0
-    finally:
-        stop.set()
-        loop.join(10)
-        router.close()
-        ctx.term()
+                r.ex._compute_s["fast"] = 0.5
+            r.send(bid, ["a"], "fast")
+            _ok(*result_of(r.router, bid), 0.0)
+        assert fast.ran_on == ["compute"] * 3 and r.ex.inline_batches == 0
 
 
 class Preparer(Recorder):
@@ -153,23 +174,16 @@ class Preparer(Recorder):
 def test_a_lone_batch_of_a_model_that_prepares_runs_prepare_and_run_on_the_io_loop(
     redis_url: str, tmp_path: Path
 ) -> None:
-    ex, (stop, loop), ctx, router, ident = _start(redis_url, tmp_path)
     model = Preparer("prep")
-    ex.models["prep"] = model
-    try:
-        router.send_multipart([ident, *batch_frames("1", ["a"], model="prep")])
-        _ok(*result_of(router, "1"), 0.0)
+    with _running(redis_url, tmp_path, {"prep": model}) as r:
+        r.send("1", ["a"], "prep")
+        _ok(*result_of(r.router, "1"), 0.0)
         assert model.ran_on == ["compute"]  # never measured yet
-        router.send_multipart([ident, *batch_frames("2", ["a"], model="prep")])
-        _ok(*result_of(router, "2"), 0.0)
+        r.send("2", ["a"], "prep")
+        _ok(*result_of(r.router, "2"), 0.0)
         # idle and measured fast: run (which prepares itself when nothing was prepared) on the loop
-        assert model.ran_on[-1] == "io-loop" and ex.inline_batches == 1
-        assert ex.inflight == 0
-    finally:
-        stop.set()
-        loop.join(10)
-        router.close()
-        ctx.term()
+        assert model.ran_on[-1] == "io-loop" and r.ex.inline_batches == 1
+        assert r.ex.inflight == 0
 
 
 class CUDARuntimeError(RuntimeError):
@@ -194,46 +208,15 @@ class Faulty(Recorder):
 def test_a_device_fault_answers_the_batch_with_an_error_then_the_executor_exits(
     redis_url: str, tmp_path: Path, fail_at: int
 ) -> None:
-    settings = ExecutorSettings(
-        models="identity",
-        redis_url=redis_url,
-        metrics_port=free_port(),
-        service_id="ex-fault",
-        artifact_dir=str(tmp_path),
-        shm_inputs=False,
-        max_batch=8,
-        zmq_curve=False,
-    )
-    ex = Executor(settings)
     model = Faulty("gpu", fail_at)
-    ex.models["gpu"] = model
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    ex._follow(f"tcp://127.0.0.1:{port}")
-    exited: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            ex.run(threading.Event())  # never set: only the fault ends the loop
-        except BaseException as exc:  # SystemExit is what is checked
-            exited.append(exc)
-
-    loop = threading.Thread(target=serve, name="io-loop", daemon=True)
-    loop.start()
-    try:
-        assert router.poll(30_000), "the executor did not register"
-        ident, *_ = router.recv_multipart()
+    with _running(redis_url, tmp_path, {"gpu": model}) as r:
         for bid in [str(i) for i in range(1, fail_at)]:  # runs that measure it fast: the next is inline
-            router.send_multipart([ident, *batch_frames(bid, ["a"], model="gpu")])
-            _ok(*result_of(router, bid), 0.0)
-        router.send_multipart([ident, *batch_frames("bad", ["a", "b"], model="gpu")])
-        result, _ = result_of(router, "bad")
+            r.send(bid, ["a"], "gpu")
+            _ok(*result_of(r.router, bid), 0.0)
+        r.send("bad", ["a", "b"], "gpu")
+        result, _ = result_of(r.router, "bad")
         assert result.error is not None and "illegal memory access" in (result.error.reason or "")
         assert model.ran_on[-1] == ("io-loop" if fail_at == 2 else "compute")
-        loop.join(30)
-        assert not loop.is_alive(), "the executor kept serving on a faulted device"
-        assert len(exited) == 1 and isinstance(exited[0], SystemExit) and exited[0].code == 3
-    finally:
-        router.close()
-        ctx.term()
+        r.loop.join(30)  # the stop event is never set: only the fault ends the loop
+        assert not r.loop.is_alive(), "the executor kept serving on a faulted device"
+        assert len(r.exited) == 1 and isinstance(r.exited[0], SystemExit) and r.exited[0].code == 3
