@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -152,7 +153,16 @@ def test_the_scheduler_listens_on_loopback_and_a_private_ipc_dir_only(local: Any
     env = local.service("scheduler")["env"]
     links = Path(env["ANVIL_LINK_IPC_DIR"])  # where the gateway and the executors connect
     assert links.stat().st_mode & 0o777 == 0o700
-    assert sorted(p.name for p in links.iterdir()) == ["executor.sock", "gateway.sock"]
+    names = sorted(p.name for p in links.iterdir())
+    assert names == ["executor.sock", "executor.usock", "gateway.sock", "gateway.usock"]
+    for name in ("executor.usock", "gateway.usock"):  # the Unix stream links (unix_link): 0600 sockets
+        assert stat.S_ISSOCK((links / name).stat().st_mode)
+        assert (links / name).stat().st_mode & 0o777 == 0o600
+    # ANVIL_LINK_TRANSPORT=unix (the default): the gateway and the executor use them, not ZeroMQ
+    port = env["ANVIL_METRICS_PORT"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    peers = dict(re.findall(r'^anvil_scheduler_unix_link_peers\{link="(\w+)"\} (\S+)$', text, re.M))
+    assert float(peers["gateway"]) >= 1 and float(peers["executor"]) >= 1, peers
     ports = {int(env["ANVIL_GATEWAY_PORT"]), int(env["ANVIL_EXECUTOR_PORT"])}
     listening = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

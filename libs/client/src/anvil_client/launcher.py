@@ -41,6 +41,7 @@ from anvil_client.procs import spawn, stop_group
 from anvil_core import redis_acl
 from anvil_core.curve import generate_role_keys, write_secret_file
 from anvil_core.settings import COMPILER_API_KEY_FILE
+from anvil_core.unix_link import unix_endpoint
 from anvil_core.zmq_sockets import ipc_endpoint
 
 __all__ = [
@@ -205,6 +206,7 @@ def _ipc_dir(run_dir: Path, say: Callable[[str], None]) -> str:
     where = str(run_dir / "links")
     try:
         ipc_endpoint(where, "executor")
+        unix_endpoint(where, "executor")  # the Unix stream links' path (one byte longer)
     except ValueError as exc:
         say(f"anvil: {exc}; the links use tcp with CURVE instead")
         return ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -65,6 +65,12 @@ class ServiceSettings(BaseSettings):
     # (0700: only this user can connect; nothing is encrypted or leaves the host) instead of tcp
     # with CURVE, which stays open for peers on other hosts. Empty: tcp with CURVE.
     link_ipc_dir: str = ""
+    # One host (link_ipc_dir set): how the gateway and the executors reach the scheduler. "unix":
+    # plain Unix stream sockets in that directory (anvil_core.unix_link: no ZeroMQ I/O threads, one
+    # wake-up per message instead of four; identity c1 p50 1.27-1.36 ms against 1.75-1.78 over
+    # "zmq", its ipc ZeroMQ sockets, in one interleaved run: docs/scheduler.md). The scheduler
+    # serves both; without link_ipc_dir (compose, other hosts) links are tcp with CURVE either way.
+    link_transport: Literal["zmq", "unix"] = "unix"
     # The cyclic garbage collector (anvil_core.runtime.settle_gc, issue #19). gc_freeze: once started,
     # the objects of the start-up (modules, the app, loaded models: they live as long as the process)
     # leave the collector's generations, so a collection walks only what serving allocated since

@@ -102,7 +102,14 @@ def ipc_endpoint(ipc_dir: str, link: str) -> str:
     return f"ipc://{path}"
 
 
-def link_endpoint(ipc_dir: str, advertised: str, link: str) -> str:
-    """Where a client of `link` connects: the ipc endpoint when this host's links use ipc (`ipc_dir`
-    set), else what the scheduler advertised in the registry (tcp, CURVE)."""
-    return ipc_endpoint(ipc_dir, link) if ipc_dir else advertised
+def link_endpoint(ipc_dir: str, advertised: str, link: str, transport: str = "zmq") -> str:
+    """Where a client of `link` connects: on one host (`ipc_dir` set) the scheduler's ipc ZeroMQ
+    socket, or its Unix stream socket with `transport` "unix" (anvil_core.unix_link); else what the
+    scheduler advertised in the registry (tcp, CURVE)."""
+    if not ipc_dir:
+        return advertised
+    if transport == "unix":
+        from anvil_core.unix_link import unix_endpoint
+
+        return unix_endpoint(ipc_dir, link)
+    return ipc_endpoint(ipc_dir, link)

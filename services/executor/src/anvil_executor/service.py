@@ -37,6 +37,7 @@ from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
+from anvil_core.unix_link import UnixDealer, is_unix_endpoint
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
@@ -90,6 +91,9 @@ class Executor:
         self.sock = make_socket(self.ctx, zmq.DEALER, identity=settings.service_id, curve=curve)
         if curve is not None:  # a scheduler with the wrong key is logged once, not per retry
             watch_handshakes(self.sock, PeerLog(log, "executor"), "scheduler")
+        # one host with ANVIL_LINK_TRANSPORT=unix: the link is a Unix stream socket (unix_link)
+        unix = bool(settings.link_ipc_dir) and settings.link_transport == "unix"
+        self.link: UnixDealer | None = UnixDealer(settings.service_id) if unix else None
         self.done_rx = make_socket(self.ctx, zmq.PAIR, bind=f"inproc://done-{id(self)}")
         self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute thread's
         self.prep = BatchQueue()  # batches of models that `prepare`: the prep thread's
@@ -175,7 +179,7 @@ class Executor:
         for rec in await self.registry.services("scheduler"):
             endpoint = rec.get("executor_endpoint") or endpoint
         if endpoint:  # one host: its ipc socket instead (zmq_sockets.link_endpoint)
-            endpoint = link_endpoint(self.s.link_ipc_dir, endpoint, "executor")
+            endpoint = link_endpoint(self.s.link_ipc_dir, endpoint, "executor", self.s.link_transport)
         if endpoint and endpoint != self.endpoint:
             self.bg.post(lambda: self._follow(endpoint))
 
@@ -238,11 +242,20 @@ class Executor:
         poller.register(self.done_rx, zmq.POLLIN)
         next_beat = time.monotonic() + self.s.heartbeat_interval_s
         while not stop.is_set():
+            if self.link is not None:
+                if self.link.tick():  # a new connection (first, or after a loss): register on it
+                    self._register()
+                poller.register(self.link, zmq.POLLIN | (zmq.POLLOUT if self.link.wants_write else 0))
             events = dict(poller.poll(50))
             if self.done_rx in events:
                 self._drain_results()
             if self.sock in events:
                 self._drain_scheduler()
+            if self.link is not None and self.link.fileno() in events:  # zmq.Poller answers its fd
+                for parts in self.link.read():
+                    self._on_scheduler(parts)
+                    if self.fault is not None:
+                        break
             self.bg.drain()
             now = time.monotonic()
             if self.fault is not None:  # its batch's answer was queued before the fault was posted
@@ -263,6 +276,8 @@ class Executor:
         self.bg.stop()
         for sock in (self.sock, self.done_rx):
             sock.close()
+        if self.link is not None:
+            self.link.close()
         self.ctx.term()
         if self.fault is not None:
             raise SystemExit(3)
@@ -275,9 +290,14 @@ class Executor:
             pass  # the TTL ends it
 
     def _follow(self, endpoint: str) -> None:
-        if self.endpoint:
+        if self.endpoint and not is_unix_endpoint(self.endpoint):
             self.sock.disconnect(self.endpoint)
-        self.sock.connect(endpoint)
+        if is_unix_endpoint(endpoint):
+            if self.link is None:  # settings changed under us? never: link_endpoint follows them
+                raise RuntimeError(f"a unix link endpoint without ANVIL_LINK_TRANSPORT=unix: {endpoint}")
+            self.link.follow(endpoint)
+        else:
+            self.sock.connect(endpoint)
         self.endpoint = endpoint
         m.connected.set(1)
         log.info("connected to scheduler", extra={"endpoint": endpoint})
@@ -311,6 +331,12 @@ class Executor:
         self._send(codec.pack(hb))
 
     def _send(self, parts: list[Any]) -> None:
+        if self.link is not None and self.endpoint and is_unix_endpoint(self.endpoint):
+            try:
+                self.link.send(parts)
+            except ConnectionError:  # no link right now: the scheduler re-dispatches on its side
+                log.warning("scheduler unreachable; message dropped")
+            return
         try:
             self.sock.send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:  # no scheduler connected right now: the scheduler re-dispatches on its side
@@ -322,40 +348,46 @@ class Executor:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:  # nothing a message holds ends this loop: it is verified, or counted and dropped
-                body, frames = codec.unpack(parts)
-                if isinstance(body, pb.ErrorT):  # the scheduler does not know us (it restarted)
-                    self._register()
-                elif isinstance(body, pb.BatchT):
-                    # prepared on the prep thread only behind other work: a lone batch (nothing
-                    # queued or running) runs inline or goes straight to compute, thread hops fewer
-                    model = self.models.get(body.model or "")
-                    if model is not None and model.prepares and self.inflight > 0:
-                        self.inflight += 1
-                        m.inflight.set(self.inflight)
-                        self.prep.put((body, frames))
-                        continue
-                    # decoded and verified once, here: its rank comes from what was decoded
-                    pending = self._decode(body, frames)
-                    rank = pending.priority or LAST_RANK
-                    if self._inline(pending):
-                        self.inline_batches += 1
-                        m.hop("queued", rank).observe(0)
-                        parts, fault = self._execute(pending)
-                        self._send(parts)  # its answer first, then the loop exits on the fault
-                        if fault is not None:
-                            self.fault = fault
-                            return
-                        continue
+            self._on_scheduler(parts)
+            if self.fault is not None:  # a device fault: nothing more runs here (the loop exits)
+                return
+
+    def _on_scheduler(self, parts: list[Any]) -> None:
+        """One message from the scheduler (either link); nothing it holds ends the loop: it is
+        verified, or counted and dropped."""
+        try:
+            body, frames = codec.unpack(parts)
+            if isinstance(body, pb.ErrorT):  # the scheduler does not know us (it restarted)
+                self._register()
+            elif isinstance(body, pb.BatchT):
+                # prepared on the prep thread only behind other work: a lone batch (nothing
+                # queued or running) runs inline or goes straight to compute, thread hops fewer
+                model = self.models.get(body.model or "")
+                if model is not None and model.prepares and self.inflight > 0:
                     self.inflight += 1
                     m.inflight.set(self.inflight)
-                    self.work.put(pending, rank=rank, observe=True)
-                else:
-                    raise codec.ProtocolError(f"the scheduler sent a {type(body).__name__}", "unexpected")
-            except codec.ProtocolError as exc:
-                self.drops.drop(exc.reason, str(exc))
-            except Exception as exc:  # a bug: counted and logged with its traceback
-                self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
+                    self.prep.put((body, frames))
+                    return
+                # decoded and verified once, here: its rank comes from what was decoded
+                pending = self._decode(body, frames)
+                rank = pending.priority or LAST_RANK
+                if self._inline(pending):
+                    self.inline_batches += 1
+                    m.hop("queued", rank).observe(0)
+                    parts, fault = self._execute(pending)
+                    self._send(parts)  # its answer first, then the loop exits on the fault
+                    if fault is not None:
+                        self.fault = fault
+                    return
+                self.inflight += 1
+                m.inflight.set(self.inflight)
+                self.work.put(pending, rank=rank, observe=True)
+            else:
+                raise codec.ProtocolError(f"the scheduler sent a {type(body).__name__}", "unexpected")
+        except codec.ProtocolError as exc:
+            self.drops.drop(exc.reason, str(exc))
+        except Exception as exc:  # a bug: counted and logged with its traceback
+            self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
     def _drain_results(self) -> None:
         while int(self.done_rx.get(zmq.EVENTS)) & zmq.POLLIN:

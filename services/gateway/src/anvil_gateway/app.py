@@ -16,7 +16,7 @@ from anvil_core.registry import Registry
 from anvil_core.zmq_sockets import link_endpoint
 from anvil_gateway import embeddings, infer, routes_meta, routes_shm
 from anvil_gateway.admission import Admission
-from anvil_gateway.backend import SchedulerLink
+from anvil_gateway.backend import SchedulerLink, UnixSchedulerLink
 from anvil_gateway.discovery import Discovery
 from anvil_gateway.grpc_server import GrpcFront
 from anvil_gateway.peer_stats import publish
@@ -50,17 +50,23 @@ def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI
         on_beat=lambda redis: publish(redis, stats, settings.service_id, settings.heartbeat_ttl_s),
         auth=settings.redis_auth,
     )
-    link = SchedulerLink(
-        identity=f"gw-{settings.service_id}",
-        bundle_max=settings.bundle_max,
-        curve=settings.curve_client("gateway"),
+    link = (
+        UnixSchedulerLink(identity=f"gw-{settings.service_id}", bundle_max=settings.bundle_max)
+        if settings.link_ipc_dir and settings.link_transport == "unix"
+        else SchedulerLink(
+            identity=f"gw-{settings.service_id}",
+            bundle_max=settings.bundle_max,
+            curve=settings.curve_client("gateway"),
+        )
     )
     shed_ms = {2: settings.shed_delay_ms_p2, 3: settings.shed_delay_ms_p3}
     admission = Admission(settings.require_api_key, settings.max_inflight_per_model, shed_ms)
     discovery = Discovery(
         registry,
         settings.discovery_interval_ms / 1000,
-        lambda advertised: link.follow(link_endpoint(settings.link_ipc_dir, advertised, "gateway")),
+        lambda advertised: link.follow(
+            link_endpoint(settings.link_ipc_dir, advertised, "gateway", settings.link_transport)
+        ),
         admission.load,
     )
     st = GatewayState(

@@ -21,10 +21,11 @@ from anvil_core.codec import pb
 from anvil_core.curve import CurveClient
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
+from anvil_core.unix_link import HELLO, FrameReader, LinkError, encode, unix_path
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import make_socket
 
-__all__ = ["BackendUnavailable", "SchedulerLink"]
+__all__ = ["BackendUnavailable", "SchedulerLink", "UnixSchedulerLink"]
 
 log = get_logger("anvil.gateway.backend")
 
@@ -46,12 +47,9 @@ class SchedulerLink:
         if bundle_max < 1:
             raise ValueError(f"bundle_max must be >= 1, got {bundle_max}")
         self.bundle_max = bundle_max
-        self.ctx = zmq.asyncio.Context()
-        # curve: the gateway's keypair and the scheduler's key (issue #18); None: plain ZMTP
-        self.sock = make_socket(self.ctx, zmq.DEALER, identity=identity, immediate=True, curve=curve)
+        self.identity = identity
         self.handshakes = PeerLog(log, "gateway")  # a wrong scheduler key: logged once, not per retry
-        if curve is not None:
-            watch_handshakes(self.sock, self.handshakes, "scheduler")
+        self._open(identity, curve)
         self.endpoint: str | None = None
         self.pending: dict[str, asyncio.Future[Reply]] = {}
         self._outbox: list[tuple[str, list[Any]]] = []  # requests of this loop turn, not yet sent
@@ -62,9 +60,21 @@ class SchedulerLink:
         # sees every verified answer, late ones too (the statistics count batches: stats.py)
         self.on_executed: Callable[[pb.InferResponseT], None] | None = None
 
+    def _open(self, identity: str, curve: CurveClient | None) -> None:
+        self.ctx = zmq.asyncio.Context()
+        # curve: the gateway's keypair and the scheduler's key (issue #18); None: plain ZMTP
+        self.sock = make_socket(self.ctx, zmq.DEALER, identity=identity, immediate=True, curve=curve)
+        if curve is not None:
+            watch_handshakes(self.sock, self.handshakes, "scheduler")
+
     def start(self) -> None:
         self._rx = asyncio.create_task(self._rx_loop(), name="scheduler-rx")
         self._rx.add_done_callback(self._rx_ended)
+
+    @property
+    def unconnected(self) -> str | None:
+        """Why requests cannot leave now, or None (ZeroMQ connects by itself: always None here)."""
+        return None
 
     @property
     def alive(self) -> bool:
@@ -89,6 +99,9 @@ class SchedulerLink:
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(BackendUnavailable("gateway shutting down"))
+        self._close()
+
+    def _close(self) -> None:
         self.sock.close()
         self.ctx.term()
 
@@ -130,6 +143,9 @@ class SchedulerLink:
             return
         request_ids = [rid for rid, _ in out]
         msg = codec.bundle([parts for _, parts in out], responses=False)
+        self._send(msg, request_ids)
+
+    def _send(self, msg: list[Any], request_ids: list[str]) -> None:
         try:
             # zmq.asyncio returns a Future (typed as an Awaitable); a refused send is its exception
             sent = cast(asyncio.Future[Any], self.sock.send_multipart(msg, copy=False, flags=zmq.NOBLOCK))
@@ -200,6 +216,84 @@ class SchedulerLink:
             fut.set_exception(BackendUnavailable(f"malformed answer from the scheduler: {exc}"))
             raise
         fut.set_result((body, group[1:]))
+
+
+class UnixSchedulerLink(SchedulerLink):
+    """The same link over this host's Unix stream socket (``ANVIL_LINK_TRANSPORT=unix``,
+    anvil_core.unix_link): the loop writes into the socket and reads from it, no ZeroMQ I/O thread in
+    between. It connects (and reconnects after a loss, every ``retry_s``) on its receive task; a
+    request made while there is no connection fails at once (``BackendUnavailable``), as one to a
+    ZeroMQ link with no scheduler does. Requests in flight when the link drops hear nothing more
+    and end at their deadline, as over ZeroMQ."""
+
+    def __init__(self, identity: str, bundle_max: int = 8, retry_s: float = 0.1) -> None:
+        self.retry_s = retry_s
+        super().__init__(identity, bundle_max, None)
+
+    def _open(self, identity: str, curve: CurveClient | None) -> None:
+        self._writer: asyncio.StreamWriter | None = None
+        self._path: str | None = None
+        self._followed = asyncio.Event()  # set by follow: connect now, not at the next retry
+        self.connects = 0
+
+    @property
+    def unconnected(self) -> str | None:
+        return None if self._writer is not None else "no Unix link to the scheduler yet"
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def follow(self, endpoint: str) -> None:
+        path = unix_path(endpoint)
+        if path != self._path and self._writer is not None:
+            self._writer.close()  # the receive task reconnects to the new path
+            self._writer = None
+        self._path = path
+        self.endpoint = endpoint
+        self._followed.set()
+
+    def _send(self, msg: list[Any], request_ids: list[str]) -> None:
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            self._fail(request_ids, ConnectionError("scheduler not connected"))
+            return
+        writer.writelines(encode(msg))
+
+    async def _rx_loop(self) -> None:
+        while True:
+            self._followed.clear()
+            if self._path is None:
+                await self._followed.wait()
+                continue
+            try:
+                reader, writer = await asyncio.open_unix_connection(self._path, limit=1 << 20)
+            except OSError:
+                await self._retry()
+                continue
+            writer.writelines(encode([HELLO, self.identity.encode()]))
+            self._writer = writer
+            self.connects += 1
+            frames = FrameReader()
+            try:
+                while data := await reader.read(1 << 20):
+                    for parts in frames.feed(data):
+                        self.on_message(parts)
+            except (OSError, LinkError) as exc:
+                self.drops.drop("recv", f"unix link to the scheduler: {exc}")
+            finally:
+                if self._writer is writer:
+                    self._writer = None
+                writer.close()
+            await self._retry()  # the scheduler went away: try again shortly
+
+    async def _retry(self) -> None:
+        """Wait ``retry_s``, or less when ``follow`` names an endpoint meanwhile."""
+        try:
+            await asyncio.wait_for(self._followed.wait(), self.retry_s)
+        except TimeoutError:
+            pass
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:

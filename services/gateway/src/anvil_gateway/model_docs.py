@@ -31,7 +31,10 @@ async def server_ready(st: GatewayState) -> tuple[bool, str]:
     """(ready, why not): the scheduler link alive and the registry's view ready (discovery.ready)."""
     if st.link.died is not None:  # the answers of the scheduler can no longer reach anyone
         return False, st.link.died
-    return await st.discovery.ready()
+    ready, why = await st.discovery.ready()
+    if ready and st.link.unconnected is not None:  # a Unix link (re)connecting: requests would fail
+        return False, st.link.unconnected
+    return ready, why
 
 
 def _tensors(spec: ModelSpec, which: str) -> list[dict[str, Any]]:

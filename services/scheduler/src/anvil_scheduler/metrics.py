@@ -11,6 +11,9 @@ from anvil_core.codec import ERROR_NAMES
 queue_depth = Gauge("anvil_scheduler_queue_depth", "Requests waiting", ["model", "priority"])
 target_batch = Gauge("anvil_scheduler_target_batch", "B*: the PID (or policy) target batch size", ["model"])
 executors = Gauge("anvil_scheduler_executors", "Executors connected")
+unix_peers = Gauge(
+    "anvil_scheduler_unix_link_peers", "Peers connected over the same-host Unix stream links", ["link"]
+)
 batches = Counter("anvil_scheduler_batches_total", "Batches dispatched", ["model"])
 batch_size = Histogram(
     "anvil_scheduler_batch_size",

@@ -33,6 +33,7 @@ from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.priorities import PRIORITIES, PRIORITY_NAMES
 from anvil_core.registry import Registry
+from anvil_core.unix_link import UnixRouter, unix_endpoint, unix_path
 from anvil_core.zmq_auth import CurveGate
 from anvil_core.zmq_sockets import ipc_endpoint, make_socket, tcp_endpoint
 from anvil_scheduler import metrics as m
@@ -101,6 +102,14 @@ class Scheduler:
             os.chmod(settings.link_ipc_dir, 0o700)
         self.gw = self._router(settings.gateway_port, "gateway")
         self.ex = self._router(settings.executor_port, "executor")
+        # One host: the same links over Unix stream sockets too (anvil_core.unix_link: no ZeroMQ I/O
+        # threads); a peer uses them with ANVIL_LINK_TRANSPORT=unix, either kind is served.
+        self.ugw: UnixRouter | None = None
+        self.uex: UnixRouter | None = None
+        if settings.link_ipc_dir:
+            self.ugw = UnixRouter(unix_path(unix_endpoint(settings.link_ipc_dir, "gateway")))
+            self.uex = UnixRouter(unix_path(unix_endpoint(settings.link_ipc_dir, "executor")))
+        self._polled: dict[int, int] = {}  # fd of a Unix link -> the poll flags it is registered with
         priorities = tuple(PriorityClass(p, PRIORITY_NAMES[p], settings.slo_ms(p)) for p in PRIORITIES)
         config = SchedulerConfig(
             priorities=priorities,
@@ -176,11 +185,14 @@ class Scheduler:
             # Round up: zmq polls in whole ms, and int() made every wake-up under 1 ms away a spin
             # (EDF+PID wakes at the predicted end of the running batch, often < 1 ms ahead on a fast
             # model: the scheduler then burnt a core that the gateway needed, #19). Late by < 1 ms.
+            self._poll_unix(poller)
             events = dict(poller.poll(math.ceil(wait_s * 1000)))
             if self.gw in events:
                 self._drain(self.gw, self._on_gateway)
             if self.ex in events:
                 self._drain(self.ex, self._on_executor)
+            if len(events) > (self.gw in events) + (self.ex in events):
+                self._serve_unix(events)
             now = time.monotonic()
             if now >= next_chores:
                 self._chores(now)
@@ -190,6 +202,9 @@ class Scheduler:
         self.bg.stop()
         self.gw.close()
         self.ex.close()
+        for router in (self.ugw, self.uex):
+            if router is not None:
+                router.close()
         if self.gate is not None:
             self.gate.stop()  # before term: its ZAP socket would hold term() forever
         self.ctx.term()
@@ -206,12 +221,47 @@ class Scheduler:
                 return
             self.handle(handle, parts)
 
+    def _poll_unix(self, poller: zmq.Poller) -> None:
+        """Keep the poller's Unix-link fds in step with the routers' connections (new, gone, and
+        whether each has bytes waiting to be written)."""
+        want: dict[int, int] = {}
+        for router in (self.ugw, self.uex):
+            if router is not None:
+                for fd, wants_write in router.fds():
+                    want[fd] = zmq.POLLIN | (zmq.POLLOUT if wants_write else 0)
+        if want == self._polled:
+            return
+        for fd in self._polled.keys() - want.keys():
+            poller.unregister(fd)
+        for fd, flags in want.items():
+            if self._polled.get(fd) != flags:
+                poller.register(fd, flags)  # registers, or modifies a registered fd
+        self._polled = want
+
+    def _serve_unix(self, events: dict[Any, int]) -> None:
+        for fd, flags in events.items():
+            if not isinstance(fd, int):
+                continue
+            for router, handler in ((self.ugw, self._on_gateway), (self.uex, self._on_executor)):
+                if router is None:
+                    continue
+                msgs, problems = router.on_ready(fd, bool(flags & zmq.POLLOUT))
+                for reason, detail in problems:
+                    if reason == "closed":
+                        log.info("unix link closed", extra={"detail": detail})
+                    else:
+                        self.drops.drop(reason, detail)
+                for ident, frames in msgs:
+                    self.handle(handler, [ident, *frames])
+
     def handle(self, handler: Any, parts: list[Any]) -> None:
-        """One received message ([identity, *frames]); nothing it contains can end the loop."""
+        """One received message ([identity, *frames]: the identity a zmq.Frame from a ROUTER, bytes
+        from a Unix link); nothing it contains can end the loop."""
         try:
             if len(parts) < 2:
                 raise codec.ProtocolError(f"{len(parts)} frames: need an identity and an envelope")
-            handler(parts[0].bytes, parts[1:])
+            ident = parts[0] if isinstance(parts[0], bytes) else parts[0].bytes
+            handler(ident, parts[1:])
         except codec.ProtocolError as exc:
             self.drops.drop(exc.reason, str(exc))
         except Exception as exc:  # a bug or a crafted message we did not foresee: log it, keep serving
@@ -277,6 +327,8 @@ class Scheduler:
         self._send_to(gateway, [env])
 
     def _send_to(self, gateway: bytes, parts: list[Any]) -> None:
+        if self.ugw is not None and self.ugw.send(gateway, parts):
+            return
         try:
             self.gw.send_multipart([gateway, *parts], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # the gateway is gone: nobody waits for this answer any more
@@ -348,6 +400,8 @@ class Scheduler:
                 self.bg.submit(self._load_profile(name, spec.device))
 
     def _send_executor(self, ident: bytes, parts: list[Any]) -> bool:
+        if self.uex is not None and self.uex.send(ident, parts):
+            return True
         try:
             self.ex.send_multipart([ident, *parts], flags=zmq.NOBLOCK, copy=False)
             return True
@@ -464,6 +518,9 @@ class Scheduler:
             if now - seen > timeout_s:
                 self._lose(eid, f"no heartbeat for {self.s.executor_timeout_ms} ms", now)
         self._export_accounting(now)
+        for link, router in (("gateway", self.ugw), ("executor", self.uex)):
+            if router is not None:
+                m.unix_peers.labels(link=link).set(len(router.conns))
         policy = self.core.policy
         for model in self.core.models():
             m.target_batch.labels(model=model).set(self.core.target_batch(model))

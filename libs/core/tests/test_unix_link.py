@@ -1,0 +1,214 @@
+"""anvil_core.unix_link: the same-host links over Unix stream sockets (issue #19). Real sockets in a
+temporary directory: framing and its limits, the hello that names a peer, a reconnecting peer
+replacing its older connection, refused peers, large messages written in parts, and the dealer
+reconnecting by itself after the router goes away."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from anvil_core.unix_link import (
+    HELLO,
+    MAX_FRAMES,
+    Conn,
+    FrameReader,
+    LinkError,
+    UnixDealer,
+    UnixRouter,
+    encode,
+    unix_endpoint,
+    unix_path,
+)
+
+
+def _wire(parts: list[bytes]) -> bytes:
+    return b"".join(bytes(b) for b in encode(parts))
+
+
+def test_messages_are_cut_out_of_a_stream_fed_in_any_pieces() -> None:
+    msgs = [[b"env", b"", b"x" * 70_000], [b"one"]]
+    stream = b"".join(_wire(m) for m in msgs)
+    for step in (1, 3, 4096, len(stream)):
+        reader, got = FrameReader(), []
+        for i in range(0, len(stream), step):
+            got += reader.feed(stream[i : i + step])
+        assert got == msgs
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (struct.pack("<I", 0), "0 frames"),
+        (struct.pack("<I", MAX_FRAMES + 1), f"{MAX_FRAMES + 1} frames"),
+        (struct.pack("<II", 1, 2_000), "2000 bytes"),
+    ],
+)
+def test_a_message_beyond_the_limits_is_refused_before_its_bytes_arrive(data: bytes, why: str) -> None:
+    with pytest.raises(LinkError, match=why):
+        FrameReader(max_msg_bytes=1_000).feed(data)
+
+
+def _router(tmp_path: Path) -> UnixRouter:
+    return UnixRouter(unix_path(unix_endpoint(str(tmp_path), "executor")))
+
+
+def _serve(router: UnixRouter, until: Any, timeout_s: float = 5.0) -> list[tuple[bytes, list[bytes]]]:
+    """Poll the router (as the scheduler's loop does) until ``until(got)`` holds."""
+    got: list[tuple[bytes, list[bytes]]] = []
+    deadline = time.monotonic() + timeout_s
+    while not until(got):
+        assert time.monotonic() < deadline, f"timed out; got {got}"
+        poller = zmq.Poller()
+        for fd, wants_write in router.fds():
+            poller.register(fd, zmq.POLLIN | (zmq.POLLOUT if wants_write else 0))
+        for fd, flags in poller.poll(50):
+            msgs, _ = router.on_ready(fd, bool(flags & zmq.POLLOUT))
+            got += msgs
+    return got
+
+
+def _client(path: str, identity: bytes) -> Conn:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    conn = Conn(sock)
+    conn.send([HELLO, identity])
+    return conn
+
+
+def _read(conn: Conn, n: int = 1, timeout_s: float = 5.0) -> list[list[bytes]]:
+    got: list[list[bytes]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < n:
+        assert time.monotonic() < deadline
+        conn.flush()
+        got += conn.read()
+        time.sleep(0.001)
+    return got
+
+
+def test_the_socket_is_0600_and_peers_are_routed_by_their_hello(tmp_path: Path) -> None:
+    router = _router(tmp_path)
+    try:
+        assert stat.S_IMODE(os.stat(router.path).st_mode) == 0o600
+        a, b = _client(router.path, b"ex-a"), _client(router.path, b"ex-b")
+        a.send([b"from a"])
+        b.send([b"from b", b"2"])
+        got = _serve(router, lambda g: len(g) == 2)
+        assert sorted(got) == [(b"ex-a", [b"from a"]), (b"ex-b", [b"from b", b"2"])]
+        assert router.send(b"ex-b", [b"to b"]) and not router.send(b"nobody", [b"x"])
+        assert _read(b) == [[b"to b"]]
+        a.close()
+        b.close()
+    finally:
+        router.close()
+    assert not os.path.exists(router.path)
+
+
+def test_a_reconnecting_peer_replaces_its_older_connection(tmp_path: Path) -> None:
+    router = _router(tmp_path)
+    try:
+        old = _client(router.path, b"ex-a")
+        old.send([b"1"])
+        _serve(router, lambda g: len(g) == 1)
+        new = _client(router.path, b"ex-a")  # restarted: same identity
+        new.send([b"2"])
+        assert _serve(router, lambda g: len(g) == 1) == [(b"ex-a", [b"2"])]
+        assert router.send(b"ex-a", [b"to the new one"])
+        assert _read(new) == [[b"to the new one"]]
+        assert len(router.conns) == 1
+    finally:
+        router.close()
+
+
+def test_a_peer_without_a_hello_or_breaking_the_format_is_closed(tmp_path: Path) -> None:
+    router = _router(tmp_path)
+    try:
+        rude = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        rude.connect(router.path)
+        rude.sendall(_wire([b"GET / HTTP/1.1"]))  # not a hello
+        problems: list[tuple[str, str]] = []
+        deadline = time.monotonic() + 5
+        while not problems and time.monotonic() < deadline:
+            for fd, _ in router.fds():
+                problems += router.on_ready(fd)[1]
+        assert problems and problems[0][0] == "invalid"
+        assert rude.recv(10) == b""  # closed by the router
+        assert router.conns == {}
+        bad = _client(router.path, b"ex-bad")
+        bad.sock.sendall(struct.pack("<I", MAX_FRAMES + 1))
+        _serve(router, lambda g: b"ex-bad" not in router.conns and not router._fresh)
+    finally:
+        router.close()
+
+
+def test_a_message_larger_than_the_socket_buffer_arrives_whole(tmp_path: Path) -> None:
+    router = _router(tmp_path)
+    try:
+        peer = _client(router.path, b"ex-a")
+        peer.send([b"hi"])
+        _serve(router, lambda g: len(g) == 1)
+        big = os.urandom(8 << 20)  # several times the socket buffer: written over many poll turns
+        assert router.send(b"ex-a", [b"env", big])
+        assert router.conns[b"ex-a"].wants_write
+        got: list[list[bytes]] = []
+        deadline = time.monotonic() + 10
+        while not got:
+            assert time.monotonic() < deadline
+            _serve(router, lambda g: True)  # one turn: flush what the socket takes
+            for fd, flags in ((f, w) for f, w in router.fds() if w):
+                router.on_ready(fd, flags)
+            got += peer.read()
+        assert got == [[b"env", big]]
+    finally:
+        router.close()
+
+
+def test_the_dealer_reconnects_after_the_router_restarts_and_says_hello_again(tmp_path: Path) -> None:
+    endpoint = unix_endpoint(str(tmp_path), "executor")
+    dealer = UnixDealer("ex-a", retry_s=0.01)
+    router = UnixRouter(unix_path(endpoint))
+    try:
+        dealer.follow(endpoint)
+        assert dealer.connected and dealer.connects == 1
+        dealer.send([b"register"])
+        assert _serve(router, lambda g: len(g) == 1) == [(b"ex-a", [b"register"])]
+        router.close()  # the scheduler dies
+        deadline = time.monotonic() + 5
+        while dealer.connected:  # the loss is seen on the next read or send
+            assert time.monotonic() < deadline
+            dealer.read()
+            time.sleep(0.01)
+        with pytest.raises(ConnectionError):
+            dealer.send([b"lost"])
+        router = UnixRouter(unix_path(endpoint))  # it comes back
+        while not dealer.tick():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert dealer.connects == 2
+        dealer.send([b"register again"])
+        assert _serve(router, lambda g: len(g) == 1) == [(b"ex-a", [b"register again"])]
+        assert router.send(b"ex-a", [b"batch"])
+        while not (got := dealer.read()):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert got == [[b"batch"]]
+    finally:
+        dealer.close()
+        router.close()
+
+
+def test_the_endpoint_names_a_socket_path_and_refuses_one_too_long(tmp_path: Path) -> None:
+    assert unix_path(unix_endpoint(str(tmp_path), "gateway")) == str(tmp_path.resolve() / "gateway.usock")
+    with pytest.raises(ValueError, match="longer than"):
+        unix_endpoint(str(tmp_path / ("d" * 120)), "gateway")
+    with pytest.raises(ValueError, match="not a unix link endpoint"):
+        unix_path("ipc:///tmp/x.sock")

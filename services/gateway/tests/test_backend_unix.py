@@ -1,0 +1,106 @@
+"""UnixSchedulerLink (ANVIL_LINK_TRANSPORT=unix) against a real UnixRouter, as the scheduler serves
+it: requests travel as bundles and answers find their callers, a request with no link fails at once,
+and the link comes back by itself after the scheduler's socket does."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from anvil_core import codec
+from anvil_core.unix_link import UnixRouter, unix_endpoint, unix_path
+from anvil_gateway.backend import BackendUnavailable, UnixSchedulerLink
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_backend import _request, _response
+
+
+class Scheduler(threading.Thread):
+    """A stand-in scheduler on the gateway link's Unix socket: answers every request it receives."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(daemon=True)
+        self.router = UnixRouter(unix_path(endpoint))
+        self.stop = threading.Event()
+        self.seen: list[list[str]] = []  # request ids per received bundle
+        self.peers: set[bytes] = set()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            poller = zmq.Poller()
+            for fd, wants_write in self.router.fds():
+                poller.register(fd, zmq.POLLIN | (zmq.POLLOUT if wants_write else 0))
+            for fd, flags in poller.poll(20):
+                msgs, _ = self.router.on_ready(fd, bool(flags & zmq.POLLOUT))
+                for ident, parts in msgs:
+                    self.peers.add(ident)
+                    rids = [body.requestId for body, _ in codec.unbundle(parts)]
+                    self.seen.append(rids)
+                    reply = codec.bundle([_response(r.encode()) for r in rids], responses=True)
+                    self.router.send(ident, reply)
+        self.router.close()
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.join(5)
+
+
+async def _connected(link: UnixSchedulerLink, connects: int, timeout_s: float = 5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while link.connects < connects or link._writer is None:
+        assert time.monotonic() < deadline, "the link did not connect"
+        await asyncio.sleep(0.01)
+
+
+def test_requests_and_answers_cross_the_unix_link_and_it_reconnects(tmp_path: Path) -> None:
+    endpoint = unix_endpoint(str(tmp_path), "gateway")
+
+    async def main() -> None:
+        sched = Scheduler(endpoint)
+        sched.start()
+        link = UnixSchedulerLink("gw-test", bundle_max=2, retry_s=0.01)
+        link.follow(endpoint)
+        link.start()
+        try:
+            await _connected(link, 1)
+            rids = [f"r{i}" for i in range(5)]
+            got = await asyncio.gather(*(link.infer(r, _request(r), 5) for r in rids))
+            assert [resp.requestId for resp, _ in got] == rids
+            assert [[bytes(f) for f in frames] for _, frames in got] == [[b"out-" + r.encode()] for r in rids]
+            assert [len(b) for b in sched.seen] == [2, 2, 1]  # bundles of bundle_max, as over ZeroMQ
+            assert sched.peers == {b"gw-test"}  # named by its hello
+            sched.halt()  # the scheduler goes away
+            while link._writer is not None:
+                await asyncio.sleep(0.01)
+            with pytest.raises(BackendUnavailable, match="not connected"):
+                await link.infer("lost", _request("lost"), 1)
+            sched = Scheduler(endpoint)  # and comes back
+            sched.start()
+            await _connected(link, 2)
+            resp, _ = await link.infer("again", _request("again"), 5)
+            assert resp.requestId == "again"
+            assert link.alive and not link.pending
+        finally:
+            await link.stop()
+            sched.halt()
+
+    asyncio.run(main())
+
+
+def test_no_endpoint_yet_is_refused_at_once() -> None:
+    async def main() -> None:
+        link = UnixSchedulerLink("gw-test")
+        link.start()
+        try:
+            with pytest.raises(BackendUnavailable, match="no scheduler"):
+                await link.infer("r", _request("r"), 1)
+        finally:
+            await link.stop()
+
+    asyncio.run(main())
