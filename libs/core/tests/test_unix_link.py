@@ -10,6 +10,7 @@ import socket
 import stat
 import struct
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,13 @@ def test_a_message_beyond_the_limits_is_refused_before_its_bytes_arrive(data: by
         FrameReader(max_msg_bytes=1_000).feed(data)
 
 
-def _router(tmp_path: Path) -> UnixRouter:
-    return UnixRouter(unix_path(unix_endpoint(str(tmp_path), "executor")))
+@pytest.fixture
+def router(tmp_path: Path) -> Iterator[UnixRouter]:
+    r = UnixRouter(unix_path(unix_endpoint(str(tmp_path), "executor")))
+    try:
+        yield r
+    finally:
+        r.close()
 
 
 def _serve(router: UnixRouter, until: Any, timeout_s: float = 5.0) -> list[tuple[bytes, list[bytes]]]:
@@ -95,81 +101,66 @@ def _read(conn: Conn, n: int = 1, timeout_s: float = 5.0) -> list[list[bytes]]:
     return got
 
 
-def test_the_socket_is_0600_and_peers_are_routed_by_their_hello(tmp_path: Path) -> None:
-    router = _router(tmp_path)
-    try:
-        assert stat.S_IMODE(os.stat(router.path).st_mode) == 0o600
-        a, b = _client(router.path, b"ex-a"), _client(router.path, b"ex-b")
-        a.send([b"from a"])
-        b.send([b"from b", b"2"])
-        got = _serve(router, lambda g: len(g) == 2)
-        assert sorted(got) == [(b"ex-a", [b"from a"]), (b"ex-b", [b"from b", b"2"])]
-        assert router.send(b"ex-b", [b"to b"]) and not router.send(b"nobody", [b"x"])
-        assert _read(b) == [[b"to b"]]
-        a.close()
-        b.close()
-    finally:
-        router.close()
-    assert not os.path.exists(router.path)
+def test_the_socket_is_0600_and_peers_are_routed_by_their_hello(router: UnixRouter) -> None:
+    assert stat.S_IMODE(os.stat(router.path).st_mode) == 0o600
+    a, b = _client(router.path, b"ex-a"), _client(router.path, b"ex-b")
+    a.send([b"from a"])
+    b.send([b"from b", b"2"])
+    got = _serve(router, lambda g: len(g) == 2)
+    assert sorted(got) == [(b"ex-a", [b"from a"]), (b"ex-b", [b"from b", b"2"])]
+    assert router.send(b"ex-b", [b"to b"]) and not router.send(b"nobody", [b"x"])
+    assert _read(b) == [[b"to b"]]
+    a.close()
+    b.close()
+    router.close()  # (the fixture's close after it is harmless)
+    assert not os.path.exists(router.path)  # the socket file goes with the router
 
 
-def test_a_reconnecting_peer_replaces_its_older_connection(tmp_path: Path) -> None:
-    router = _router(tmp_path)
-    try:
-        old = _client(router.path, b"ex-a")
-        old.send([b"1"])
-        _serve(router, lambda g: len(g) == 1)
-        new = _client(router.path, b"ex-a")  # restarted: same identity
-        new.send([b"2"])
-        assert _serve(router, lambda g: len(g) == 1) == [(b"ex-a", [b"2"])]
-        assert router.send(b"ex-a", [b"to the new one"])
-        assert _read(new) == [[b"to the new one"]]
-        assert len(router.conns) == 1
-    finally:
-        router.close()
+def test_a_reconnecting_peer_replaces_its_older_connection(router: UnixRouter) -> None:
+    old = _client(router.path, b"ex-a")
+    old.send([b"1"])
+    _serve(router, lambda g: len(g) == 1)
+    new = _client(router.path, b"ex-a")  # restarted: same identity
+    new.send([b"2"])
+    assert _serve(router, lambda g: len(g) == 1) == [(b"ex-a", [b"2"])]
+    assert router.send(b"ex-a", [b"to the new one"])
+    assert _read(new) == [[b"to the new one"]]
+    assert len(router.conns) == 1
 
 
-def test_a_peer_without_a_hello_or_breaking_the_format_is_closed(tmp_path: Path) -> None:
-    router = _router(tmp_path)
-    try:
-        rude = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        rude.connect(router.path)
-        rude.sendall(_wire([b"GET / HTTP/1.1"]))  # not a hello
-        problems: list[tuple[str, str]] = []
-        deadline = time.monotonic() + 5
-        while not problems and time.monotonic() < deadline:
-            for fd, _ in router.fds():
-                problems += router.on_ready(fd)[1]
-        assert problems and problems[0][0] == "invalid"
-        assert rude.recv(10) == b""  # closed by the router
-        assert router.conns == {}
-        bad = _client(router.path, b"ex-bad")
-        bad.sock.sendall(struct.pack("<I", MAX_FRAMES + 1))
-        _serve(router, lambda g: b"ex-bad" not in router.conns and not router._fresh)
-    finally:
-        router.close()
+def test_a_peer_without_a_hello_or_breaking_the_format_is_closed(router: UnixRouter) -> None:
+    rude = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    rude.connect(router.path)
+    rude.sendall(_wire([b"GET / HTTP/1.1"]))  # not a hello
+    problems: list[tuple[str, str]] = []
+    deadline = time.monotonic() + 5
+    while not problems and time.monotonic() < deadline:
+        for fd, _ in router.fds():
+            problems += router.on_ready(fd)[1]
+    assert problems and problems[0][0] == "invalid"
+    assert rude.recv(10) == b""  # closed by the router
+    assert router.conns == {}
+    bad = _client(router.path, b"ex-bad")
+    bad.sock.sendall(struct.pack("<I", MAX_FRAMES + 1))
+    _serve(router, lambda g: b"ex-bad" not in router.conns and not router._fresh)
 
 
-def test_a_message_larger_than_the_socket_buffer_arrives_whole(tmp_path: Path) -> None:
-    router = _router(tmp_path)
-    try:
-        peer = _client(router.path, b"ex-a")
-        peer.send([b"hi"])
-        _serve(router, lambda g: len(g) == 1)
-        big = os.urandom(8 << 20)  # several times the socket buffer: written over many poll turns
-        assert router.send(b"ex-a", [b"env", big])
-        assert router.conns[b"ex-a"].wants_write
-        got: list[list[bytes]] = []
-        deadline = time.monotonic() + 10
-        while not got:
-            assert time.monotonic() < deadline
-            _serve(router, lambda g: True)  # one turn: flush what the socket takes
-            for fd, flags in ((f, w) for f, w in router.fds() if w):
-                router.on_ready(fd, flags)
-            got += peer.read()
-        assert got == [[b"env", big]]
-    finally:
-        router.close()
+def test_a_message_larger_than_the_socket_buffer_arrives_whole(router: UnixRouter) -> None:
+    peer = _client(router.path, b"ex-a")
+    peer.send([b"hi"])
+    _serve(router, lambda g: len(g) == 1)
+    big = os.urandom(8 << 20)  # several times the socket buffer: written over many poll turns
+    assert router.send(b"ex-a", [b"env", big])
+    assert router.conns[b"ex-a"].wants_write
+    got: list[list[bytes]] = []
+    deadline = time.monotonic() + 10
+    while not got:
+        assert time.monotonic() < deadline
+        _serve(router, lambda g: True)  # one turn: flush what the socket takes
+        for fd, flags in ((f, w) for f, w in router.fds() if w):
+            router.on_ready(fd, flags)
+        got += peer.read()
+    assert got == [[b"env", big]]
 
 
 def test_the_dealer_reconnects_after_the_router_restarts_and_says_hello_again(tmp_path: Path) -> None:
