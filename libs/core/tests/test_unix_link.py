@@ -203,3 +203,21 @@ def test_the_endpoint_names_a_socket_path_and_refuses_one_too_long(tmp_path: Pat
         unix_endpoint(str(tmp_path / ("d" * 120)), "gateway")
     with pytest.raises(ValueError, match="not a unix link endpoint"):
         unix_path("ipc:///tmp/x.sock")
+
+
+def test_a_peer_that_stops_reading_is_cut_off_at_the_queue_cap(
+    router: UnixRouter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anvil_core.unix_link as ul
+
+    monkeypatch.setattr(ul, "MAX_QUEUED_BYTES", 4 << 20)
+    stalled = _client(router.path, b"ex-a")
+    stalled.send([b"hi"])
+    _serve(router, lambda g: len(g) == 1)
+    chunk = b"x" * (1 << 20)
+    sent = 0
+    while router.send(b"ex-a", [chunk]):  # never read by the peer
+        sent += 1
+        assert sent < 64, "the queue grew without bound"
+    assert b"ex-a" not in router.conns  # cut off; a reconnect would be a new connection
+    assert sent >= 4

@@ -51,6 +51,7 @@ __all__ = [
 HELLO = b"ANVIL-LINK-1"
 MAX_FRAMES = 4096
 DEFAULT_MAX_MSG_BYTES = 1 << 30  # a bundle of 8 requests at the gateway's 64 MiB body cap fits
+MAX_QUEUED_BYTES = 256 << 20  # unsent bytes a peer may leave behind before it is cut off
 _U32 = struct.Struct("<I")
 _SCHEME = "unix://"
 _PATH_MAX = 107  # sun_path holds 108 bytes with its terminating NUL
@@ -175,9 +176,13 @@ class Conn:
 
     def send(self, parts: Sequence[Any]) -> None:
         """Queue one message and write what the socket takes now; raises ConnectionError when the
-        peer is gone."""
+        peer is gone, or has left ``MAX_QUEUED_BYTES`` unread (a stalled peer costs bounded memory:
+        at most that plus one message; it is disconnected and reconnects)."""
         bufs = [memoryview(b).cast("B") for b in encode(parts)]
         if self._out:
+            queued = sum(b.nbytes for b in self._out)
+            if queued >= MAX_QUEUED_BYTES:
+                raise ConnectionAbortedError(f"peer not reading: {queued} bytes unsent")
             self._out += bufs
             return
         self._out = bufs

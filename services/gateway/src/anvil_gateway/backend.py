@@ -21,7 +21,7 @@ from anvil_core.codec import pb
 from anvil_core.curve import CurveClient
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
-from anvil_core.unix_link import HELLO, FrameReader, LinkError, encode, unix_path
+from anvil_core.unix_link import HELLO, MAX_QUEUED_BYTES, FrameReader, LinkError, encode, unix_path
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import make_socket
 
@@ -258,6 +258,9 @@ class UnixSchedulerLink(SchedulerLink):
         writer = self._writer
         if writer is None or writer.is_closing():
             self._fail(request_ids, ConnectionError("scheduler not connected"))
+            return
+        if writer.transport.get_write_buffer_size() >= MAX_QUEUED_BYTES:  # as ZeroMQ's HWM would
+            self._fail(request_ids, ConnectionError("scheduler not reading its link"))
             return
         writer.writelines(encode(msg))
 
