@@ -221,3 +221,16 @@ def test_a_peer_that_stops_reading_is_cut_off_at_the_queue_cap(
         assert sent < 64, "the queue grew without bound"
     assert b"ex-a" not in router.conns  # cut off; a reconnect would be a new connection
     assert sent >= 4
+
+
+def test_a_connection_that_ends_is_reported_lost_once_and_a_replaced_one_is_not(router: UnixRouter) -> None:
+    old = _client(router.path, b"ex-a")
+    old.send([b"1"])
+    _serve(router, lambda g: len(g) == 1)
+    new = _client(router.path, b"ex-a")  # a restart: the newer connection replaces the older
+    new.send([b"2"])
+    _serve(router, lambda g: len(g) == 1)
+    assert router.take_lost() == []
+    new.close()  # the peer dies
+    _serve(router, lambda g: b"ex-a" not in router.conns)
+    assert router.take_lost() == [b"ex-a"] and router.take_lost() == []

@@ -240,6 +240,9 @@ class UnixRouter:
         self.conns: dict[bytes, Conn] = {}  # identity -> its connection
         self._fresh: dict[int, Conn] = {}  # fd -> accepted, no hello yet
         self.refused = 0  # connections of another user, closed unread
+        # identities whose connection ended (EOF, error, cut off), not replaced by a newer one: the
+        # owner takes them (`take_lost`), e.g. to re-dispatch a dead executor's work at once
+        self.lost: list[bytes] = []
 
     def fds(self) -> list[tuple[int, bool]]:
         """(fd, wants write) of the listener and of every connection, for the poller."""
@@ -273,6 +276,7 @@ class UnixRouter:
                 problems.append((reason, f"link {ident!r} closed: {exc}"))
                 conn.close()
                 del self.conns[ident]
+                self.lost.append(ident)
                 return [], problems
         return [], problems
 
@@ -330,7 +334,12 @@ class UnixRouter:
         except OSError:
             conn.close()
             del self.conns[ident]
+            self.lost.append(ident)
             return False
+
+    def take_lost(self) -> list[bytes]:
+        lost, self.lost = self.lost, []
+        return lost
 
     def close(self) -> None:
         for conn in [*self.conns.values(), *self._fresh.values()]:

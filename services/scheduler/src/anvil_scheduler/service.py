@@ -498,6 +498,17 @@ class Scheduler:
         for shed in rel.shed:
             self._answer_shed(shed)
 
+    def _lose_unlinked(self, now: float) -> None:
+        """An executor whose Unix link ended is lost now, not after `executor_timeout_ms` without a
+        heartbeat (ZeroMQ cannot tell; a socket can): its batches in flight are re-dispatched at
+        once. A restarted executor's new connection replaces the old one without ending it here."""
+        if self.uex is None:
+            return
+        for ident in self.uex.take_lost():
+            eid = ident.decode(errors="replace")
+            if self.executors.get(eid) == ident and ident not in self.uex.conns:
+                self._lose(eid, "its link closed", now)
+
     def _lose(self, eid: str, why: str, now: float) -> None:
         self.executors.pop(eid, None)
         self._registrations.pop(eid, None)
@@ -521,6 +532,7 @@ class Scheduler:
         for link, router in (("gateway", self.ugw), ("executor", self.uex)):
             if router is not None:
                 m.unix_peers.labels(link=link).set(len(router.conns))
+        self._lose_unlinked(now)
         policy = self.core.policy
         for model in self.core.models():
             m.target_batch.labels(model=model).set(self.core.target_batch(model))
