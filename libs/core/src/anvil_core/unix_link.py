@@ -239,6 +239,7 @@ class UnixRouter:
         self.listener.setblocking(False)
         self.conns: dict[bytes, Conn] = {}  # identity -> its connection
         self._fresh: dict[int, Conn] = {}  # fd -> accepted, no hello yet
+        self._named: dict[int, bytes] = {}  # fd -> identity of each connection in `conns`
         self.refused = 0  # connections of another user, closed unread
         # identities whose connection ended (EOF, error, cut off), not replaced by a newer one: the
         # owner takes them (`take_lost`), e.g. to re-dispatch a dead executor's work at once
@@ -264,21 +265,30 @@ class UnixRouter:
         fresh = self._fresh.get(fd)
         if fresh is not None:
             return self._hello(fd, fresh, problems), problems
-        for ident, conn in list(self.conns.items()):
-            if conn.fileno() != fd:
-                continue
-            try:
-                if writable:
-                    conn.flush()
-                return [(ident, msg) for msg in conn.read()], problems
-            except (OSError, LinkError) as exc:
-                reason = "invalid" if isinstance(exc, LinkError) else "closed"
-                problems.append((reason, f"link {ident!r} closed: {exc}"))
-                conn.close()
-                del self.conns[ident]
-                self.lost.append(ident)
-                return [], problems
-        return [], problems
+        ident = self._named.get(fd)
+        if ident is None:
+            return [], problems
+        conn = self.conns[ident]
+        try:
+            if writable:
+                conn.flush()
+            return [(ident, msg) for msg in conn.read()], problems
+        except (OSError, LinkError) as exc:
+            reason = "invalid" if isinstance(exc, LinkError) else "closed"
+            problems.append((reason, f"link {ident!r} closed: {exc}"))
+            self._drop(ident)
+            return [], problems
+
+    def owns(self, fd: int) -> bool:
+        """Whether ``fd`` is this router's (its listener or one of its connections)."""
+        return fd == self.listener.fileno() or fd in self._fresh or fd in self._named
+
+    def _drop(self, ident: bytes) -> None:
+        """The connection named ``ident`` ended (EOF, error, cut off): closed, and reported lost."""
+        conn = self.conns.pop(ident)
+        self._named.pop(conn.fileno(), None)
+        conn.close()
+        self.lost.append(ident)
 
     def _accept(self, problems: list[tuple[str, str]]) -> None:
         while True:
@@ -318,9 +328,11 @@ class UnixRouter:
         ident = hello[1]
         del self._fresh[fd]
         old = self.conns.pop(ident, None)
-        if old is not None:
-            old.close()  # the peer reconnected (restarted): the newer connection is the one
+        if old is not None:  # the peer reconnected (restarted): the newer connection is the one
+            self._named.pop(old.fileno(), None)
+            old.close()
         self.conns[ident] = conn
+        self._named[fd] = ident
         return [(ident, msg) for msg in rest]
 
     def send(self, ident: bytes, parts: Sequence[Any]) -> bool:
@@ -332,9 +344,7 @@ class UnixRouter:
             conn.send(parts)
             return True
         except OSError:
-            conn.close()
-            del self.conns[ident]
-            self.lost.append(ident)
+            self._drop(ident)
             return False
 
     def take_lost(self) -> list[bytes]:
@@ -346,6 +356,7 @@ class UnixRouter:
             conn.close()
         self.conns.clear()
         self._fresh.clear()
+        self._named.clear()
         self.listener.close()
         try:
             os.unlink(self.path)

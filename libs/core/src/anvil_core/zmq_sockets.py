@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import zmq
 
 from anvil_core.curve import CurveClient, CurveServer
+from anvil_core.unix_link import unix_endpoint
 
 __all__ = ["ipc_endpoint", "link_endpoint", "make_socket", "tcp_endpoint"]
 
@@ -109,7 +110,5 @@ def link_endpoint(ipc_dir: str, advertised: str, link: str, transport: str = "zm
     if not ipc_dir:
         return advertised
     if transport == "unix":
-        from anvil_core.unix_link import unix_endpoint
-
         return unix_endpoint(ipc_dir, link)
     return ipc_endpoint(ipc_dir, link)
