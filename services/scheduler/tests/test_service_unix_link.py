@@ -19,9 +19,10 @@ from anvil_scheduler.settings import SchedulerSettings
 
 def _turn(s: Scheduler, poller: zmq.Poller) -> None:
     """One turn of the scheduler's loop over its Unix links (run() without the ZeroMQ sockets)."""
-    s._poll_unix(poller)
+    assert s.links is not None
+    s.links.watch(poller)
     events = dict(poller.poll(20))
-    s._serve_unix(events)
+    s.links.serve(events, s._from_gateway, s._from_executor, s._link_problem)
     now = time.monotonic()
     s._chores(now)
     s._poll_core(now)
@@ -82,9 +83,8 @@ def test_an_executor_on_the_unix_link_is_lost_as_soon_as_its_link_ends(tmp_path:
         assert not s.core.pool.in_flight("ex-1")
     finally:
         dealer.close()
-        for router in (s.ugw, s.uex):
-            if router is not None:
-                router.close()
+        if s.links is not None:
+            s.links.close()
         s.gw.close()
         s.ex.close()
         s.ctx.term()

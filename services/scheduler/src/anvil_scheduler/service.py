@@ -14,7 +14,6 @@ raises while handling one message is caught, counted in ``anvil_dropped_messages
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -33,11 +32,10 @@ from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.priorities import PRIORITIES, PRIORITY_NAMES
 from anvil_core.registry import Registry
-from anvil_core.unix_link import UnixRouter, unix_endpoint, unix_path
 from anvil_core.zmq_auth import CurveGate
 from anvil_core.zmq_sockets import ipc_endpoint, make_socket, tcp_endpoint
 from anvil_scheduler import metrics as m
-from anvil_scheduler import spans
+from anvil_scheduler import snapshot, spans
 from anvil_scheduler.core import (
     AdmitOutcome,
     AimdPolicy,
@@ -55,6 +53,7 @@ from anvil_scheduler.core import (
     ShedReason,
 )
 from anvil_scheduler.settings import SchedulerSettings
+from anvil_scheduler.unix_links import UnixLinks
 
 __all__ = ["Scheduler"]
 
@@ -104,12 +103,7 @@ class Scheduler:
         self.ex = self._router(settings.executor_port, "executor")
         # One host: the same links over Unix stream sockets too (anvil_core.unix_link: no ZeroMQ I/O
         # threads); a peer uses them with ANVIL_LINK_TRANSPORT=unix, either kind is served.
-        self.ugw: UnixRouter | None = None
-        self.uex: UnixRouter | None = None
-        if settings.link_ipc_dir:
-            self.ugw = UnixRouter(unix_path(unix_endpoint(settings.link_ipc_dir, "gateway")))
-            self.uex = UnixRouter(unix_path(unix_endpoint(settings.link_ipc_dir, "executor")))
-        self._polled: dict[int, int] = {}  # fd of a Unix link -> the poll flags it is registered with
+        self.links = UnixLinks(settings.link_ipc_dir) if settings.link_ipc_dir else None
         priorities = tuple(PriorityClass(p, PRIORITY_NAMES[p], settings.slo_ms(p)) for p in PRIORITIES)
         config = SchedulerConfig(
             priorities=priorities,
@@ -130,7 +124,7 @@ class Scheduler:
             fields=self._fields,
             auth=settings.redis_auth,
         )
-        self._snapshot: dict[str, Any] = {"profiles": {}, "slo": {}}
+        self._snapshot: dict[str, Any] = snapshot.EMPTY
         self._next_snapshot = 0.0
         self._priorities = frozenset(p.priority for p in priorities)
         self.drops = DropLog(log, "scheduler")
@@ -185,14 +179,15 @@ class Scheduler:
             # Round up: zmq polls in whole ms, and int() made every wake-up under 1 ms away a spin
             # (EDF+PID wakes at the predicted end of the running batch, often < 1 ms ahead on a fast
             # model: the scheduler then burnt a core that the gateway needed, #19). Late by < 1 ms.
-            self._poll_unix(poller)
+            if self.links is not None:
+                self.links.watch(poller)
             events = dict(poller.poll(math.ceil(wait_s * 1000)))
             if self.gw in events:
                 self._drain(self.gw, self._on_gateway)
             if self.ex in events:
                 self._drain(self.ex, self._on_executor)
-            if len(events) > (self.gw in events) + (self.ex in events):
-                self._serve_unix(events)
+            if self.links is not None and len(events) > (self.gw in events) + (self.ex in events):
+                self.links.serve(events, self._from_gateway, self._from_executor, self._link_problem)
             now = time.monotonic()
             if now >= next_chores:
                 self._chores(now)
@@ -202,9 +197,8 @@ class Scheduler:
         self.bg.stop()
         self.gw.close()
         self.ex.close()
-        for router in (self.ugw, self.uex):
-            if router is not None:
-                router.close()
+        if self.links is not None:
+            self.links.close()
         if self.gate is not None:
             self.gate.stop()  # before term: its ZAP socket would hold term() forever
         self.ctx.term()
@@ -221,38 +215,17 @@ class Scheduler:
                 return
             self.handle(handle, parts)
 
-    def _poll_unix(self, poller: zmq.Poller) -> None:
-        """Keep the poller's Unix-link fds in step with the routers' connections (new, gone, and
-        whether each has bytes waiting to be written)."""
-        want: dict[int, int] = {}
-        for router in (self.ugw, self.uex):
-            if router is not None:
-                for fd, wants_write in router.fds():
-                    want[fd] = zmq.POLLIN | (zmq.POLLOUT if wants_write else 0)
-        if want == self._polled:
-            return
-        for fd in self._polled.keys() - want.keys():
-            poller.unregister(fd)
-        for fd, flags in want.items():
-            if self._polled.get(fd) != flags:
-                poller.register(fd, flags)  # registers, or modifies a registered fd
-        self._polled = want
+    def _from_gateway(self, parts: list[Any]) -> None:
+        self.handle(self._on_gateway, parts)
 
-    def _serve_unix(self, events: dict[Any, int]) -> None:
-        for fd, flags in events.items():
-            if not isinstance(fd, int):
-                continue
-            for router, handler in ((self.ugw, self._on_gateway), (self.uex, self._on_executor)):
-                if router is None:
-                    continue
-                msgs, problems = router.on_ready(fd, bool(flags & zmq.POLLOUT))
-                for reason, detail in problems:
-                    if reason == "closed":
-                        log.info("unix link closed", extra={"detail": detail})
-                    else:
-                        self.drops.drop(reason, detail)
-                for ident, frames in msgs:
-                    self.handle(handler, [ident, *frames])
+    def _from_executor(self, parts: list[Any]) -> None:
+        self.handle(self._on_executor, parts)
+
+    def _link_problem(self, reason: str, detail: str) -> None:
+        if reason == "closed":  # a peer went away: not a refused message
+            log.info("unix link closed", extra={"detail": detail})
+        else:
+            self.drops.drop(reason, detail)
 
     def handle(self, handler: Any, parts: list[Any]) -> None:
         """One received message ([identity, *frames]: the identity a zmq.Frame from a ROUTER, bytes
@@ -327,7 +300,7 @@ class Scheduler:
         self._send_to(gateway, [env])
 
     def _send_to(self, gateway: bytes, parts: list[Any]) -> None:
-        if self.ugw is not None and self.ugw.send(gateway, parts):
+        if self.links is not None and self.links.gateway.send(gateway, parts):
             return
         try:
             self.gw.send_multipart([gateway, *parts], flags=zmq.NOBLOCK, copy=False)
@@ -400,7 +373,7 @@ class Scheduler:
                 self.bg.submit(self._load_profile(name, spec.device))
 
     def _send_executor(self, ident: bytes, parts: list[Any]) -> bool:
-        if self.uex is not None and self.uex.send(ident, parts):
+        if self.links is not None and self.links.executor.send(ident, parts):
             return True
         try:
             self.ex.send_multipart([ident, *parts], flags=zmq.NOBLOCK, copy=False)
@@ -502,11 +475,11 @@ class Scheduler:
         """An executor whose Unix link ended is lost now, not after `executor_timeout_ms` without a
         heartbeat (ZeroMQ cannot tell; a socket can): its batches in flight are re-dispatched at
         once. A restarted executor's new connection replaces the old one without ending it here."""
-        if self.uex is None:
+        if self.links is None:
             return
-        for ident in self.uex.take_lost():
+        for ident in self.links.executor.take_lost():
             eid = ident.decode(errors="replace")
-            if self.executors.get(eid) == ident and ident not in self.uex.conns:
+            if self.executors.get(eid) == ident and ident not in self.links.executor.conns:
                 self._lose(eid, "its link closed", now)
 
     def _lose(self, eid: str, why: str, now: float) -> None:
@@ -529,10 +502,9 @@ class Scheduler:
             if now - seen > timeout_s:
                 self._lose(eid, f"no heartbeat for {self.s.executor_timeout_ms} ms", now)
         self._export_accounting(now)
-        for link, router in (("gateway", self.ugw), ("executor", self.uex)):
-            if router is not None:
-                m.unix_peers.labels(link=link).set(len(router.conns))
-        self._lose_unlinked(now)
+        if self.links is not None:
+            self.links.export()
+            self._lose_unlinked(now)
         policy = self.core.policy
         for model in self.core.models():
             m.target_batch.labels(model=model).set(self.core.target_batch(model))
@@ -541,7 +513,7 @@ class Scheduler:
                 m.batch_ceiling.labels(model=model).set(policy.ceiling(model))
         if now >= self._next_snapshot:  # what _publish sends; sorting the p99 window is not free
             self._next_snapshot = now + self.s.publish_interval_ms / 1000
-            self._take_snapshot(now)
+            self._snapshot = snapshot.take(self.core, now)
 
     def _export_accounting(self, now: float) -> None:
         """Queue, in-flight and open-request state as gauges: all zero when the stack is idle."""
@@ -556,41 +528,8 @@ class Scheduler:
         m.work_ahead_us.set(acc.work_ahead_s * 1e6)
         m.awaiting_result_batches.set(len(self.sent_at))
 
-    def _take_snapshot(self, now: float) -> None:
-        slo = {p: a for p, a in self.core.slo.attainment_all(now).items() if a is not None}
-        for p, a in slo.items():
-            m.slo_attainment.labels(priority=str(p)).set(a)
-        self._snapshot = {
-            "slo": {
-                str(p): json.dumps(
-                    {
-                        "attainment": a,
-                        "requests": self.core.slo.count(p, now),
-                        "p99_ms": None if (p99 := self.core.slo.p99_s(p, now)) is None else p99 * 1000,
-                        "slo_ms": self.core.config.priority(p).slo_ms,
-                        "window_s": self.core.config.slo_window_s,
-                        "ts": time.time(),
-                    }
-                )
-                for p, a in slo.items()
-            },
-            "profiles": {
-                keys.profile_key(model, spec.device): self.core.profiles.get(model, spec.device).export_us()
-                for spec in self.core.pool.specs()
-                for model in spec.models
-            },
-        }
-
     async def _publish(self) -> None:
-        snap = self._snapshot
-        redis = self.registry.redis
-        async with redis.pipeline(transaction=False) as pipe:
-            if snap["slo"]:
-                pipe.hset(keys.slo_key(), mapping=snap["slo"])
-            for key, table in snap["profiles"].items():
-                if table:
-                    pipe.hset(key, mapping={str(k): str(v) for k, v in table.items()})
-            await pipe.execute()
+        await snapshot.publish(self.registry.redis, self._snapshot)
 
     async def _read_unloaded(self) -> None:
         """Background loop: the models marked unloaded in the registry (anvil_core.deployments)."""

@@ -1,0 +1,69 @@
+"""The scheduler's same-host Unix stream links (anvil_core.unix_link; docs/scheduler.md): one router
+for gateways and one for executors, in the run's link directory, served from the scheduler's own
+ZeroMQ poll loop beside its ROUTER sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from anvil_core.unix_link import UnixRouter, unix_endpoint, unix_path
+from anvil_scheduler import metrics as m
+
+__all__ = ["UnixLinks"]
+
+# (handler of one received message [identity, *frames], what to do with a (reason, detail) problem)
+Handle = Callable[[list[Any]], None]
+Problem = Callable[[str, str], None]
+
+
+class UnixLinks:
+    """Both Unix routers, and which of their fds the loop's poller watches with which flags."""
+
+    def __init__(self, ipc_dir: str) -> None:
+        self.gateway = UnixRouter(unix_path(unix_endpoint(ipc_dir, "gateway")))
+        self.executor = UnixRouter(unix_path(unix_endpoint(ipc_dir, "executor")))
+        self._polled: dict[int, int] = {}  # fd -> the poll flags it is registered with
+
+    def watch(self, poller: zmq.Poller) -> None:
+        """Keep the poller's fds in step with the routers' connections (new, gone, and whether each
+        has bytes waiting to be written)."""
+        want: dict[int, int] = {}
+        for router in (self.gateway, self.executor):
+            for fd, wants_write in router.fds():
+                want[fd] = zmq.POLLIN | (zmq.POLLOUT if wants_write else 0)
+        if want == self._polled:
+            return
+        for fd in self._polled.keys() - want.keys():
+            poller.unregister(fd)
+        for fd, flags in want.items():
+            if self._polled.get(fd) != flags:
+                poller.register(fd, flags)  # registers, or modifies a registered fd
+        self._polled = want
+
+    def serve(
+        self, events: dict[Any, int], on_gateway: Handle, on_executor: Handle, problem: Problem
+    ) -> None:
+        """Every ready fd of the poll's ``events`` (the ints: ZeroMQ sockets are the caller's),
+        handed to its router; each message read goes to its link's handler."""
+        for fd, flags in events.items():
+            if not isinstance(fd, int):
+                continue
+            router, handle = (
+                (self.gateway, on_gateway) if self.gateway.owns(fd) else (self.executor, on_executor)
+            )
+            msgs, problems = router.on_ready(fd, bool(flags & zmq.POLLOUT))
+            for reason, detail in problems:
+                problem(reason, detail)
+            for ident, frames in msgs:
+                handle([ident, *frames])
+
+    def export(self) -> None:
+        m.unix_peers.labels(link="gateway").set(len(self.gateway.conns))
+        m.unix_peers.labels(link="executor").set(len(self.executor.conns))
+
+    def close(self) -> None:
+        self.gateway.close()
+        self.executor.close()
