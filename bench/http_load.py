@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from anvil_client.bench.engine import HOPS, parse_hops
+
 HOPS_HEADER = "x-anvil-hops-us"
 
 
@@ -102,13 +104,13 @@ def _connect(host: str, port: int) -> http.client.HTTPConnection:
 
 
 def _hops(value: str | None) -> tuple[int, ...] | None:
+    """The header's four hops (µs) in HOPS order, read as `anvil bench` reads them; None unless all
+    four are there."""
     if not value:
         return None
-    got = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
-    try:
-        return tuple(int(got[k]) for k in ("in", "queue", "compute", "transit"))
-    except (KeyError, ValueError):
-        return None
+    out = np.full(len(HOPS), np.nan)
+    parse_hops(value, out)
+    return tuple(int(v) for v in out) if np.isfinite(out).all() else None
 
 
 def _client(load: Load, first: int, stride: int, stop: float, part: Part, lock: threading.Lock) -> None:
