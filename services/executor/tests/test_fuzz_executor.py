@@ -18,26 +18,16 @@ import zmq
 from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_executor.service import Executor
-from anvil_executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from wire_helpers import batch_frames, free_port, result_of
+from wire_helpers import batch_frames, executor_settings, result_of
 
 CHUNK = 100
 
 
 def test_fuzzed_batches_never_stop_the_executor(fuzz: Any, redis_url: str, tmp_path: Path) -> None:
     n = fuzz.cases(600)
-    settings = ExecutorSettings(
-        models="identity",
-        redis_url=redis_url,
-        metrics_port=free_port(),
-        service_id="ex-fuzz",
-        artifact_dir=str(tmp_path),
-        shm_inputs=False,
-        max_batch=8,
-        zmq_curve=False,  # a plain stand-in scheduler: the fuzz is about messages, not admission
-    )
+    settings = executor_settings(redis_url, tmp_path, "ex-fuzz")  # plain ZeroMQ: the fuzz is about messages
     ex = Executor(settings)
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)

@@ -21,10 +21,9 @@ from anvil_core import codec
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_executor.models import Model, RequestInputs, RequestOutputs
 from anvil_executor.service import Executor
-from anvil_executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from wire_helpers import batch_frames, free_port, result_of
+from wire_helpers import batch_frames, executor_settings, result_of
 
 
 class Recorder(Model):
@@ -67,17 +66,7 @@ class Running:
 
 @contextmanager
 def _running(redis_url: str, tmp_path: Path, models: dict[str, Model], **extra: Any) -> Iterator[Running]:
-    settings = ExecutorSettings(
-        models="identity",
-        redis_url=redis_url,
-        metrics_port=free_port(),
-        service_id="ex-inline",
-        artifact_dir=str(tmp_path),
-        shm_inputs=False,
-        max_batch=8,
-        zmq_curve=False,  # a plain stand-in scheduler
-        **extra,
-    )
+    settings = executor_settings(redis_url, tmp_path, "ex-inline", **extra)
     ex = Executor(settings)
     ex.models.update(models)
     ctx = zmq.Context()

@@ -21,10 +21,9 @@ from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_executor.batch_runner import finish_batch, prepare_batch, run_batch
 from anvil_executor.models import Model, RequestInputs, RequestOutputs, load_builtin
 from anvil_executor.service import Executor
-from anvil_executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from wire_helpers import batch_frames, free_port
+from wire_helpers import batch_frames, executor_settings
 
 
 class Prepper(Model):
@@ -80,16 +79,7 @@ def test_prepared_on_one_thread_finished_on_another_equals_run_batch() -> None:
 
 
 def test_next_batch_is_prepared_while_the_previous_computes(redis_url: str, tmp_path: Path) -> None:
-    settings = ExecutorSettings(
-        models="identity",
-        redis_url=redis_url,
-        metrics_port=free_port(),
-        service_id="ex-prep",
-        artifact_dir=str(tmp_path),
-        shm_inputs=False,
-        max_batch=8,
-        zmq_curve=False,  # a plain stand-in scheduler
-    )
+    settings = executor_settings(redis_url, tmp_path, "ex-prep")
     ex = Executor(settings)
     prepper = Prepper()
     ex.models["prepper"] = prepper

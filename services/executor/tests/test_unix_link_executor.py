@@ -17,10 +17,9 @@ from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.unix_link import UnixRouter, unix_endpoint, unix_path
 from anvil_executor.service import Executor
-from anvil_executor.settings import ExecutorSettings
 
 sys.path.insert(0, str(Path(__file__).parent))
-from wire_helpers import batch_frames, free_port
+from wire_helpers import batch_frames, executor_settings
 
 
 def _next(router: UnixRouter, want: type, timeout_s: float = 20) -> tuple[bytes, Any, list[Any]]:
@@ -45,16 +44,8 @@ def test_an_executor_serves_over_the_unix_link_and_registers_again_after_the_sch
     links = tmp_path / "links"
     links.mkdir(mode=0o700)
     endpoint = unix_endpoint(str(links), "executor")
-    settings = ExecutorSettings(
-        models="identity",
-        redis_url=redis_url,
-        metrics_port=free_port(),
-        service_id="ex-unix",
-        artifact_dir=str(tmp_path),
-        shm_inputs=False,
-        max_batch=8,
-        link_ipc_dir=str(links),
-        link_transport="unix",
+    settings = executor_settings(
+        redis_url, tmp_path, "ex-unix", link_ipc_dir=str(links), link_transport="unix"
     )
     router = UnixRouter(unix_path(endpoint))
     ex = Executor(settings)

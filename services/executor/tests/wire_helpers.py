@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,23 @@ import zmq
 from anvil_core import codec
 from anvil_core.codec import pb
 from anvil_core.tensors import HostTensor
+from anvil_executor.settings import ExecutorSettings
+
+
+def executor_settings(redis_url: str, tmp_path: Path, service_id: str, **extra: Any) -> ExecutorSettings:
+    """An executor's settings for a test that plays its scheduler: the identity model, a free metrics
+    port, no shared-memory inputs, and plain ZeroMQ (the stand-in scheduler does no CURVE)."""
+    fields: dict[str, Any] = {
+        "models": "identity",
+        "redis_url": redis_url,
+        "metrics_port": free_port(),
+        "service_id": service_id,
+        "artifact_dir": str(tmp_path),
+        "shm_inputs": False,
+        "max_batch": 8,
+        "zmq_curve": False,
+    }
+    return ExecutorSettings(**{**fields, **extra})
 
 
 def free_port() -> int:
