@@ -25,11 +25,12 @@ for _ in $(seq 1 180); do curl -sf localhost:8000/v2/health/ready >/dev/null && 
 curl -s localhost:8000/v2/health/ready; echo
 if [ "${PA:-0}" = 1 ] && [ -f /tmp/site/perf_analyzer/bin/perf_analyzer ]; then
   # perf_analyzer (pip perf-analyzer, carried in .pa/: glibc 2.38, not runnable on the build machine)
-  # over HTTP and gRPC, identity and mlp, c1 and c16; server-side stats in its output
+  # over HTTP and gRPC, identity and mlp (PA_PROTOS, PA_MODELS choose), c1 and c16; server-side
+  # stats in its output
   PAB=/tmp/site/perf_analyzer/bin/perf_analyzer; chmod +x "$PAB"
-  for proto in http grpc; do
+  for proto in ${PA_PROTOS:-http grpc}; do
     url=localhost:8000; [ $proto = grpc ] && url=localhost:8001
-    for model in identity mlp; do
+    for model in ${PA_MODELS:-identity mlp}; do
       shape=INPUT0:256; [ $model = mlp ] && shape=INPUT0:16
       timeout 100 "$PAB" -m $model --service-kind=triton -i $proto -u $url --shape $shape \
         --concurrency-range 1:16:15 --measurement-interval 3000 2>&1 | tee "$OUT/pa_${proto}_${model}.txt" \
