@@ -1,6 +1,7 @@
 """Executor scaling on the GPU host (issue #21): one command, several stack configurations, one table.
 
-For each configuration (`gpus=0,epg=1` = ANVIL_GPUS=0 and ANVIL_EXECUTORS_PER_GPU=1; `gpus=0+1` =
+For each configuration (`gpus=0,epg=1` = ANVIL_GPUS=0 and ANVIL_EXECUTORS_PER_GPU=1, `,lanes=4` adds
+ANVIL_LANES=4: four CUDA streams in each executor; `gpus=0+1` =
 ANVIL_GPUS=0,1) it starts the stack (`anvil up --no-restart`, `gpu` profile, a fresh run root on
 private ports), deploys all-MiniLM-L6-v2 from --model-dir the way bench/minilm_gpu.py does (its
 functions), waits until every executor serves it (each executor's registry record lists it), runs
@@ -70,8 +71,8 @@ REPORTED_SETTINGS = (  # the stack's settings from the environment that move the
 
 def parse_configs(text: str) -> list[ScaleConfig]:
     """`gpus=0,epg=1;gpus=0+1,epg=1` -> configurations, in order. `gpus`: `+`-separated distinct
-    visible-GPU indices (required); `epg`: executors per GPU, 1..8 (default 1). Raises ValueError
-    naming the bad item."""
+    visible-GPU indices (required); `epg`: executors per GPU, 1..8 (default 1); `lanes`: compute
+    lanes (CUDA streams) per executor, 1..16 (default 1). Raises ValueError naming the bad item."""
     out: list[ScaleConfig] = []
     for item in (part.strip() for part in text.split(";")):
         if not item:
@@ -79,8 +80,9 @@ def parse_configs(text: str) -> list[ScaleConfig]:
         fields: dict[str, str] = {}
         for kv in item.split(","):
             key, eq, value = (s.strip() for s in kv.partition("="))
-            if not eq or key not in ("gpus", "epg") or key in fields:
-                raise ValueError(f"config {item!r}: expected gpus=I[+J...][,epg=N], got {kv.strip()!r}")
+            if not eq or key not in ("gpus", "epg", "lanes") or key in fields:
+                want = "gpus=I[+J...][,epg=N][,lanes=L]"
+                raise ValueError(f"config {item!r}: expected {want}, got {kv.strip()!r}")
             fields[key] = value
         if "gpus" not in fields:
             raise ValueError(f"config {item!r}: gpus=... is required (e.g. gpus=0 or gpus=0+1)")
@@ -93,7 +95,10 @@ def parse_configs(text: str) -> list[ScaleConfig]:
             gpus.append(int(g))
         # a configuration names its count (1 when left out), not the launcher's host-dependent `auto`
         epg = executors_per_gpu(fields.get("epg") or "1")  # GpuSelectionError (a ValueError) outside 1..8
-        cfg = ScaleConfig(tuple(sorted(gpus)), epg)
+        lanes_text = fields.get("lanes") or "1"
+        if not (lanes_text.isascii() and lanes_text.isdigit() and 1 <= int(lanes_text) <= 16):
+            raise ValueError(f"config {item!r}: lanes={lanes_text!r} is not a whole number in 1..16")
+        cfg = ScaleConfig(tuple(sorted(gpus)), epg, int(lanes_text))
         if cfg in out:
             raise ValueError(f"config {item!r}: {cfg.label} is listed twice")
         out.append(cfg)

@@ -29,14 +29,17 @@ STOP_GRACE_S = 60.0  # the launcher stops every child (SIGTERM, then SIGKILL aft
 @dataclass(frozen=True)
 class ScaleConfig:
     """One row group of the bench: executors on `gpus` (indices into the visible GPUs), `per_gpu`
-    executor processes on each (ANVIL_EXECUTORS_PER_GPU)."""
+    executor processes on each (ANVIL_EXECUTORS_PER_GPU), `lanes` compute lanes in each executor
+    (ANVIL_LANES: CUDA streams in one process)."""
 
     gpus: tuple[int, ...]
     per_gpu: int = 1
+    lanes: int = 1
 
     @property
     def label(self) -> str:
-        return f"gpus={'+'.join(map(str, self.gpus))},epg={self.per_gpu}"
+        lanes = f",lanes={self.lanes}" if self.lanes != 1 else ""
+        return f"gpus={'+'.join(map(str, self.gpus))},epg={self.per_gpu}{lanes}"
 
     @property
     def executors(self) -> int:
@@ -83,6 +86,7 @@ class ScaleStack:
         if profile == "gpu":
             self.env["ANVIL_GPUS"] = ",".join(map(str, cfg.gpus))
             self.env["ANVIL_EXECUTORS_PER_GPU"] = str(cfg.per_gpu)
+            self.env["ANVIL_LANES"] = str(cfg.lanes)
         else:  # CPU executors stand in for the GPUs' executors
             self.env.pop("ANVIL_GPUS", None)
             self.env.setdefault("ANVIL_MODELS", "identity,mlp")  # not the built-in MiniLM as well

@@ -25,6 +25,9 @@ def test_configs_in_order_with_defaults() -> None:
     assert got == [ScaleConfig((0,), 1), ScaleConfig((0,), 4), ScaleConfig((0, 1), 1)]
     assert [c.label for c in got] == ["gpus=0,epg=1", "gpus=0,epg=4", "gpus=0+1,epg=1"]
     assert [c.executors for c in got] == [1, 4, 2]
+    laned = parse_configs("gpus=0,epg=1,lanes=4;gpus=0,epg=1")
+    assert laned == [ScaleConfig((0,), 1, 4), ScaleConfig((0,), 1, 1)]
+    assert [c.label for c in laned] == ["gpus=0,epg=1,lanes=4", "gpus=0,epg=1"]
 
 
 @pytest.mark.parametrize(
@@ -38,6 +41,9 @@ def test_configs_in_order_with_defaults() -> None:
         ("gpus=a", "'a' is not an index"),
         ("gpus=-1", "is not an index"),
         ("gpus=0+0", "GPU 0 is listed twice"),
+        ("gpus=0,lanes=0", "lanes='0' is not a whole number in 1..16"),
+        ("gpus=0,lanes=17", "1..16"),
+        ("gpus=0,lanes=x", "1..16"),
         ("gpus=0,gpus=1", "expected gpus="),
         ("gpus=0,mig=1", "expected gpus="),
         ("gpus0", "expected gpus="),

@@ -155,3 +155,45 @@ def test_a_text_encoder_on_the_gpu_copies_out_only_its_vectors(tmp_path: Path) -
     reqs = [{"TEXT": np.array([t.encode() for t in texts], dtype=object)}]
     got, ref = gpu_model.run(reqs)[0]["EMBEDDING"], cpu_model.run(reqs)[0]["EMBEDDING"]
     np.testing.assert_allclose(got, ref, rtol=2e-3, atol=2e-3)
+
+
+def test_two_lanes_run_at_once_from_two_threads_and_match_the_cpu_twin(tmp_path: Path) -> None:
+    """ANVIL_LANES on a GPU (plan_runtime/lanes.py): two instances, two streams, two threads hammering
+    them at once; every answer equals the CPU twin's and nothing is allocated in steady state."""
+    import threading
+
+    from anvil_executor.plan_runtime.lanes import LanedPlan, set_lane
+
+    art = _artifact(tmp_path, "bert", False)
+    laned = LanedPlan([_gpu(art, nan_fill=True), _gpu(art, nan_fill=True)])
+    assert laned.graph_count == 2 * len(laned.lanes[0].buckets.all())  # type: ignore[attr-defined]
+    assert laned.lanes[0].stream.ptr != laned.lanes[1].stream.ptr  # type: ignore[attr-defined]
+    cpu = PlanModel.load(art)
+    rng = np.random.default_rng(5)
+    sets = [_requests("bert", rng) for _ in range(4)]
+    want = [cpu.run(reqs) for reqs in sets]
+    for lane in (0, 1):  # every bucket of every lane once before the count starts
+        from anvil_executor.plan_runtime.lanes import use_lane
+
+        with use_lane(lane):
+            for reqs in sets:
+                laned.run(reqs)
+    counter.mark_steady()
+    failures: list[BaseException] = []
+
+    def hammer(lane: int) -> None:
+        set_lane(lane)
+        try:
+            for i in range(200):
+                k = (i + lane) % len(sets)
+                _close(laned.run(sets[k]), want[k])
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(lane,)) for lane in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not failures, failures[0]
+    assert counter.steady_allocations == 0 and counter.steady_module_loads == 0

@@ -110,7 +110,7 @@ def test_a_lone_batch_of_a_fast_model_runs_on_the_io_loop_and_only_when_idle(
         ex, router = r.ex, r.router
         r.send("1", ["a"], "fast")
         _ok(*result_of(router, "1"), 0.0)
-        assert fast.ran_on == ["compute"]  # never measured: the compute thread measures it
+        assert fast.ran_on == ["compute-0"]  # never measured: the compute thread measures it
 
         slow.release.clear()  # batch 2 holds the compute thread: batch 3 finds work in flight
         r.send("2", ["a"], "slow")
@@ -124,7 +124,7 @@ def test_a_lone_batch_of_a_fast_model_runs_on_the_io_loop_and_only_when_idle(
         _ok(*result_of(router, "2"), 0.0)
         result, _ = result_of(router, "3")
         assert result.error is None and list(result.frameCounts) == [2, 2]
-        assert fast.ran_on == ["compute", "compute"] and ex.inline_batches == 0
+        assert fast.ran_on == ["compute-0", "compute-0"] and ex.inline_batches == 0
 
         r.send("4", ["a"], "fast")  # idle now, and fast
         _ok(*result_of(router, "4"), 0.0)
@@ -143,7 +143,7 @@ def test_inline_off_or_a_slow_model_stays_on_the_compute_thread(
                 r.ex._compute_s["fast"] = 0.5
             r.send(bid, ["a"], "fast")
             _ok(*result_of(r.router, bid), 0.0)
-        assert fast.ran_on == ["compute"] * 3 and r.ex.inline_batches == 0
+        assert fast.ran_on == ["compute-0"] * 3 and r.ex.inline_batches == 0
 
 
 class Preparer(Recorder):
@@ -167,7 +167,7 @@ def test_a_lone_batch_of_a_model_that_prepares_runs_prepare_and_run_on_the_io_lo
     with _running(redis_url, tmp_path, {"prep": model}) as r:
         r.send("1", ["a"], "prep")
         _ok(*result_of(r.router, "1"), 0.0)
-        assert model.ran_on == ["compute"]  # never measured yet
+        assert model.ran_on == ["compute-0"]  # never measured yet
         r.send("2", ["a"], "prep")
         _ok(*result_of(r.router, "2"), 0.0)
         # idle and measured fast: run (which prepares itself when nothing was prepared) on the loop
@@ -205,7 +205,7 @@ def test_a_device_fault_answers_the_batch_with_an_error_then_the_executor_exits(
         r.send("bad", ["a", "b"], "gpu")
         result, _ = result_of(r.router, "bad")
         assert result.error is not None and "illegal memory access" in (result.error.reason or "")
-        assert model.ran_on[-1] == ("io-loop" if fail_at == 2 else "compute")
+        assert model.ran_on[-1] == ("io-loop" if fail_at == 2 else "compute-0")
         r.loop.join(30)  # the stop event is never set: only the fault ends the loop
         assert not r.loop.is_alive(), "the executor kept serving on a faulted device"
         assert len(r.exited) == 1 and isinstance(r.exited[0], SystemExit) and r.exited[0].code == 3

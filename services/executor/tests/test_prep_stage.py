@@ -109,8 +109,8 @@ def test_next_batch_is_prepared_while_the_previous_computes(redis_url: str, tmp_
             assert np.array_equal(_outputs(result, frames)[0], np.full((1, 4), want, np.float32))
         assert prepper.overlapped == [True]  # batch 2 was prepared while batch 1 computed
         # batch 1 found the executor idle: prepared inline on the compute thread (no hop to overlap)
-        assert sorted(prepper.prepared_on) == ["compute", "prep"]
-        assert prepper.computed_on == ["compute", "compute"]
+        assert sorted(prepper.prepared_on) == ["compute-0", "prep-0"]
+        assert prepper.computed_on == ["compute-0", "compute-0"]
         assert ex.inflight == 0
     finally:
         stop.set()

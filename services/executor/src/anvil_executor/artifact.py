@@ -53,7 +53,13 @@ def packed_encoder(runner: PackedRunner, output: str = EMBEDDING_OUTPUT) -> Pack
     return encode
 
 
-def _load_plan(path: Path, device: DeviceSpec, name: str, gpu: dict[str, Any]) -> PlanIO:
+def _load_plan(path: Path, device: DeviceSpec, name: str, gpu: dict[str, Any], lanes: int = 1) -> PlanIO:
+    """The artifact's plan on the device; with ``lanes`` > 1, that many independent instances of it
+    as one ``LanedPlan`` (each compute thread runs its own: plan_runtime/lanes.py)."""
+    if lanes > 1:
+        from anvil_executor.plan_runtime.lanes import LanedPlan
+
+        return LanedPlan([_load_plan(path, device, name, gpu) for _ in range(lanes)])
     if device.is_cuda:
         from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
 
@@ -85,11 +91,12 @@ def is_text_encoder(plan: PlanIO, path: Path) -> bool:
 
 
 def load_artifact(
-    path: Path, device: DeviceSpec, name: str, gpu: dict[str, Any] | None = None
+    path: Path, device: DeviceSpec, name: str, gpu: dict[str, Any] | None = None, lanes: int = 1
 ) -> tuple[Model, PlanIO]:
     """The served model and the plan under it (the same object unless the artifact embeds text).
-    ``gpu``: options of ``GpuPlanModel`` (gemm, tf32) on a CUDA device."""
-    plan = _load_plan(path, device, name, gpu or {})
+    ``gpu``: options of ``GpuPlanModel`` (gemm, tf32) on a CUDA device; ``lanes``: plan instances,
+    one per compute thread (ANVIL_LANES)."""
+    plan = _load_plan(path, device, name, gpu or {}, lanes)
     if not is_text_encoder(plan, path):
         return plan, plan
     dim = next(int(d[-1]) for n, _, _, d in plan.outputs if n == EMBEDDING_OUTPUT)

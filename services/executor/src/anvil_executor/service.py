@@ -1,5 +1,7 @@
-"""The executor process: a ZeroMQ poll loop that owns the DEALER to the scheduler, and one compute
-thread that runs batches (STYLE rule 5: sockets belong to the I/O loop, compute reads a queue).
+"""The executor process: a ZeroMQ poll loop that owns the DEALER to the scheduler, and compute
+threads that run batches (STYLE rule 5: sockets belong to the I/O loop, compute reads a queue): one,
+or one per lane with ``ANVIL_LANES=N`` (each runs its own instance of every compiled plan; on a GPU,
+its own CUDA stream: plan_runtime/lanes.py).
 
 A batch of a model that `prepares` (a text model: tokenization) goes first to the prep thread,
 which decodes it and runs the model's host-side `prepare` while the compute thread runs the batch
@@ -12,7 +14,7 @@ The lone-batch fast path (issue #19, `_inline`): a batch that finds the executor
 that does not prepare and whose last batch ran within `inline_max_us`, runs on the I/O loop itself
 (CPU device only): no compute-thread wake-up, no hand-off back.
 
-The compute thread hands results back over an inproc PAIR socket, so the I/O loop wakes on them
+The compute threads hand results back over an inproc PUSH/PULL pair, so the I/O loop wakes on them
 like on any other message. Redis chores (registry beat, model specs, finding the scheduler) run on
 a background loop and post endpoint changes to the I/O loop.
 """
@@ -46,6 +48,7 @@ from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.loader import ModelLoader
 from anvil_executor.models import Model, load_builtin, minilm
 from anvil_executor.models.builtin import BusyModel
+from anvil_executor.plan_runtime.lanes import set_lane, use_lane
 from anvil_executor.settings import ExecutorSettings
 from anvil_executor.warmup import warm_up
 from anvil_executor.work_queue import LAST_RANK, BatchQueue
@@ -94,9 +97,10 @@ class Executor:
         # one host with ANVIL_LINK_TRANSPORT=unix: the link is a Unix stream socket (unix_link)
         unix = bool(settings.link_ipc_dir) and settings.link_transport == "unix"
         self.link: UnixDealer | None = UnixDealer(settings.service_id) if unix else None
-        self.done_rx = make_socket(self.ctx, zmq.PAIR, bind=f"inproc://done-{id(self)}")
-        self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute thread's
-        self.prep = BatchQueue()  # batches of models that `prepare`: the prep thread's
+        # the compute threads' results (each pushes from its own socket)
+        self.done_rx = make_socket(self.ctx, zmq.PULL, bind=f"inproc://done-{id(self)}")
+        self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute threads'
+        self.prep = BatchQueue()  # batches of models that `prepare`: the prep threads'
         self.endpoint: str | None = None
         self.inflight = 0  # batches received and not yet answered (an inline batch never counts)
         self.inline_batches = 0  # batches run on the I/O loop (`_inline`)
@@ -127,7 +131,7 @@ class Executor:
             try:
                 art = Path(self.s.builtin_artifact_dir or self.s.artifact_dir)
                 gpu = self._gpu_options()
-                models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
+                models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu, self.s.lanes)
             except minilm.MiniLMUnavailable as exc:  # said once; the executor serves the others
                 log.warning("built-in model not served", extra={"model": name, "reason": str(exc)})
                 return {}
@@ -149,14 +153,17 @@ class Executor:
                 inner = twin.inner if isinstance(twin, minilm.AliasModel) else twin
                 return inner if name == minilm.SERVED_ID else minilm.AliasModel(inner, name)
             art, gpu = Path(self.s.builtin_artifact_dir or self.s.artifact_dir), self._gpu_options()
-            models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu)
+            models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu, self.s.lanes)
             self._warm(models[minilm.SERVED_ID])
             return models[name]
         (model,) = self._load(name).values()
         return model
 
     def _warm(self, model: Model) -> Model:
-        warm_up(model, self.s.max_batch)
+        """Every lane warmed up: each runs its own plan instance (a stateless model: the same runs)."""
+        for lane in range(self.s.lanes):
+            with use_lane(lane):
+                warm_up(model, self.s.max_batch)
         return model
 
     def _fields(self) -> dict[str, Any]:
@@ -191,7 +198,8 @@ class Executor:
         if not _ARTIFACT_ID.fullmatch(artifact):  # a name from Redis, joined to a path: ids only
             raise ValueError(f"artifact id {artifact[:80]!r} is not a content hash (hex)")
         gpu = self._gpu_options()
-        model, plan = load_artifact(Path(self.s.artifact_dir) / artifact, self.device, name, gpu)
+        path = Path(self.s.artifact_dir) / artifact
+        model, plan = load_artifact(path, self.device, name, gpu, self.s.lanes)
         self._warm(model)  # before the steady-state mark: its first runs may touch memory
         if self.device.is_cuda:
             self._gpu_loaded(name, plan)
@@ -214,7 +222,7 @@ class Executor:
         m.graphs.labels(model=name).set(plan.graph_count)
         for bank, size in plan.arena.usage().items():
             m.device_bytes.labels(model=name, bank=bank).set(size)
-        plan.padded_cells = plan.used_cells = 0  # padding is reported for served batches, not warm-up
+        plan.reset_padding()  # padding is reported for served batches, not warm-up
         counter.mark_steady()  # loads are done: what follows must allocate nothing
 
     def _device_metrics(self) -> None:
@@ -232,10 +240,13 @@ class Executor:
         serve_metrics(self.s.metrics_port, "executor", self.s.service_id)
         self._set_compute_threads()  # this loop runs lone batches inline (`_inline`)
         self.shm = self._shm_resolver()
-        compute = threading.Thread(target=self._compute_loop, name="compute", daemon=True)
-        compute.start()
-        prep = threading.Thread(target=self._prep_loop, name="prep", daemon=True)
-        prep.start()
+        # one compute thread per lane (each runs its lane of every laned plan), as many prep threads
+        lanes = range(self.s.lanes)
+        computes = [threading.Thread(target=self._compute_loop, args=(i,), name=f"compute-{i}", daemon=True)
+                    for i in lanes]  # fmt: skip
+        preps = [threading.Thread(target=self._prep_loop, name=f"prep-{i}", daemon=True) for i in lanes]
+        for t in (*computes, *preps):
+            t.start()
         self.bg.submit(self.registry.start()).result(10)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
@@ -267,10 +278,14 @@ class Executor:
                 self._heartbeat()
                 self._device_metrics()
                 next_beat = now + self.s.heartbeat_interval_s
-        self.prep.put(None)  # ranks last: what is queued there is prepared and queued for compute first
-        prep.join(5)
-        self.work.put(None)
-        compute.join(5)
+        for _ in preps:  # ranks last: what is queued there is prepared and queued for compute first
+            self.prep.put(None)
+        for t in preps:
+            t.join(5)
+        for _ in computes:
+            self.work.put(None)
+        for t in computes:
+            t.join(5)
         self.bg.submit(self._withdraw()).result(5)
         self.bg.submit(self.registry.stop()).result(5)
         self.bg.stop()
@@ -309,7 +324,7 @@ class Executor:
         reg.serviceId = self.s.service_id
         reg.device = str(self.device)
         reg.maxBatch = self.s.max_batch
-        reg.credits = self.s.credits
+        reg.credits = self.s.credits * self.s.lanes  # `credits` batches in flight per lane
         reg.models = []
         for model in list(self.models.values()):
             spec = pb.ModelSpecT()
@@ -400,9 +415,10 @@ class Executor:
             self._send(parts)
 
     # ---- compute thread -----------------------------------------------------------------------
-    def _compute_loop(self) -> None:
+    def _compute_loop(self, lane: int = 0) -> None:
         self._set_compute_threads()
-        done_tx = make_socket(self.ctx, zmq.PAIR, connect=f"inproc://done-{id(self)}")
+        set_lane(lane)  # this thread runs lane `lane` of every laned plan (plan_runtime/lanes.py)
+        done_tx = make_socket(self.ctx, zmq.PUSH, connect=f"inproc://done-{id(self)}")
         try:
             while (item := self.work.get()) is not None:
                 if self.work.last_wait_us >= 0:  # received -> taken here (a prepared one: its prep queue's)

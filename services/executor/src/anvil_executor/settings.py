@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
 
 from anvil_core.settings import ServiceSettings
 
@@ -18,6 +20,12 @@ class ExecutorSettings(ServiceSettings):
     # Batches in flight at once (flow-control credits): 2 keeps the device busy while the next
     # batch is received, without queueing work here that the scheduler could still re-order.
     credits: int = 2
+    # Compute lanes: compute threads, each running its own instance of every compiled plan (on a GPU:
+    # its own CUDA stream, graphs, activation and pinned banks, and a copy of the weights), so N
+    # batches run at once in one process and one CUDA context (plan_runtime/lanes.py). The executor
+    # advertises credits x lanes. Built-in numpy models are stateless and run on any lane. 1: one
+    # compute thread, as before lanes existed.
+    lanes: Annotated[int, Field(ge=1, le=16)] = 1
     # Comma-separated built-in models to load at start-up. `minilm` (or `all-MiniLM-L6-v2`): the
     # compiled all-MiniLM-L6-v2 artifact, served under both names (models/minilm.py); skipped with
     # one log line saying why where its package or the compiler is missing.

@@ -6,9 +6,10 @@ not after every batch queued ahead of it. A batch's rank is the most urgent prio
 (read from their envelopes: 1 = interactive); equal ranks run in arrival order.
 
 Producers: the I/O loop (``put`` of a received batch: decoded there, with its rank, or as received
-for the prep queue) and the prep thread (``put`` of a prepared batch with its rank). Consumer: the
-compute thread, or the prep thread for the prep queue (``get``, blocking). ``None`` is the stop
-marker; it ranks after every batch, so the queued work is finished before the thread ends.
+for the prep queue) and the prep threads (``put`` of a prepared batch with its rank). Consumers: the
+compute threads, or the prep threads for the prep queue (``get``, blocking; one of each per lane).
+``None`` is the stop marker (one per consumer); it ranks after every batch, so the queued work is
+finished before the threads end.
 """
 
 from __future__ import annotations
@@ -46,7 +47,13 @@ class BatchQueue:
         self._heap: list[tuple[int, int, float, Item | None]] = []  # (rank, seq, put at s or -1, item)
         self._seq = itertools.count()
         self._ready = threading.Condition(threading.Lock())
-        self.last_wait_us = 0  # the item `get` returned last: put -> taken, µs (the one consumer reads it)
+        self._waits = threading.local()  # per consumer thread: its last item's wait (`last_wait_us`)
+
+    @property
+    def last_wait_us(self) -> int:
+        """The wait of the item `get` last returned to the calling thread: put -> taken, µs, or -1
+        when the hop was not observed for it."""
+        return int(getattr(self._waits, "us", 0))
 
     def put(self, item: Item | None, rank: int | None = None, observe: bool | None = None) -> None:
         """Queue an item, most urgent first. A received (Batch, frames) is ranked by its requests
@@ -64,16 +71,17 @@ class BatchQueue:
             self._ready.notify()
 
     def get(self) -> Item | None:
-        """The most urgent item, blocking until there is one. `last_wait_us` is then its wait
-        here, µs, or -1 when the hop was not observed for it (`put`'s `observe`)."""
+        """The most urgent item, blocking until there is one. `last_wait_us` (read on this thread) is
+        then its wait here, µs, or -1 when the hop was not observed for it (`put`'s `observe`)."""
         with self._ready:
             while not self._heap:
                 self._ready.wait()
             rank, _, put_at, item = heapq.heappop(self._heap)
-        self.last_wait_us = -1
+        waited = -1
         if put_at >= 0:  # the hop "queued": received -> its work starts (prep or compute), by rank
-            self.last_wait_us = int((time.perf_counter() - put_at) * 1e6)
-            m.hop("queued", rank).observe(self.last_wait_us)
+            waited = int((time.perf_counter() - put_at) * 1e6)
+            m.hop("queued", rank).observe(waited)
+        self._waits.us = waited
         return item
 
     def __len__(self) -> int:

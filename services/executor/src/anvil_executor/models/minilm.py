@@ -135,12 +135,17 @@ def ensure_artifact(artifact_root: Path, max_batch: int, build_kernels: bool) ->
 
 
 def load_minilm(
-    artifact_root: Path, max_batch: int, device: DeviceSpec, gpu: dict[str, Any] | None = None
+    artifact_root: Path,
+    max_batch: int,
+    device: DeviceSpec,
+    gpu: dict[str, Any] | None = None,
+    lanes: int = 1,
 ) -> dict[str, Model]:
     """{served name: model} for every name of the built-in; MiniLMUnavailable says why not.
-    ``gpu``: GpuPlanModel options on a CUDA device (as for deployed artifacts)."""
+    ``gpu``: GpuPlanModel options on a CUDA device (as for deployed artifacts); ``lanes``: plan
+    instances, one per compute thread."""
     from anvil_executor.artifact import load_artifact
 
     path = ensure_artifact(artifact_root, max_batch, build_kernels=device.is_cuda)
-    model, _ = load_artifact(path, device, SERVED_ID, gpu)
+    model, _ = load_artifact(path, device, SERVED_ID, gpu, lanes)
     return {SERVED_ID: model, **{a: AliasModel(model, a) for a in ALIASES}}

@@ -425,6 +425,10 @@ class GpuPlanModel(PlanIO):
     def graph_count(self) -> int:
         return len(self._graphs)
 
+    def reset_padding(self) -> None:
+        """Padding is reported for served batches, not warm-up."""
+        self.padded_cells = self.used_cells = 0
+
     @property
     def padding_waste(self) -> float:
         """Share of the (row, token) cells run so far that were padding."""
