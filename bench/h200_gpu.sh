@@ -47,7 +47,7 @@ if [ -d .carry/minilm ] && [ "${SKIP_MINILM:-0}" != 1 ]; then  # all-MiniLM-L6-v
     # py-spy's raw stacks stay on the host ($OUT brings back at most 8 files); the summary comes back
     mkdir -p /tmp/profile
     PATH=/tmp/site/bin:$PATH timeout 120 python3 bench/profile_stack.py --concurrency "${PROFILE_CONC:-64}" \
-      --out-dir /tmp/profile 2>&1 | tail -80
+      --out-dir /tmp/profile ${PROFILE_ARGS:-} 2>&1 | tail -80
     cp /tmp/profile/profile_stack.json "$OUT/" 2>/dev/null
     curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_batch_size_(sum|count)" | tee "$OUT/batch.txt"
   fi

@@ -68,9 +68,11 @@ def main() -> None:
     ap.add_argument("--per-request", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=10.0, help="sampling time, s (the load runs 4 s longer)")
     ap.add_argument("--out-dir", type=Path, default=Path("."))
+    ap.add_argument("--gil", action="store_true", help="only the thread holding the GIL (py-spy --gil)")
+    ap.add_argument("--top", type=int, default=15, help="hottest functions kept per process")
     args = ap.parse_args()
     texts = sentences(1000)
-    result: dict[str, object] = {}
+    result: dict[str, object] = {"gil_only": args.gil}
 
     def drive() -> None:
         result["load"] = load(
@@ -84,12 +86,12 @@ def main() -> None:
     for name, pid in pids().items():
         raw = args.out_dir / f"pyspy_{name}.txt"
         cmd = ["py-spy", "record", "-p", str(pid), "-d", str(int(args.seconds)), "-r", "200"]
-        cmd += ["-f", "raw", "-o", str(raw), "--nonblocking", "--threads"]
+        cmd += ["-f", "raw", "-o", str(raw), "--nonblocking", "--threads", *(["--gil"] if args.gil else [])]
         procs[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), raw)
     for name, (p, raw) in procs.items():
         p.wait()
         err = (p.stderr.read() if p.stderr else b"").decode()[-500:]
-        result[name] = summarize(raw, 15) if raw.exists() else {"error": err}
+        result[name] = summarize(raw, args.top) if raw.exists() else {"error": err}
     loader.join()
     print(json.dumps(result, indent=1))
     (args.out_dir / "profile_stack.json").write_text(json.dumps(result, indent=1) + "\n")

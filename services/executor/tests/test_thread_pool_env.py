@@ -61,3 +61,18 @@ def test_idle_workers_stop_burning_a_core_after_a_region() -> None:
         pytest.skip(f"numba's threading layer is {numba.config.THREADING_LAYER}: no OpenMP workers to spin")
     default, bounded = _burnt_after_a_region(False), _burnt_after_a_region(True)
     assert bounded < 0.25 * default or default < 0.0005, (default, bounded)
+
+
+def test_the_gil_switch_interval_follows_the_setting() -> None:
+    import sys
+
+    from anvil_executor.__main__ import gil_switch
+
+    before = sys.getswitchinterval()
+    try:
+        gil_switch(ExecutorSettings(gil_switch_us=0))
+        assert sys.getswitchinterval() == before  # 0: left as Python set it
+        gil_switch(ExecutorSettings(gil_switch_us=500))
+        assert abs(sys.getswitchinterval() - 0.0005) < 1e-9
+    finally:
+        sys.setswitchinterval(before)

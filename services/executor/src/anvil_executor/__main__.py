@@ -1,6 +1,7 @@
 """`python -m anvil_executor`: run one executor process."""
 
 import os
+import sys
 from collections.abc import MutableMapping
 
 from anvil_core import tracing
@@ -17,9 +18,17 @@ def thread_pool_env(settings: ExecutorSettings, environ: MutableMapping[str, str
     environ.setdefault("KMP_BLOCKTIME", "0")
 
 
+def gil_switch(settings: ExecutorSettings) -> None:
+    """How long a thread may hold the GIL while another waits for it (`gil_switch_us`; 0 keeps
+    Python's 5 ms)."""
+    if settings.gil_switch_us > 0:
+        sys.setswitchinterval(settings.gil_switch_us / 1e6)
+
+
 def main() -> None:
     settings = ExecutorSettings()
     thread_pool_env(settings, os.environ)
+    gil_switch(settings)
     # before the models load: their compile progress, warm-up times and "not served" reasons are
     # logged while Executor() runs (run_sync_service sets the same logging up again, idempotently)
     setup_logging("executor", settings.log_level)

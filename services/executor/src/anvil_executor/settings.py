@@ -26,6 +26,11 @@ class ExecutorSettings(ServiceSettings):
     # advertises credits x lanes. Built-in numpy models are stateless and run on any lane. 1: one
     # compute thread, as before lanes existed.
     lanes: Annotated[int, Field(ge=1, le=16)] = 1
+    # How long one thread may hold the GIL while another thread waits for it, µs (Python's switch
+    # interval; 0: Python's default, 5,000). The executor's threads (I/O loop, prep, compute, lanes)
+    # hand each other work: a compute thread back from the GPU can wait this long for a thread that
+    # runs Python. Not changed by default until measured (docs/executor_gpu.md).
+    gil_switch_us: Annotated[int, Field(ge=0, le=100_000)] = 0
     # Comma-separated built-in models to load at start-up. `minilm` (or `all-MiniLM-L6-v2`): the
     # compiled all-MiniLM-L6-v2 artifact, served under both names (models/minilm.py); skipped with
     # one log line saying why where its package or the compiler is missing.
