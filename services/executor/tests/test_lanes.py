@@ -69,7 +69,7 @@ def test_two_lanes_run_two_batches_at_once_and_advertise_credits_per_lane(
             _, *parts = r.router.recv_multipart()
             body, _ = codec.unpack(parts)
             if isinstance(body, pb.RegisterT):
-                assert body.credits == 4
+                assert body.credits == 4 and body.lanes == 2
                 break
 
 

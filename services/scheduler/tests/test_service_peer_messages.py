@@ -166,8 +166,9 @@ def test_a_bad_request_inside_a_bundle_spoils_none_of_its_neighbours(sched: Any)
     assert len(sched.sent) == 1 and answer_of(sched, "bad") is not None
 
 
-def _register(max_batch: int = 8, credits: int = 2, name: str | bytes = "m") -> list[bytes]:
+def _register(max_batch: int = 8, credits: int = 2, name: str | bytes = "m", lanes: int = 0) -> list[bytes]:
     reg = pb.RegisterT()
+    reg.lanes = lanes
     reg.kind, reg.serviceId, reg.device, reg.maxBatch, reg.credits = (
         pb.ServiceKind.EXECUTOR,
         "ex-1",
@@ -192,6 +193,7 @@ CRAFTED_FROM_EXECUTOR: dict[str, list[bytes]] = {
     "register with max batch 2**31": _register(max_batch=2**31 - 1),
     "register with 10**6 credits": _register(credits=10**6),
     "register with a non-UTF-8 model": _register(name=b"\xff\xfe"),
+    "register with 17 lanes": _register(lanes=17),
     "result for a batch id that is not a number": _result("nope", [], []),
     "result for an unknown batch": _result(
         "999999", [1], [codec.build_response(request_id="zz", trace_id="", model="m")]
@@ -206,6 +208,14 @@ def test_a_crafted_executor_message_is_refused_and_the_scheduler_keeps_serving(s
     from_executor(sched, CRAFTED_FROM_EXECUTOR[name])
     assert sched.executors.get("ex-1") == EXECUTOR
     assert_serves(sched, "good")
+
+
+@pytest.mark.parametrize(("lanes", "want"), [(0, 1), (1, 1), (4, 4), (16, 16)])
+def test_a_register_sets_the_executors_lanes(sched: Any, lanes: int, want: int) -> None:
+    """0: an executor from before lanes existed runs one batch at a time."""
+    from_executor(sched, _register(credits=8, lanes=lanes))
+    (spec,) = [s for s in sched.core.pool.specs() if s.executor_id == "ex-1"]
+    assert spec.lanes == want and spec.credits == 8
 
 
 def test_a_result_from_an_unregistered_identity_is_refused_and_asked_to_register(sched: Any) -> None:

@@ -324,7 +324,8 @@ class Executor:
         reg.serviceId = self.s.service_id
         reg.device = str(self.device)
         reg.maxBatch = self.s.max_batch
-        reg.credits = self.s.credits * self.s.lanes  # `credits` batches in flight per lane
+        reg.credits = min(64, self.s.credits * self.s.lanes)  # `credits` per lane (the wire caps it at 64)
+        reg.lanes = self.s.lanes  # batches at once: the scheduler keeps every lane busy
         reg.models = []
         for model in list(self.models.values()):
             spec = pb.ModelSpecT()

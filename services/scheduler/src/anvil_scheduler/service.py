@@ -359,8 +359,9 @@ class Scheduler:
         for name, max_batch in models.items():
             if name not in self.core.models():
                 self.core.register_model(name, max_batch)
+        lanes = max(1, reg.lanes)  # 0: an executor from before lanes (the codec caps it at 16)
         spec = ExecutorSpec(
-            eid, reg.device or "cpu", max(1, reg.maxBatch), frozenset(models), max(1, reg.credits)
+            eid, reg.device or "cpu", max(1, reg.maxBatch), frozenset(models), max(1, reg.credits), lanes
         )
         self.core.register_executor(spec, now)
         if eid not in self.executors:

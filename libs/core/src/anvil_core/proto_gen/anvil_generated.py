@@ -1673,8 +1673,15 @@ class Register(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
 
+    # Register
+    def Lanes(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
 def RegisterStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def RegisterAddKind(builder, kind):
     builder.PrependUint8Slot(0, kind, 0)
@@ -1697,6 +1704,9 @@ def RegisterAddModels(builder, models):
 def RegisterStartModelsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
+def RegisterAddLanes(builder, lanes):
+    builder.PrependUint32Slot(6, lanes, 0)
+
 def RegisterEnd(builder):
     return builder.EndObject()
 
@@ -1717,6 +1727,7 @@ class RegisterT(object):
         maxBatch = 0,
         credits = 0,
         models = None,
+        lanes = 0,
     ):
         self.kind = kind  # type: int
         self.serviceId = serviceId  # type: Optional[str]
@@ -1724,6 +1735,7 @@ class RegisterT(object):
         self.maxBatch = maxBatch  # type: int
         self.credits = credits  # type: int
         self.models = models  # type: Optional[List[ModelSpecT]]
+        self.lanes = lanes  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -1759,6 +1771,7 @@ class RegisterT(object):
                 else:
                     modelSpec_ = ModelSpecT.InitFromObj(register.Models(i))
                     self.models.append(modelSpec_)
+        self.lanes = register.Lanes()
 
     # RegisterT
     def Pack(self, builder):
@@ -1784,6 +1797,7 @@ class RegisterT(object):
         RegisterAddCredits(builder, self.credits)
         if self.models is not None:
             RegisterAddModels(builder, models)
+        RegisterAddLanes(builder, self.lanes)
         register = RegisterEnd(builder)
         return register
 

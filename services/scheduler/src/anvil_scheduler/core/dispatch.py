@@ -1,9 +1,12 @@
 """The executor pool: registered capacity, credit-based flow control, least-predicted-finish placement.
 
-Each executor runs its in-flight batches in order; the pool tracks a predicted time at which its
-in-flight work ends (``free_at``), moved forward by each assignment's predicted execution time and
-re-anchored at every completion. A batch goes to the executor, among those that load the model and
-hold a free credit, whose ``max(now, free_at) + predict(batch)`` is smallest.
+Each executor runs its in-flight batches in order on its ``lanes`` (compute lanes: that many batches
+at once, taken from its one queue as lanes free up; 1 unless it registered more). The pool tracks,
+per lane, a predicted time at which the lane's work ends, moved forward by each assignment's
+predicted execution time (onto the lane that frees first) and re-anchored at every completion. A
+batch goes to the executor, among those that load the model and hold a free credit, whose
+``max(now, free_at) + predict(batch)`` is smallest, ``free_at`` being its first lane to free up: a
+laned executor with a lane free takes a batch at once, as an idle one-lane executor does.
 
 **Reserved credits** (issue #19): an *urgent* batch (one led by top-priority work) may use
 ``reserved`` credits beyond the executor's own when lower-priority batches hold them all and one of
@@ -35,6 +38,7 @@ class ExecutorSpec:
     max_batch: int
     models: frozenset[str]
     credits: int = 2
+    lanes: int = 1  # batches it runs at once
 
     def __post_init__(self) -> None:
         if not self.executor_id:
@@ -43,13 +47,15 @@ class ExecutorSpec:
             raise ValueError(f"executor {self.executor_id}: max_batch must be >= 1, got {self.max_batch}")
         if self.credits < 1:
             raise ValueError(f"executor {self.executor_id}: credits must be >= 1, got {self.credits}")
+        if not 1 <= self.lanes <= 16:
+            raise ValueError(f"executor {self.executor_id}: lanes must be in 1..16, got {self.lanes}")
 
 
 @dataclass
 class _Executor:
     spec: ExecutorSpec
     in_flight: dict[int, Batch] = field(default_factory=dict)  # insertion order (urgent ones run first)
-    free_at_s: float = float("-inf")  # predicted end of in-flight work
+    lanes_free_s: list[float] = field(default_factory=list)  # per lane: predicted end of its work
     urgent: set[int] = field(default_factory=set)  # ids of in-flight batches sent as urgent
     alone: set[int] = field(default_factory=set)  # ids of batches sent when nothing else was in flight
     # Per-batch time besides execution (links, both services' handling), EWMA of round trip - execution
@@ -58,6 +64,24 @@ class _Executor:
     # executor idle long before the result came back: batches of 1-2 left back to back and their
     # per-batch CPU starved the gateway (#19).
     overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if len(self.lanes_free_s) != self.spec.lanes:
+            self.lanes_free_s = [float("-inf")] * self.spec.lanes
+
+    @property
+    def free_at_s(self) -> float:
+        """When a new batch could start: the first lane's predicted end of work."""
+        return min(self.lanes_free_s)
+
+    def reanchor(self, now_s: float) -> None:
+        """What is in flight starts now, in the executor's order, each batch on the lane that frees
+        first (one lane: back to back)."""
+        lanes = [now_s] * self.spec.lanes
+        for b in self.in_flight.values():
+            i = lanes.index(min(lanes))
+            lanes[i] += b.predicted_exec_s + self.overhead_s
+        self.lanes_free_s = lanes
 
     def has_credit(self, urgent: bool = False, reserved: int = 0) -> bool:
         """A free credit; for an urgent batch also a reserved one, but only when it would overtake a
@@ -69,18 +93,27 @@ class _Executor:
             return True
         if not urgent or n >= self.spec.credits + reserved:
             return False
-        queued = list(self.in_flight)[1:]  # the first in flight is the one running
+        queued = list(self.in_flight)[self.spec.lanes :]  # the first `lanes` in flight are running
         return any(bid not in self.urgent for bid in queued)
 
     def start_s(self, now_s: float, urgent: bool) -> float:
         """Predicted start of a new batch: after all in-flight work, or for an urgent batch after the
         running batch and the urgent ones queued (the executor runs urgent batches first)."""
         end = max(now_s, self.free_at_s)
-        if not urgent or len(self.in_flight) < 2:
+        lanes = self.spec.lanes
+        if not urgent or len(self.in_flight) <= lanes:
             return end
-        queued = list(self.in_flight.values())[1:]  # the first in flight is the one running
+        queued = list(self.in_flight.values())[lanes:]  # the first `lanes` in flight are running
         overtaken = sum(b.predicted_exec_s + self.overhead_s for b in queued if b.batch_id not in self.urgent)
-        return max(now_s, end - overtaken)
+        return max(now_s, end - overtaken / lanes)  # the queued work it overtakes was spread on the lanes
+
+    def lane_starts(self, now_s: float, urgent: bool) -> list[float]:
+        """Predicted start of a new batch on each lane (``start_s`` on the one that frees first)."""
+        first = self.lanes_free_s.index(self.free_at_s)
+        return [
+            self.start_s(now_s, urgent) if i == first else max(now_s, t)
+            for i, t in enumerate(self.lanes_free_s)
+        ]
 
 
 @dataclass(frozen=True)
@@ -108,6 +141,9 @@ class ExecutorPool:
         current = self._executors.get(spec.executor_id)
         if current is None:
             self._executors[spec.executor_id] = _Executor(spec)
+        elif current.spec.lanes != spec.lanes:  # its in-flight work spread on the new lanes
+            current.spec = spec
+            current.reanchor(current.free_at_s)
         else:
             current.spec = spec
 
@@ -138,11 +174,13 @@ class ExecutorPool:
         ex = self._executors.get(executor_id)
         if ex is None or not ex.in_flight:
             return 0.0
-        return max(0.0, ex.free_at_s - now_s)
+        return sum(max(0.0, t - now_s) for t in ex.lanes_free_s)
 
     def idle_host(self, model: str) -> str | None:
-        """An executor of ``model`` with nothing in flight, or None."""
-        return next((ex.spec.executor_id for ex in self._hosts(model) if not ex.in_flight), None)
+        """An executor of ``model`` with a lane that runs nothing (one lane: nothing in flight), or None."""
+        return next(
+            (ex.spec.executor_id for ex in self._hosts(model) if len(ex.in_flight) < ex.spec.lanes), None
+        )
 
     def _hosts(self, model: str) -> list[_Executor]:
         return [ex for ex in self._executors.values() if model in ex.spec.models]
@@ -183,7 +221,8 @@ class ExecutorPool:
         ex.in_flight[batch.batch_id] = batch
         if urgent:
             ex.urgent.add(batch.batch_id)
-        ex.free_at_s = max(ex.free_at_s, now_s) + batch.predicted_exec_s + ex.overhead_s
+        i = ex.lanes_free_s.index(ex.free_at_s)  # the lane that frees first takes it
+        ex.lanes_free_s[i] = max(ex.lanes_free_s[i], now_s) + batch.predicted_exec_s + ex.overhead_s
 
     def complete(
         self, batch_id: int, executor_id: str, now_s: float, exec_s: float | None = None
@@ -201,7 +240,7 @@ class ExecutorPool:
                 sample = max(0.0, now_s - batch.formed_s - exec_s)
                 ex.overhead_s += _OVERHEAD_GAIN * (sample - ex.overhead_s)
         # What remains starts now (in the executor's order: urgent first, then as sent).
-        ex.free_at_s = now_s + sum(b.predicted_exec_s + ex.overhead_s for b in ex.in_flight.values())
+        ex.reanchor(now_s)
         return batch
 
     def overhead_s(self, executor_id: str) -> float:
@@ -224,19 +263,20 @@ class ExecutorPool:
         Exact for the first 256 batches, then a fluid estimate at the pool's full-batch rate.
         ``urgent``: the batches are urgent ones (led by top-priority work), which the executor runs
         before its queued lower-priority batches, so each executor is ready when its running batch and
-        its queued urgent ones end (``_Executor.start_s``), as dispatch predicts them."""
-        hosts = self._hosts(model)
+        its queued urgent ones end (``_Executor.start_s``), as dispatch predicts them. Each lane of an
+        executor counts as one server."""
+        hosts = [(ex, ready) for ex in self._hosts(model) for ready in ex.lane_starts(now_s, urgent)]
         if not hosts:
             return float("inf")
-        caps = [max(1, min(cap, ex.spec.max_batch)) for ex in hosts]
-        full = [predict(ex.spec.device, c) for ex, c in zip(hosts, caps, strict=True)]
-        ready = [ex.start_s(now_s, urgent) for ex in hosts]
+        caps = [max(1, min(cap, ex.spec.max_batch)) for ex, _ in hosts]
+        full = [predict(ex.spec.device, c) for (ex, _), c in zip(hosts, caps, strict=True)]
+        ready = [r for _, r in hosts]
         remaining = position
         if len(hosts) == 1:  # the loop below in closed form: admission runs this per arrival (#19)
             full_batches = (remaining - 1) // caps[0] if remaining > 0 else 0
             if full_batches < 256:
                 rest = remaining - full_batches * caps[0]
-                return ready[0] + full_batches * full[0] + predict(hosts[0].spec.device, rest)
+                return ready[0] + full_batches * full[0] + predict(hosts[0][0].spec.device, rest)
             rate = caps[0] / full[0] if full[0] > 0 else 0.0
             after = ready[0] + 256 * full[0]
             return after + ((remaining - 256 * caps[0]) / rate if rate > 0 else float("inf"))
@@ -244,7 +284,7 @@ class ExecutorPool:
             if remaining <= max(caps):
                 return min(
                     ready[j] + predict(ex.spec.device, remaining)
-                    for j, ex in enumerate(hosts)
+                    for j, (ex, _) in enumerate(hosts)
                     if caps[j] >= remaining
                 )
             i = min(range(len(hosts)), key=lambda j: ready[j] + full[j])
