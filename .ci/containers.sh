@@ -120,7 +120,15 @@ engine() {
         apt-get update -qq
         # netavark + aardvark-dns: the compose network and its service-name DNS, even where apt
         # installs no recommended packages.
-        apt-get install -y -qq podman runc netavark aardvark-dns debootstrap >/dev/null
+        apt-get install -y -qq podman runc netavark aardvark-dns iptables debootstrap >/dev/null
+    fi
+    # netavark sets the compose network's NAT up with iptables: without it `compose up` fails with
+    # "netavark: No such file or directory (os error 2)" (seen on a fresh machine without iptables)
+    if ! command -v iptables >/dev/null && [[ ! -x /usr/sbin/iptables ]]; then
+        [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null \
+            || die "podman's network backend (netavark) needs iptables: install it (as root on Debian: apt-get install iptables)"
+        say "installing iptables (apt): netavark needs it for the compose network"
+        apt-get install -y -qq iptables >/dev/null || { apt-get update -qq && apt-get install -y -qq iptables >/dev/null; }
     fi
     ENGINE=podman
     podman_conf
