@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -205,8 +206,24 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
         _pin(int(stack.service("executor")["pid"]), hog_cpu)
 
         calm = _load(stack.url, api_keys, 6, seed=1)
-        assert rate() == P3_BASE, "qos throttled without a hog"
-        assert _share(calm[1], 429) < 0.05, calm[1].reasons
+        calm_decreases = [e for e in events if e.get("event") == "qos.decrease"]
+        for e in calm_decreases:
+            # qos acts only when p1 is at risk (headroom < 0.5 or attainment < 0.99, qos's defaults
+            # here): on a slow host the calm load alone can put it there (seen once on a 2-vCPU AMD
+            # VM), and then the decrease is right; one while p1 is healthy is a false positive
+            why = str(e.get("reason", ""))
+            headroom = re.search(r"headroom (-?[\d.]+)", why)
+            attainment = re.search(r"attainment ([\d.]+)", why)
+            at_risk = (headroom is not None and float(headroom.group(1)) < 0.5) or (
+                attainment is not None and float(attainment.group(1)) < 0.99
+            )
+            assert at_risk, f"qos throttled without a hog while p1 was healthy: {e}; {_qos_view(stack, r)}"
+        if calm_decreases:  # back to the base before the hog, so its own decreases are told apart
+            waiter(lambda: rate() == P3_BASE, 30, "priority 3's rate back at its base after the calm load")
+        else:
+            assert rate() == P3_BASE, f"qos throttled without a decision event: {_qos_view(stack, r)}"
+            assert _share(calm[1], 429) < 0.05, calm[1].reasons
+        before_hog = len(events)
         learned = _executor_baselines(r)
         assert learned and all(b["ready"] for b in learned.values()), f"qos learned no calm level: {learned}"
 
@@ -222,7 +239,7 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
         hogged = _load(stack.url, api_keys, 14, seed=2)
         stop_escalating.set()
         escalator.join(10)
-        throttled = [e for e in events if e.get("event") == "qos.decrease"]
+        throttled = [e for e in events[before_hog:] if e.get("event") == "qos.decrease"]
         assert throttled, f"qos never throttled; limit now {rate()}; {_qos_view(stack, r)}"
         assert {e["key"] for e in throttled} == {"bulk:3"} and {e["cause"] for e in throttled} == {
             "cpu_runqueue"
@@ -244,7 +261,7 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
             waiter(lambda: rate() == P3_BASE, 30, "priority 3's rate to climb back to its base")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; limit now {rate()}; {_qos_view(stack, r)}") from exc
-        assert any(e.get("event") == "qos.increase" for e in events)
+        assert any(e.get("event") == "qos.increase" for e in events[before_hog:])
 
         p1_shed: list[str] = []  # the scheduler's own shedding of priority 1 (not qos's), per phase
         for phase, (p1, p3) in zip(("calm", "hog", "after"), (calm, hogged, after), strict=True):
