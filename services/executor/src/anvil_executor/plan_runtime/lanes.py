@@ -122,10 +122,6 @@ class LanedPlan(PlanIO):
     def graph_count(self) -> int:
         return sum(int(getattr(lane, "graph_count", 0)) for lane in self.lanes)
 
-    @property
-    def weight_bytes(self) -> int:
-        return sum(int(getattr(lane, "weight_bytes", 0)) for lane in self.lanes)
-
     def reset_padding(self) -> None:
         for lane in self.lanes:
             lane.padded_cells = lane.used_cells = 0  # type: ignore[attr-defined]
