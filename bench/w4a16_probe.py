@@ -1,7 +1,9 @@
 """Probe the GEMV-like W4A16 kernel's launch space on the GPU (issue #17: M <= 16 sits at ~54% of the
 streaming read of the same bytes; which of occupancy, bytes in flight or split-K limits it).
 
-Builds ``w4a16.cu`` with extra instantiations: groups in flight ``gd`` and ptxas's blocks-per-SM hint
+Builds ``w4a16.cu`` with extra instantiations of both NS = 1 bodies (``old``: ``w4a16_body``;
+``new``: ``w4a16_stream_body``, the default since the ninth session): groups in flight ``gd`` and
+ptxas's blocks-per-SM hint
 (``__launch_bounds__(32 * sn * sk, minb)``, which caps registers so more warps fit), then times each
 (variant, sk, sn) at each M exactly as ``bench/kernels_gpu.py`` times kernels (CUDA-graph replay over
 6 rotating weight copies, cold L2), beside the streaming read of the same bytes and cuBLAS bf16.
@@ -17,6 +19,7 @@ Writes DIR/w4a16_probe.json (and prints a table).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels_gpu import COPIES, GROUP, _graph_cupy, _helpers_module, _stream_us
+from kernels_gpu import COPIES, GROUP, _graph_cupy, _graph_torch, _helpers_module, _stream_us
 
 # (mt, gd, maxt, minb): M tile of 8*mt rows, gd groups in flight (D = gd * 2 chunks at g128),
 # __launch_bounds__(maxt, minb): at most maxt threads a block, ptxas caps registers so minb blocks fit
@@ -41,8 +44,11 @@ SKS = (1, 2, 4, 8, 16)
 SNS = (1, 2)
 
 
-def _name(mt: int, gd: int, maxt: int, minb: int) -> str:
-    return f"probe_m{mt}_g{gd}_t{maxt}_b{minb}"
+BODIES = {"old": "w4a16_body<0, {mt}, 1, {cpg}, {gd}>", "new": "w4a16_stream_body<0, {mt}, {cpg}, {d}>"}
+
+
+def _name(mt: int, gd: int, maxt: int, minb: int, body: str = "new") -> str:
+    return f"probe_{body}_m{mt}_g{gd}_t{maxt}_b{minb}"
 
 
 def source() -> str:
@@ -50,14 +56,15 @@ def source() -> str:
 
     body = Path(w4a16.__file__).with_name("w4a16.cu").read_text()
     out = [body]
-    for mt, gd, maxt, minb in VARIANTS:
+    cpg = GROUP // 64
+    for (mt, gd, maxt, minb), body in itertools.product(VARIANTS, BODIES):
+        fn = BODIES[body].format(mt=mt, cpg=cpg, gd=gd, d=gd * cpg)
         out.append(
             f'extern "C" __global__ void __launch_bounds__({maxt}, {minb}) '
-            f"{_name(mt, gd, maxt, minb)}(const uint4* __restrict__ W, const uint2* __restrict__ SZ, "
+            f"{_name(mt, gd, maxt, minb, body)}(const uint4* __restrict__ W, const uint2* __restrict__ SZ, "
             "const uint16_t* __restrict__ X, uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias, "
             "const uint16_t* __restrict__ res, int M, int N, int K, int SN, int SK, int act, int flags) {"
-            f" anvil_w4a16::w4a16_body<0, {mt}, 1, {GROUP // 64}, {gd}>(W, SZ, X, Y, bias, res, M, N, K,"
-            " SN, SK, act, flags); }"
+            f" anvil_w4a16::{fn}(W, SZ, X, Y, bias, res, M, N, K, SN, SK, act, flags); }}"
         )
     return "\n".join(out) + "\n"
 
@@ -129,7 +136,8 @@ def main() -> None:
             res = _probe_m(mod, regs, ref_layer, qws, szs, wbfs, m, k, n, stream, rng)
             rows.append(res)
             print(f"K={k} N={n} M={m}: stream {stream:.2f} cuBLAS {res['cublas_us']:.2f} default "
-                  f"{res['default_us']:.2f} best {res['best']}", flush=True)  # fmt: skip
+                  f"{res['default_us']:.2f} best old {res['best_old']} best new {res['best_new']}",
+                  flush=True)  # fmt: skip
             for p in sorted(res["probes"], key=lambda p: p["us"])[:12]:
                 print("   ", p)
     if not args.cases:
@@ -150,16 +158,16 @@ def _probe_m(mod: Any, regs: dict, ref_layer: Any, qws: list, szs: list, wbfs: l
     ref = cp.empty((m, n), cp.uint16)
     ref_layer(x, ref)
     ot = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-    cub = _graph_cupy(lambda i: torch.matmul(xt, wbfs[i % COPIES], out=ot), 60, 15)
+    cub = _graph_torch(lambda i: torch.matmul(xt, wbfs[i % COPIES], out=ot), 60, 15)
     default_us = _graph_cupy(lambda i: ref_layer(x, ref), 60, 15)
     outs = [cp.empty((m, n), cp.uint16) for _ in range(COPIES)]
     res: dict[str, Any] = {"K": k, "N": n, "M": m, "stream_us": round(stream, 2), "cublas_us": round(cub, 2),
                            "default_us": round(default_us, 2), "default_plan": str(ref_layer.plan(m)),
                            "probes": []}  # fmt: skip
-    for mt, gd, maxt, minb in VARIANTS:
+    for (mt, gd, maxt, minb), body in itertools.product(VARIANTS, BODIES):
         if 8 * mt < m and mt < 2:
             continue
-        fn = mod.get_function(_name(mt, gd, maxt, minb))
+        fn = mod.get_function(_name(mt, gd, maxt, minb, body))
         for sn in SNS:
             for sk in SKS:
                 threads = 32 * sn * sk
@@ -179,10 +187,14 @@ def _probe_m(mod: Any, regs: dict, ref_layer: Any, qws: list, szs: list, wbfs: l
                 run(0)
                 same = bool(cp.all(outs[0] == ref))
                 us = _graph_cupy(run, 60, 15) if same else float("nan")
-                res["probes"].append({"mt": mt, "gd": gd, "maxt": maxt, "minb": minb, "sn": sn, "sk": sk,
-                                      "regs": regs.get(_name(mt, gd, maxt, minb)), "us": round(us, 2),
+                regs_used = regs.get(_name(mt, gd, maxt, minb, body))
+                res["probes"].append({"body": body, "mt": mt, "gd": gd, "maxt": maxt, "minb": minb, "sn": sn,
+                                      "sk": sk, "regs": regs_used, "us": round(us, 2),
                                       "same_as_default": same})  # fmt: skip
-    res["best"] = min((p for p in res["probes"] if p["same_as_default"]), key=lambda p: p["us"])
+    for body in BODIES:
+        res[f"best_{body}"] = min(
+            (p for p in res["probes"] if p["same_as_default"] and p["body"] == body), key=lambda p: p["us"]
+        )
     return res
 
 

@@ -154,6 +154,190 @@ __device__ __forceinline__ uint32_t deq(uint32_t w, int sh, uint32_t zc, uint32_
     return Dt<DT>::fma2(((w >> sh) & 0x000F000Fu) | Dt<DT>::MAGIC, one, zc);
 }
 
+// The SK warps' partial sums of a block added through shared memory (in wk order), then bias,
+// activation and residual, and the block's rows x columns written out.
+template <int DT, int MT, int NS>
+__device__ __forceinline__ void reduce_and_store(const float (&acc)[NS][MT][4], float4* red4,
+                                                 uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,
+                                                 const uint16_t* __restrict__ res, int M, int N, int SN, int SK,
+                                                 int wn, int wk, int lane, int act) {
+    const int m0 = blockIdx.x * (8 * MT);
+    // partial sums -> shared memory: red4[(((wk*SN + wn)*NS + j)*MT + mt)*32 + lane].
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            red4[(((wk * SN + wn) * NS + j) * MT + mt) * 32 + lane] =
+                make_float4(acc[j][mt][0], acc[j][mt][1], acc[j][mt][2], acc[j][mt][3]);
+    __syncthreads();
+
+    const float* red = reinterpret_cast<const float*>(red4);
+    const int cols = 16 * NS * SN;
+    const int rows = 8 * MT;
+    const int n_base = blockIdx.y * cols;
+    const int stride_wk = SN * NS * MT * 32 * 4;
+    for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
+        const int ml = idx / cols;
+        const int nl = idx - ml * cols;
+        const int m = m0 + ml;
+        const int n = n_base + nl;
+        if (m >= M || n >= N) continue;
+        const int wn_ = nl / (16 * NS);
+        const int j = (nl >> 4) % NS;
+        const int r = nl & 15;
+        const int mt = ml >> 3;
+        const int mm = ml & 7;
+        const int ln = (r & 7) * 4 + (mm >> 1);
+        const int i = (r >> 3) * 2 + (mm & 1);
+        const float* p = red + ((((wn_ * NS + j) * MT + mt) * 32 + ln) * 4 + i);
+        float v = 0.0f;
+        for (int q = 0; q < SK; ++q) v += p[q * stride_wk];
+        if (bias != nullptr) v += Dt<DT>::to_f(bias[n]);
+        v = activate(v, act);
+        const size_t o = static_cast<size_t>(m) * N + n;
+        if (res != nullptr) v += Dt<DT>::to_f(res[o]);
+        Y[o] = Dt<DT>::from_f(v);
+    }
+}
+
+// -(MAGIC + z) as a pair of DT halves, from the zero point z (0..64) with integer operations:
+// MAGIC + z is exact in both types (bf16 128 + z: bits 0x4300 | z; fp16 1024 + z: 0x6400 | z).
+template <int DT>
+__device__ __forceinline__ uint32_t neg_magic_z2(uint32_t z) {
+    constexpr uint32_t NEG = DT == 0 ? 0xC300u : 0xE400u;
+    return (NEG | z) * 0x00010001u;
+}
+
+// A group's scale bits (the low half of an sz word) as fp32, bf16 or fp16 by `sbf`, branch-free.
+__device__ __forceinline__ float scale_f(uint32_t word, bool sbf) {
+    const uint16_t b = static_cast<uint16_t>(word & 0xFFFFu);
+    return sbf ? Dt<0>::to_f(b) : Dt<1>::to_f(b);
+}
+
+// The GEMV-like kernel with one strip per warp (NS = 1), the M <= 16 default: the same layout,
+// math and output as w4a16_body, written for few instructions per 64-k chunk (the H200's ncu run of
+// w4a16_body at M = 1 counted ~124 warp instructions per chunk against ~65 of dequantize, mma and
+// loads, and 44% issue-slot use: it was issue-bound, not memory-bound). The weight, scale and x
+// pointers advance by constants (nothing is recomputed from the thread index per chunk), the rings
+// are indexed by compile-time constants, the zero points become -(MAGIC + z) pairs with integer
+// operations, and the scale kind is selected without a branch. D chunks in flight per warp.
+template <int DT, int MT, int CPG, int D>
+__device__ __forceinline__ void w4a16_stream_body(const uint4* __restrict__ W, const uint2* __restrict__ SZ,
+                                                  const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
+                                                  const uint16_t* __restrict__ bias,
+                                                  const uint16_t* __restrict__ res, int M, int N, int K,
+                                                  int SN, int SK, int act, int flags) {
+    static_assert(D % CPG == 0, "the ring holds whole groups");
+    constexpr int GD = D / CPG;  // groups in flight
+    extern __shared__ float4 red4[];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wn = warp % SN;
+    const int wk = warp / SN;
+    const int g8 = lane >> 2;
+    const int t4 = lane & 3;
+    const int m0 = blockIdx.x * (8 * MT);
+    const int strip = blockIdx.y * SN + wn;
+    const int KC = K >> 6;
+    const int G = KC / CPG;
+    const int gb = static_cast<int>((static_cast<long long>(G) * wk) / SK);
+    const int ge = static_cast<int>((static_cast<long long>(G) * (wk + 1)) / SK);
+    const int ng = ge - gb;
+    const int nch = ng * CPG;
+
+    float acc[1][MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][mt][i] = 0.0f;
+
+    if (strip < (N >> 4) && ng > 0) {
+        const uint64_t pol = make_policy((flags & FLAG_EVICT_FIRST) != 0);
+        const bool sbf = (flags & FLAG_SCALE_BF16) != 0;
+        const uint32_t one = Dt<DT>::pack2(1.0f);
+        const uint4* wq = W + ((static_cast<size_t>(strip) * KC + static_cast<size_t>(gb) * CPG) * 32 + lane);
+        const uint2* sq = SZ + ((static_cast<size_t>(strip) * G + gb) * 8 + g8);
+        // Rows past M read row m0's x instead (always valid memory, no per-chunk predicate): a row of
+        // x reaches only its own output column of the mma, and columns past M are never stored.
+        const uint4* xq[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const int m = m0 + mt * 8 + g8;
+            xq[mt] = reinterpret_cast<const uint4*>(
+                X + (static_cast<size_t>(m < M ? m : m0) * K + static_cast<size_t>(gb) * CPG * 64 + t4 * 16));
+        }
+        uint4 wr[D];
+        uint2 sr[GD];
+#pragma unroll
+        for (int i = 0; i < D; ++i)
+            if (i < nch) wr[i] = ld_stream4(wq + i * 32, pol);
+#pragma unroll
+        for (int i = 0; i < GD; ++i)
+            if (i < ng) sr[i] = ld_stream2(sq + i * 8, pol);
+        wq += D * 32;  // the next chunk to load
+        sq += GD * 8;  // the next group's scales to load
+
+        for (int g0 = 0; g0 < ng; g0 += GD) {
+#pragma unroll
+            for (int gi = 0; gi < GD; ++gi) {
+                if (g0 + gi < ng) {  // uniform across the warp
+                    const uint2 v = sr[gi];
+                    if (g0 + gi + GD < ng) sr[gi] = ld_stream2(sq, pol);
+                    sq += 8;
+                    const float slo = scale_f(v.x, sbf);
+                    const float shi = scale_f(v.y, sbf);
+                    const uint32_t zlo = neg_magic_z2<DT>(v.x >> 16);
+                    const uint32_t zhi = neg_magic_z2<DT>(v.y >> 16);
+                    float cg[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) cg[mt][i] = 0.0f;
+#pragma unroll
+                    for (int cc = 0; cc < CPG; ++cc) {
+                        const int slot = gi * CPG + cc;  // compile-time ring index
+                        const uint4 w = wr[slot];
+                        uint4 xa[MT], xb[MT];
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            xa[mt] = __ldg(xq[mt]);
+                            xb[mt] = __ldg(xq[mt] + 1);
+                            xq[mt] += 8;
+                        }
+#pragma unroll
+                        for (int s = 0; s < 4; ++s) {
+                            const int sh = (s & 1) * 4;
+                            const uint32_t wa = (s < 2) ? w.x : w.z;
+                            const uint32_t wb = (s < 2) ? w.y : w.w;
+                            const uint32_t a0 = deq<DT>(wa, sh, zlo, one);
+                            const uint32_t a1 = deq<DT>(wa, sh + 8, zhi, one);
+                            const uint32_t a2 = deq<DT>(wb, sh, zlo, one);
+                            const uint32_t a3 = deq<DT>(wb, sh + 8, zhi, one);
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt) {
+                                const uint32_t b0 = (s == 0) ? xa[mt].x : (s == 1) ? xa[mt].z : (s == 2) ? xb[mt].x : xb[mt].z;
+                                const uint32_t b1 = (s == 0) ? xa[mt].y : (s == 1) ? xa[mt].w : (s == 2) ? xb[mt].y : xb[mt].w;
+                                Dt<DT>::mma(cg[mt], a0, a1, a2, a3, b0, b1);
+                            }
+                        }
+                        // the slot's next chunk, once this one is dequantized (no copy of the slot)
+                        if ((g0 + gi) * CPG + cc + D < nch) wr[slot] = ld_stream4(wq, pol);
+                        wq += 32;
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        acc[0][mt][0] = fmaf(slo, cg[mt][0], acc[0][mt][0]);
+                        acc[0][mt][1] = fmaf(slo, cg[mt][1], acc[0][mt][1]);
+                        acc[0][mt][2] = fmaf(shi, cg[mt][2], acc[0][mt][2]);
+                        acc[0][mt][3] = fmaf(shi, cg[mt][3], acc[0][mt][3]);
+                    }
+                }
+            }
+        }
+    }
+    reduce_and_store<DT, MT, 1>(acc, red4, Y, bias, res, M, N, SN, SK, wn, wk, lane, act);
+}
+
 // One launch: blockDim.x = 32 * SN * SK. Dynamic shared memory: SK*SN*NS*MT*512 bytes.
 template <int DT, int MT, int NS, int CPG, int GD>
 __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const uint2* __restrict__ SZ,
@@ -315,42 +499,7 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
         }
     }
 
-    // Partial sums -> shared memory: red4[(((wk*SN + wn)*NS + j)*MT + mt)*32 + lane].
-#pragma unroll
-    for (int j = 0; j < NS; ++j)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-            red4[(((wk * SN + wn) * NS + j) * MT + mt) * 32 + lane] =
-                make_float4(acc[j][mt][0], acc[j][mt][1], acc[j][mt][2], acc[j][mt][3]);
-    __syncthreads();
-
-    const float* red = reinterpret_cast<const float*>(red4);
-    const int cols = 16 * NS * SN;
-    const int rows = 8 * MT;
-    const int n_base = blockIdx.y * cols;
-    const int stride_wk = SN * NS * MT * 32 * 4;
-    for (int idx = threadIdx.x; idx < rows * cols; idx += blockDim.x) {
-        const int ml = idx / cols;
-        const int nl = idx - ml * cols;
-        const int m = m0 + ml;
-        const int n = n_base + nl;
-        if (m >= M || n >= N) continue;
-        const int wn_ = nl / (16 * NS);
-        const int j = (nl >> 4) % NS;
-        const int r = nl & 15;
-        const int mt = ml >> 3;
-        const int mm = ml & 7;
-        const int ln = (r & 7) * 4 + (mm >> 1);
-        const int i = (r >> 3) * 2 + (mm & 1);
-        const float* p = red + ((((wn_ * NS + j) * MT + mt) * 32 + ln) * 4 + i);
-        float v = 0.0f;
-        for (int q = 0; q < SK; ++q) v += p[q * stride_wk];
-        if (bias != nullptr) v += Dt<DT>::to_f(bias[n]);
-        v = activate(v, act);
-        const size_t o = static_cast<size_t>(m) * N + n;
-        if (res != nullptr) v += Dt<DT>::to_f(res[o]);
-        Y[o] = Dt<DT>::from_f(v);
-    }
+    reduce_and_store<DT, MT, NS>(acc, red4, Y, bias, res, M, N, SN, SK, wn, wk, lane, act);
 }
 
 }  // namespace anvil_w4a16
@@ -361,8 +510,12 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, int M, int N, int K, int SN, int SK, int act,            \
              int flags) {                                                                              \
-        anvil_w4a16::w4a16_body<DT, MT, NS, CPG, GD>(W, SZ, X, Y, bias, res, M, N, K, SN, SK, act,    \
-                                                     flags);                                           \
+        if constexpr (NS == 1)                                                                         \
+            anvil_w4a16::w4a16_stream_body<DT, MT, CPG, GD * CPG>(W, SZ, X, Y, bias, res, M, N, K, SN,   \
+                                                                 SK, act, flags);                     \
+        else                                                                                          \
+            anvil_w4a16::w4a16_body<DT, MT, NS, CPG, GD>(W, SZ, X, Y, bias, res, M, N, K, SN, SK, act,  \
+                                                         flags);                                      \
     }
 
 // Instantiations follow (generated by anvil_kernels.cuda.w4a16.w4a16_source).
