@@ -29,6 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from corpus import sentences  # noqa: E402
+from run_meta import run_meta  # noqa: E402
 
 
 def _timed(obj: Any, name: str, acc: dict[str, list[float]], label: str) -> None:
@@ -95,7 +96,8 @@ def main() -> None:
     med["launch_and_fetch"] = round(med["run_chunk"] - med["stage"] - med.get("sync", 0.0), 1)
     everything = {"TEXT": np.array([s.encode() for s in texts], dtype=object)}
     lens = [int(c) for c in model.prepare([everything]).counts]
-    res = {"medians_us": med, "tokens_p50": statistics.median(lens), "n": len(acc["total"])}
+    res = {**run_meta("bench/c1_path_probe.py"), "medians_us": med, "tokens_p50": statistics.median(lens)}
+    res["n"] = len(acc["total"])
     print(json.dumps(res, indent=1), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -21,13 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import queue
 import socket
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_meta import run_meta
 
 MSG = b"x" * 64
 
@@ -131,8 +134,7 @@ def main() -> None:
     for name, fn in cases.items():
         res[name] = _summary(fn())
         print(f"{name:24s} {res[name]}", flush=True)
-    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.node()}",
-            "load1": os.getloadavg()[0], "args": vars(args)}  # fmt: skip
+    meta = run_meta("bench/wake_latency.py")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "wake_latency.json").write_text(json.dumps({"meta": meta, "cases": res}, indent=1))
