@@ -18,8 +18,13 @@ help:
 	@echo "             and $(GRPC_OUT) (the gateway's KServe gRPC stubs) from proto/grpc_service.proto"
 
 # --inexact: keep what .ci/run added for tests (torch CPU, onnxruntime) instead of removing it.
+# Bytecode is compiled here (dependencies by uv, the members' sources by compileall; each only when
+# stale): where the environment sets PYTHONDONTWRITEBYTECODE, every process would otherwise compile
+# every module from source at every start. Measured on a 2-CPU machine with it set: `anvil up` ready
+# in 5-7 s instead of 13-16 s, and ~11 s of CPU instead of ~28 s, per start (make test starts ~25).
 sync:
-	$(UV) sync --frozen --all-packages --inexact
+	UV_COMPILE_BYTECODE=1 $(UV) sync --frozen --all-packages --inexact
+	$(PY) python -m compileall -q -j 0 libs services tests bench >/dev/null
 
 up: sync
 	$(PY) anvil up

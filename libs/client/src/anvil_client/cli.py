@@ -15,7 +15,6 @@ from typing import Any
 from anvil_client.admin import add_admin_commands
 from anvil_client.bench import add_bench_command
 from anvil_client.compose_secrets import add_secrets_command
-from anvil_client.demo import run_demo
 from anvil_client.deploy import add_deploy_commands
 from anvil_client.doctor import add_doctor_command
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
@@ -82,6 +81,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _state() -> dict[str, Any] | None:
     return stack_state(os.environ)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from anvil_client.demo import run_demo  # httpx and numpy: only the demo needs them
+
+    return run_demo(Path(args.file))
 
 
 def cmd_down(_: argparse.Namespace) -> int:
@@ -152,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="start the stack, embed sentences with MiniLM, print similarities, stop"
     )
     demo.add_argument("-f", "--file", default="compose.yaml")
-    demo.set_defaults(fn=lambda a: run_demo(Path(a.file)))
+    demo.set_defaults(fn=cmd_demo)
     add_admin_commands(sub)
     add_deploy_commands(sub)
     add_bench_command(sub)

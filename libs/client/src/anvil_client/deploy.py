@@ -35,8 +35,6 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-import httpx
-
 from anvil_client.stack_redis import compiler_key, redis_target
 from anvil_core import keys
 from anvil_core.registry import connect_redis
@@ -231,6 +229,8 @@ def compile_remote(args: argparse.Namespace, on_progress: Any = None) -> dict[st
     fmt, data = ("hf", hf_bundle(path)) if path.is_dir() else ("onnx", path.read_bytes())
     key = getattr(args, "api_key", None) or compiler_key(args.compiler)
     headers = {"authorization": f"Bearer {key}"} if key else {}
+    import httpx  # here: `anvil up` builds this parser, never uploads (httpx: ~0.5 s of import)
+
     with httpx.Client(base_url=args.compiler, timeout=60, headers=headers) as http:
         files = {"file": (path.name, data)}
         calib: Path | None = getattr(args, "calibration_data", None)
