@@ -63,8 +63,13 @@ class Variant:
 
 
 def default_gd(mt: int, ns: int, cpg: int) -> int:
-    """Groups in flight: about 8 chunks (4 KiB per warp) for one strip, fewer for wide tiles."""
-    chunks = 8 // ns if mt <= 2 else 4 // ns
+    """Groups in flight: 4 chunks (2 KiB per warp) for one strip of up to 16 rows (the H200 probe,
+    bench/results/w4a16_probe.md: 15.2 us at 8192^2 M = 1 against 18.7 with 8, whose 120 registers
+    left fewer warps per SM), about 8 for wider strips of few rows, fewer for wide tiles."""
+    if ns == 1 and mt <= 2:
+        chunks = 4
+    else:
+        chunks = 8 // ns if mt <= 2 else 4 // ns
     return max(1, chunks // cpg)
 
 
@@ -329,7 +334,8 @@ def plan_launch(
     # (e.g. 2048 warps for 8192 x 8192, M = 1) beat doubling split-K to overshoot it.
     target = 0.85 * sm_count * warps_per_sm
     if sn is None:
-        sn = 1 if mt <= 2 else 4
+        # two strips' warps per block up to 16 rows (the H200 probe: 15.2 vs 17.7 us at 8192^2 M = 1)
+        sn = 2 if mt <= 2 else 4
         while sn > 1 and warp_cols % sn != 0:
             sn //= 2
     if sk is None:
