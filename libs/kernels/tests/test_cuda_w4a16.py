@@ -82,7 +82,7 @@ def test_prepack_rejects_unsupported(rng: np.random.Generator) -> None:
 
 def test_plan_launch_shapes() -> None:
     p = plan_launch(1, 8192, 8192, 128)
-    assert (p.mt, p.ns, p.sn, p.sk) == (1, 1, 2, 4) and p.grid == (1, 256) and p.block == 256
+    assert (p.mt, p.ns, p.sn, p.sk) == (1, 1, 1, 4) and p.grid == (1, 512) and p.block == 128
     assert p.evict_first
     p = plan_launch(256, 8192, 8192, 128)
     assert p.mt == 4 and p.grid[0] == 8 and not p.evict_first

@@ -158,9 +158,10 @@ __device__ __forceinline__ uint32_t deq(uint32_t w, int sh, uint32_t zc, uint32_
 // activation and residual, and the block's rows x columns written out.
 template <int DT, int MT, int NS>
 __device__ __forceinline__ void reduce_and_store(const float (&acc)[NS][MT][4], float4* red4,
-                                                 uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,
-                                                 const uint16_t* __restrict__ res, int M, int N, int SN, int SK,
-                                                 int wn, int wk, int lane, int act) {
+                                                 uint16_t* __restrict__ Y,
+                                                 const uint16_t* __restrict__ bias,
+                                                 const uint16_t* __restrict__ res, int M, int N, int SN,
+                                                 int SK, int wn, int wk, int lane, int act) {
     const int m0 = blockIdx.x * (8 * MT);
     // partial sums -> shared memory: red4[(((wk*SN + wn)*NS + j)*MT + mt)*32 + lane].
 #pragma unroll
@@ -315,8 +316,9 @@ __device__ __forceinline__ void w4a16_stream_body(const uint4* __restrict__ W, c
                             const uint32_t a3 = deq<DT>(wb, sh + 8, zhi, one);
 #pragma unroll
                             for (int mt = 0; mt < MT; ++mt) {
-                                const uint32_t b0 = (s == 0) ? xa[mt].x : (s == 1) ? xa[mt].z : (s == 2) ? xb[mt].x : xb[mt].z;
-                                const uint32_t b1 = (s == 0) ? xa[mt].y : (s == 1) ? xa[mt].w : (s == 2) ? xb[mt].y : xb[mt].w;
+                                const uint4& xs = s < 2 ? xa[mt] : xb[mt];  // steps 0-1 | 2-3
+                                const uint32_t b0 = (s & 1) ? xs.z : xs.x;
+                                const uint32_t b1 = (s & 1) ? xs.w : xs.y;
                                 Dt<DT>::mma(cg[mt], a0, a1, a2, a3, b0, b1);
                             }
                         }

@@ -334,8 +334,10 @@ def plan_launch(
     # (e.g. 2048 warps for 8192 x 8192, M = 1) beat doubling split-K to overshoot it.
     target = 0.85 * sm_count * warps_per_sm
     if sn is None:
-        # two strips' warps per block up to 16 rows (the H200 probe: 15.2 vs 17.7 us at 8192^2 M = 1)
-        sn = 2 if mt <= 2 else 4
+        # one strip's warps per block up to 16 rows: two measured within 2% on the large shapes
+        # (8192^2 M = 1: 15.2 vs 15.5 us) and halved the blocks of the small ones (1536 x 384 M = 16:
+        # 12 blocks, 4.8 us against 3.5)
+        sn = 1 if mt <= 2 else 4
         while sn > 1 and warp_cols % sn != 0:
             sn //= 2
     if sk is None:
