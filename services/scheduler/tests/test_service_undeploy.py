@@ -96,7 +96,10 @@ def test_undeploy_answers_the_queue_and_redeploy_takes_the_model_back(sched: Any
     assert all(code == pb.ErrorCode.NOT_FOUND and "was undeployed" in why for code, why in got.values())
     assert "m" not in s.core.models() and "other" in s.core.models()
 
-    s.handle(s._on_gateway, request("late"))
+    s.handle(s._on_gateway, request("late"))  # waits for a read of the registry begun after it
+    assert "late" not in answers(s) and s.unloads.parked == 1
+    s.unloads.apply({"m"}, time.monotonic())  # that read: still unloaded
+    s._remove_unloaded(time.monotonic())
     assert answers(s)["late"] == (pb.ErrorCode.NOT_FOUND, "model 'm' is not deployed")
     s.handle(s._on_executor, register(["m", "other"]))  # an executor that has not unloaded it yet
     assert "m" not in s.core.models()
@@ -132,3 +135,41 @@ def test_a_batch_in_flight_at_the_undeploy_is_answered_and_brings_back_no_series
     s.handle(s._on_executor, [Frame(EXECUTOR), *[Frame(bytes(f)) for f in codec.pack(res, [resp])]])
     assert answers(s)["flying"] == (0, "")  # the client still gets its result
     assert _series_of("m") == [], "the late answer re-created the undeployed model's series"
+
+
+def test_a_read_begun_before_a_load_does_not_undeploy_what_a_gateway_then_sent(sched: Any) -> None:
+    """The CI race (tests/integration/test_grpc.py): a read of the registry begun while the model
+    was unloaded, applied after it was loaded again and a request for it was queued, must not
+    answer that request NOT_FOUND; a read begun after the request decides."""
+    s = sched
+    s.handle(s._on_executor, register(["m"], credits=0))  # no credit: requests stay queued
+    read_began = time.monotonic()
+    s.handle(s._on_gateway, request("after-load"))  # the gateway saw m deployed after the read began
+    s.unloads.apply({"m"}, read_began)  # the stale read lands
+    s._remove_unloaded(time.monotonic())
+    assert "m" in s.core.models() and "after-load" not in answers(s)
+    s.unloads.apply({"m"}, time.monotonic())  # a read begun after the request: really unloaded
+    s._remove_unloaded(time.monotonic())
+    assert answers(s)["after-load"] == (
+        pb.ErrorCode.NOT_FOUND,
+        "model 'm' was undeployed while the request waited",
+    )
+
+
+def test_a_request_for_a_model_held_unloaded_is_served_when_a_fresh_read_finds_it_deployed(
+    sched: Any,
+) -> None:
+    """A load answers once executors serve the model, which can be before this scheduler reads the
+    registry again: the request waits for that read instead of hearing NOT_FOUND."""
+    s = sched
+    s.handle(s._on_executor, register(["m"]))
+    s.unloaded = frozenset({"m"})
+    s._remove_unloaded(time.monotonic())
+    assert "m" not in s.core.models()
+    s.handle(s._on_gateway, request("right-after-load"))
+    assert "right-after-load" not in answers(s) and s.unloads.parked == 1
+    s.unloads.apply(set(), time.monotonic())  # the fresh read: deployed again
+    s._remove_unloaded(time.monotonic())
+    s._poll_core(time.monotonic())
+    assert "right-after-load" not in answers(s) and len(s.sent) == 1  # dispatched, not refused
+    assert s.unloads.parked == 0

@@ -54,6 +54,7 @@ from anvil_scheduler.core import (
 )
 from anvil_scheduler.settings import SchedulerSettings
 from anvil_scheduler.unix_links import UnixLinks
+from anvil_scheduler.unloaded import UnloadedView
 
 __all__ = ["Scheduler"]
 
@@ -130,8 +131,9 @@ class Scheduler:
         self.drops = DropLog(log, "scheduler")
         self._depth_labels: set[tuple[str, int]] = set()  # queue-depth series ever set, reset to 0
         # Models the registry marks UNLOADED (undeployed/unloaded): removed from the core, and
-        # ignored in executors' registrations until deployed again (read every model_sync_interval).
-        self.unloaded: frozenset[str] = frozenset()
+        # ignored in executors' registrations until deployed again (read every model_sync_interval;
+        # unloaded.py: a stale read is not applied, a request for one waits for a fresh read).
+        self.unloads = UnloadedView()
         self._applied_unloaded: frozenset[str] = frozenset()
         # each executor's last Register, to apply again when a model it lists is deployed again
         self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
@@ -274,9 +276,17 @@ class Scheduler:
                 ticket, rid, model, pb.ErrorCode.DEADLINE, "deadline passed before it reached the scheduler"
             )
             return
-        if model in self.unloaded:
-            self._reply_error(ticket, rid, model, pb.ErrorCode.NOT_FOUND, f"model {model!r} is not deployed")
+        if model in self.unloads.models:
+            ask = self.unloads.park(now, model, ticket, rid, gateway, body, parts)
+            if ask is None:  # MAX_PARKED already wait
+                self._reply_error(
+                    ticket, rid, model, pb.ErrorCode.NOT_FOUND, f"model {model!r} is not deployed"
+                )
+            elif ask:
+                self.bg.submit(self._read_unloaded())
             return
+        if self.core.has_model(model):
+            self.unloads.seen(model, now)
         if not self.core.has_model(model):
             self._reply_error(
                 ticket, rid, model, pb.ErrorCode.UNAVAILABLE, f"no executor has served model {model!r}"
@@ -532,10 +542,20 @@ class Scheduler:
     async def _publish(self) -> None:
         await snapshot.publish(self.registry.redis, self._snapshot)
 
+    @property
+    def unloaded(self) -> frozenset[str]:
+        return self.unloads.models
+
+    @unloaded.setter
+    def unloaded(self, models: frozenset[str]) -> None:  # tests: as a read applied at once
+        self.unloads.models = frozenset(models)
+        self.unloads.read_started = time.monotonic()
+
     async def _read_unloaded(self) -> None:
         """Background loop: the models marked unloaded in the registry (anvil_core.deployments)."""
+        started = time.monotonic()
         found = frozenset(await deployments.unloaded(self.registry.redis))
-        self.bg.post(lambda: setattr(self, "unloaded", found))  # applied by the next _chores
+        self.bg.post(lambda: self.unloads.apply(found, started))  # applied by the next _chores
 
     def _remove_unloaded(self, now: float) -> None:
         """Scheduler thread: drop the models just undeployed; every request still queued for one is
@@ -554,6 +574,20 @@ class Scheduler:
             m.forget_model(model, self._priorities)
             self._label_cache.clear()  # its series are gone: the others are resolved again
             log.info("model removed", extra={"model": model, "queued_answered": len(failed)})
+        refused, again, ask = self.unloads.settle(now)  # the requests parked for a fresh read
+        for p in refused:
+            ticket, rid = p.args[0], p.args[1]
+            self._reply_error(
+                ticket, rid, p.model, pb.ErrorCode.NOT_FOUND, f"model {p.model!r} is not deployed"
+            )
+        for p in again:
+            gateway, body, parts = p.args[2:]
+            try:
+                self._on_request(gateway, body, parts)
+            except codec.ProtocolError as exc:  # verified once already; kept as _on_gateway does
+                self._refuse(gateway, parts[0], exc)
+        if ask:
+            self.bg.submit(self._read_unloaded())
 
     async def _load_profile(self, model: str, device: str) -> None:
         table = await self.registry.redis.hgetall(keys.profile_key(model, device))
