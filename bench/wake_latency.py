@@ -27,6 +27,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,6 +59,18 @@ def _echo(sock: socket.socket, spin_us: float) -> None:
         sock.sendall(data)
 
 
+def _timed(round_trip: Callable[[], None], n: int, gap_s: float) -> list[float]:
+    """µs per call of round_trip, n times, sleeping gap_s before each (0: back to back)."""
+    out = []
+    for _ in range(n):
+        if gap_s:
+            time.sleep(gap_s)
+        t = time.perf_counter_ns()
+        round_trip()
+        out.append((time.perf_counter_ns() - t) / 1000)
+    return out
+
+
 def _proc_rtts(n: int, gap_s: float, spin_us: float) -> list[float]:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
@@ -68,16 +81,14 @@ def _proc_rtts(n: int, gap_s: float, spin_us: float) -> list[float]:
         finally:
             os._exit(0)
     b.close()
-    out = []
-    for _ in range(n):
-        if gap_s:
-            time.sleep(gap_s)
-        t = time.perf_counter_ns()
+
+    def round_trip() -> None:
         a.sendall(MSG)
         got = 0
         while got < len(MSG):
             got += len(a.recv(64))
-        out.append((time.perf_counter_ns() - t) / 1000)
+
+    out = _timed(round_trip, n, gap_s)
     a.close()
     os.waitpid(pid, 0)
     return out
@@ -93,14 +104,12 @@ def _thread_rtts(n: int, gap_s: float) -> list[float]:
 
     th = threading.Thread(target=echo, daemon=True)
     th.start()
-    out = []
-    for _ in range(n):
-        if gap_s:
-            time.sleep(gap_s)
-        t = time.perf_counter_ns()
+
+    def round_trip() -> None:
         q_in.put(MSG)
         q_out.get()
-        out.append((time.perf_counter_ns() - t) / 1000)
+
+    out = _timed(round_trip, n, gap_s)
     q_in.put(None)
     th.join()
     return out
