@@ -1,8 +1,9 @@
 """Probe the GEMV-like W4A16 kernel's launch space on the GPU (issue #17: M <= 16 sits at ~54% of the
 streaming read of the same bytes; which of occupancy, bytes in flight or split-K limits it).
 
-Builds ``w4a16.cu`` with extra instantiations of its kernel body (one strip per warp): groups in
-flight ``gd`` and ptxas's blocks-per-SM hint
+Builds ``w4a16.cu`` with extra instantiations of both NS = 1 bodies (``old``: ``w4a16_body``;
+``new``: ``w4a16_stream_body``, the default since the ninth session): groups in flight ``gd`` and
+ptxas's blocks-per-SM hint
 (``__launch_bounds__(32 * sn * sk, minb)``, which caps registers so more warps fit), then times each
 (variant, sk, sn) at each M exactly as ``bench/kernels_gpu.py`` times kernels (CUDA-graph replay over
 6 rotating weight copies, cold L2), beside the streaming read of the same bytes and cuBLAS bf16.
@@ -43,9 +44,7 @@ SKS = (1, 2, 4, 8, 16)
 SNS = (1, 2)
 
 
-# the kernel body (w4a16_body since 3124850; the ninth session's first probe also timed the body before
-# it, which is gone: bench/results/w4a16_probe.md)
-BODIES = {"new": "w4a16_body<0, {mt}, 1, {cpg}, {d}>"}
+BODIES = {"old": "w4a16_body<0, {mt}, 1, {cpg}, {gd}>", "new": "w4a16_stream_body<0, {mt}, {cpg}, {d}>"}
 
 
 def _name(mt: int, gd: int, maxt: int, minb: int, body: str = "new") -> str:
@@ -137,7 +136,7 @@ def main() -> None:
             res = _probe_m(mod, regs, ref_layer, qws, szs, wbfs, m, k, n, stream, rng)
             rows.append(res)
             print(f"K={k} N={n} M={m}: stream {stream:.2f} cuBLAS {res['cublas_us']:.2f} default "
-                  f"{res['default_us']:.2f} best {res['best_new']}",
+                  f"{res['default_us']:.2f} best old {res['best_old']} best new {res['best_new']}",
                   flush=True)  # fmt: skip
             for p in sorted(res["probes"], key=lambda p: p["us"])[:12]:
                 print("   ", p)

@@ -215,21 +215,19 @@ __device__ __forceinline__ float scale_f(uint32_t word, bool sbf) {
     return sbf ? Dt<0>::to_f(b) : Dt<1>::to_f(b);
 }
 
-// The GEMV-like kernel. Warp (wn, wk) of a block owns NS strips and the wk-th of SK contiguous K
-// slices (whole groups); the SK partial sums are added through shared memory (reduce_and_store).
-// Written for few instructions per 64-k chunk: the H200's ncu run of the kernel before it (ninth
-// session) counted ~124 warp instructions per chunk at M = 1 against ~65 of dequantize, mma and
-// loads, and 44% of issue slots: it was issue-bound, not memory-bound. So the weight, scale and x
+// The GEMV-like kernel with one strip per warp (NS = 1), the M <= 16 default: the same layout,
+// math and output as w4a16_body, written for few instructions per 64-k chunk (the H200's ncu run of
+// w4a16_body at M = 1 counted ~124 warp instructions per chunk against ~65 of dequantize, mma and
+// loads, and 44% issue-slot use: it was issue-bound, not memory-bound). The weight, scale and x
 // pointers advance by constants (nothing is recomputed from the thread index per chunk), the rings
-// (D chunks in flight per strip) are indexed by compile-time constants and each slot reloads once
-// its chunk is dequantized, rows past M read row m0's x (no per-chunk predicate), the zero points
-// become -(MAGIC + z) pairs with integer operations, and the scale kind is selected without a branch.
-// One launch: blockDim.x = 32 * SN * SK. Dynamic shared memory: SK*SN*NS*MT*512 bytes.
-template <int DT, int MT, int NS, int CPG, int D>
-__device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const uint2* __restrict__ SZ,
-                                           const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
-                                           const uint16_t* __restrict__ bias, const uint16_t* __restrict__ res,
-                                           int M, int N, int K, int SN, int SK, int act, int flags) {
+// are indexed by compile-time constants, the zero points become -(MAGIC + z) pairs with integer
+// operations, and the scale kind is selected without a branch. D chunks in flight per warp.
+template <int DT, int MT, int CPG, int D>
+__device__ __forceinline__ void w4a16_stream_body(const uint4* __restrict__ W, const uint2* __restrict__ SZ,
+                                                  const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
+                                                  const uint16_t* __restrict__ bias,
+                                                  const uint16_t* __restrict__ res, int M, int N, int K,
+                                                  int SN, int SK, int act, int flags) {
     static_assert(D % CPG == 0, "the ring holds whole groups");
     constexpr int GD = D / CPG;  // groups in flight
     extern __shared__ float4 red4[];
@@ -240,7 +238,7 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
     const int g8 = lane >> 2;
     const int t4 = lane & 3;
     const int m0 = blockIdx.x * (8 * MT);
-    const int strip0 = (blockIdx.y * SN + wn) * NS;
+    const int strip = blockIdx.y * SN + wn;
     const int KC = K >> 6;
     const int G = KC / CPG;
     const int gb = static_cast<int>((static_cast<long long>(G) * wk) / SK);
@@ -248,25 +246,18 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
     const int ng = ge - gb;
     const int nch = ng * CPG;
 
-    float acc[NS][MT][4];
+    float acc[1][MT][4];
 #pragma unroll
-    for (int j = 0; j < NS; ++j)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[j][mt][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) acc[0][mt][i] = 0.0f;
 
-    if (strip0 < (N >> 4) && ng > 0) {
+    if (strip < (N >> 4) && ng > 0) {
         const uint64_t pol = make_policy((flags & FLAG_EVICT_FIRST) != 0);
         const bool sbf = (flags & FLAG_SCALE_BF16) != 0;
         const uint32_t one = Dt<DT>::pack2(1.0f);
-        const uint4* wq[NS];
-        const uint2* sq[NS];
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-            wq[j] = W + ((static_cast<size_t>(strip0 + j) * KC + static_cast<size_t>(gb) * CPG) * 32 + lane);
-            sq[j] = SZ + ((static_cast<size_t>(strip0 + j) * G + gb) * 8 + g8);
-        }
+        const uint4* wq = W + ((static_cast<size_t>(strip) * KC + static_cast<size_t>(gb) * CPG) * 32 + lane);
+        const uint2* sq = SZ + ((static_cast<size_t>(strip) * G + gb) * 8 + g8);
         // Rows past M read row m0's x instead (always valid memory, no per-chunk predicate): a row of
         // x reaches only its own output column of the mma, and columns past M are never stored.
         const uint4* xq[MT];
@@ -276,50 +267,37 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
             xq[mt] = reinterpret_cast<const uint4*>(
                 X + (static_cast<size_t>(m < M ? m : m0) * K + static_cast<size_t>(gb) * CPG * 64 + t4 * 16));
         }
-        uint4 wr[D][NS];
-        uint2 sr[GD][NS];
+        uint4 wr[D];
+        uint2 sr[GD];
 #pragma unroll
         for (int i = 0; i < D; ++i)
-#pragma unroll
-            for (int j = 0; j < NS; ++j)
-                if (i < nch) wr[i][j] = ld_stream4(wq[j] + i * 32, pol);
+            if (i < nch) wr[i] = ld_stream4(wq + i * 32, pol);
 #pragma unroll
         for (int i = 0; i < GD; ++i)
-#pragma unroll
-            for (int j = 0; j < NS; ++j)
-                if (i < ng) sr[i][j] = ld_stream2(sq[j] + i * 8, pol);
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-            wq[j] += D * 32;  // the next chunk to load
-            sq[j] += GD * 8;  // the next group's scales to load
-        }
+            if (i < ng) sr[i] = ld_stream2(sq + i * 8, pol);
+        wq += D * 32;  // the next chunk to load
+        sq += GD * 8;  // the next group's scales to load
 
         for (int g0 = 0; g0 < ng; g0 += GD) {
 #pragma unroll
             for (int gi = 0; gi < GD; ++gi) {
                 if (g0 + gi < ng) {  // uniform across the warp
-                    float slo[NS], shi[NS];
-                    uint32_t zlo[NS], zhi[NS];
+                    const uint2 v = sr[gi];
+                    if (g0 + gi + GD < ng) sr[gi] = ld_stream2(sq, pol);
+                    sq += 8;
+                    const float slo = scale_f(v.x, sbf);
+                    const float shi = scale_f(v.y, sbf);
+                    const uint32_t zlo = neg_magic_z2<DT>(v.x >> 16);
+                    const uint32_t zhi = neg_magic_z2<DT>(v.y >> 16);
+                    float cg[MT][4];
 #pragma unroll
-                    for (int j = 0; j < NS; ++j) {
-                        const uint2 v = sr[gi][j];
-                        if (g0 + gi + GD < ng) sr[gi][j] = ld_stream2(sq[j], pol);
-                        sq[j] += 8;
-                        slo[j] = scale_f(v.x, sbf);
-                        shi[j] = scale_f(v.y, sbf);
-                        zlo[j] = neg_magic_z2<DT>(v.x >> 16);
-                        zhi[j] = neg_magic_z2<DT>(v.y >> 16);
-                    }
-                    float cg[NS][MT][4];
+                    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int j = 0; j < NS; ++j)
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) cg[j][mt][i] = 0.0f;
+                        for (int i = 0; i < 4; ++i) cg[mt][i] = 0.0f;
 #pragma unroll
                     for (int cc = 0; cc < CPG; ++cc) {
                         const int slot = gi * CPG + cc;  // compile-time ring index
+                        const uint4 w = wr[slot];
                         uint4 xa[MT], xb[MT];
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
@@ -330,30 +308,183 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
 #pragma unroll
                         for (int s = 0; s < 4; ++s) {
                             const int sh = (s & 1) * 4;
+                            const uint32_t wa = (s < 2) ? w.x : w.z;
+                            const uint32_t wb = (s < 2) ? w.y : w.w;
+                            const uint32_t a0 = deq<DT>(wa, sh, zlo, one);
+                            const uint32_t a1 = deq<DT>(wa, sh + 8, zhi, one);
+                            const uint32_t a2 = deq<DT>(wb, sh, zlo, one);
+                            const uint32_t a3 = deq<DT>(wb, sh + 8, zhi, one);
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt) {
+                                const uint4& xs = s < 2 ? xa[mt] : xb[mt];  // steps 0-1 | 2-3
+                                const uint32_t b0 = (s & 1) ? xs.z : xs.x;
+                                const uint32_t b1 = (s & 1) ? xs.w : xs.y;
+                                Dt<DT>::mma(cg[mt], a0, a1, a2, a3, b0, b1);
+                            }
+                        }
+                        // the slot's next chunk, once this one is dequantized (no copy of the slot)
+                        if ((g0 + gi) * CPG + cc + D < nch) wr[slot] = ld_stream4(wq, pol);
+                        wq += 32;
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        acc[0][mt][0] = fmaf(slo, cg[mt][0], acc[0][mt][0]);
+                        acc[0][mt][1] = fmaf(slo, cg[mt][1], acc[0][mt][1]);
+                        acc[0][mt][2] = fmaf(shi, cg[mt][2], acc[0][mt][2]);
+                        acc[0][mt][3] = fmaf(shi, cg[mt][3], acc[0][mt][3]);
+                    }
+                }
+            }
+        }
+    }
+    reduce_and_store<DT, MT, 1>(acc, red4, Y, bias, res, M, N, SN, SK, wn, wk, lane, act);
+}
+
+// One launch: blockDim.x = 32 * SN * SK. Dynamic shared memory: SK*SN*NS*MT*512 bytes.
+template <int DT, int MT, int NS, int CPG, int GD>
+__device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const uint2* __restrict__ SZ,
+                                           const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
+                                           const uint16_t* __restrict__ bias,
+                                           const uint16_t* __restrict__ res, int M, int N, int K, int SN,
+                                           int SK, int act, int flags) {
+    constexpr int D = GD * CPG;  // chunks in flight per warp
+    extern __shared__ float4 red4[];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wn = warp % SN;
+    const int wk = warp / SN;
+    const int g8 = lane >> 2;
+    const int t4 = lane & 3;
+    const int m0 = blockIdx.x * (8 * MT);
+    const int strips = N >> 4;
+    const int strip0 = (blockIdx.y * SN + wn) * NS;
+    const int KC = K >> 6;
+    const int G = KC / CPG;
+    const int gb = static_cast<int>((static_cast<long long>(G) * wk) / SK);
+    const int ge = static_cast<int>((static_cast<long long>(G) * (wk + 1)) / SK);
+    const int ng = ge - gb;
+    const int nchunks = ng * CPG;
+
+    float acc[NS][MT][4];
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[j][mt][i] = 0.0f;
+
+    if (strip0 < strips && ng > 0) {
+        const uint64_t pol = make_policy((flags & FLAG_EVICT_FIRST) != 0);
+        const uint32_t one = Dt<DT>::pack2(1.0f);
+        const uint4* wp[NS];
+        const uint2* sp[NS];
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+            wp[j] = W + ((static_cast<size_t>(strip0 + j) * KC + static_cast<size_t>(gb) * CPG) * 32 + lane);
+            sp[j] = SZ + ((static_cast<size_t>(strip0 + j) * G + gb) * 8 + g8);
+        }
+        const uint4* xp[MT];
+        bool xv[MT];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const int m = m0 + mt * 8 + g8;
+            xv[mt] = m < M;
+            xp[mt] = reinterpret_cast<const uint4*>(
+                X + (static_cast<size_t>(xv[mt] ? m : 0) * K + static_cast<size_t>(gb) * CPG * 64 + t4 * 16));
+        }
+
+        uint4 wr[D][NS];
+        uint2 sr[GD][NS];
+#pragma unroll
+        for (int i = 0; i < D; ++i)
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+                if (i < nchunks) wr[i][j] = ld_stream4(wp[j] + static_cast<size_t>(i) * 32, pol);
+#pragma unroll
+        for (int i = 0; i < GD; ++i)
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+                if (i < ng) sr[i][j] = ld_stream2(sp[j] + i * 8, pol);
+
+        for (int g0 = 0; g0 < ng; g0 += GD) {
+#pragma unroll
+            for (int gd = 0; gd < GD; ++gd) {
+                const int gi = g0 + gd;
+                if (gi < ng) {
+                    float slo[NS], shi[NS];
+                    uint32_t zlo[NS], zhi[NS];
+#pragma unroll
+                    for (int j = 0; j < NS; ++j) {
+                        const uint2 v = sr[gd][j];
+                        if (flags & FLAG_SCALE_BF16) {
+                            slo[j] = Dt<0>::to_f(static_cast<uint16_t>(v.x & 0xFFFFu));
+                            shi[j] = Dt<0>::to_f(static_cast<uint16_t>(v.y & 0xFFFFu));
+                        } else {
+                            slo[j] = Dt<1>::to_f(static_cast<uint16_t>(v.x & 0xFFFFu));
+                            shi[j] = Dt<1>::to_f(static_cast<uint16_t>(v.y & 0xFFFFu));
+                        }
+                        zlo[j] = Dt<DT>::pack2(-(Dt<DT>::MAGIC_F + static_cast<float>(v.x >> 16)));
+                        zhi[j] = Dt<DT>::pack2(-(Dt<DT>::MAGIC_F + static_cast<float>(v.y >> 16)));
+                        if (gi + GD < ng) sr[gd][j] = ld_stream2(sp[j] + (gi + GD) * 8, pol);
+                    }
+                    float cg[NS][MT][4];
+#pragma unroll
+                    for (int j = 0; j < NS; ++j)
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) cg[j][mt][i] = 0.0f;
+#pragma unroll
+                    for (int cc = 0; cc < CPG; ++cc) {
+                        const int c = gi * CPG + cc;
+                        uint4 w[NS];
+#pragma unroll
+                        for (int j = 0; j < NS; ++j) {
+                            w[j] = wr[gd * CPG + cc][j];
+                            if (c + D < nchunks)
+                                wr[gd * CPG + cc][j] = ld_stream4(wp[j] + static_cast<size_t>(c + D) * 32, pol);
+                        }
+                        uint4 xa[MT], xb[MT];
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            if (xv[mt]) {
+                                xa[mt] = __ldg(xp[mt] + static_cast<size_t>(c) * 8);
+                                xb[mt] = __ldg(xp[mt] + static_cast<size_t>(c) * 8 + 1);
+                            } else {
+                                xa[mt] = make_uint4(0u, 0u, 0u, 0u);
+                                xb[mt] = make_uint4(0u, 0u, 0u, 0u);
+                            }
+                        }
+#pragma unroll
+                        for (int s = 0; s < 4; ++s) {
+                            const int sh = (s & 1) * 4;
 #pragma unroll
                             for (int j = 0; j < NS; ++j) {
-                                const uint4& w = wr[slot][j];
-                                const uint32_t wa = (s < 2) ? w.x : w.z;
-                                const uint32_t wb = (s < 2) ? w.y : w.w;
+                                const uint32_t wa = (s < 2) ? w[j].x : w[j].z;
+                                const uint32_t wb = (s < 2) ? w[j].y : w[j].w;
                                 const uint32_t a0 = deq<DT>(wa, sh, zlo[j], one);
                                 const uint32_t a1 = deq<DT>(wa, sh + 8, zhi[j], one);
                                 const uint32_t a2 = deq<DT>(wb, sh, zlo[j], one);
                                 const uint32_t a3 = deq<DT>(wb, sh + 8, zhi[j], one);
 #pragma unroll
                                 for (int mt = 0; mt < MT; ++mt) {
-                                    const uint4& xs = s < 2 ? xa[mt] : xb[mt];  // steps 0-1 | 2-3
-                                    const uint32_t b0 = (s & 1) ? xs.z : xs.x;
-                                    const uint32_t b1 = (s & 1) ? xs.w : xs.y;
+                                    uint32_t b0, b1;
+                                    if (s == 0) {
+                                        b0 = xa[mt].x;
+                                        b1 = xa[mt].y;
+                                    } else if (s == 1) {
+                                        b0 = xa[mt].z;
+                                        b1 = xa[mt].w;
+                                    } else if (s == 2) {
+                                        b0 = xb[mt].x;
+                                        b1 = xb[mt].y;
+                                    } else {
+                                        b0 = xb[mt].z;
+                                        b1 = xb[mt].w;
+                                    }
                                     Dt<DT>::mma(cg[j][mt], a0, a1, a2, a3, b0, b1);
                                 }
                             }
-                        }
-                        // the slot's next chunk, once this one is dequantized (no copy of the slot)
-                        const bool more = (g0 + gi) * CPG + cc + D < nch;
-#pragma unroll
-                        for (int j = 0; j < NS; ++j) {
-                            if (more) wr[slot][j] = ld_stream4(wq[j], pol);
-                            wq[j] += 32;
                         }
                     }
 #pragma unroll
@@ -369,6 +500,7 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
             }
         }
     }
+
     reduce_and_store<DT, MT, NS>(acc, red4, Y, bias, res, M, N, SN, SK, wn, wk, lane, act);
 }
 
@@ -380,8 +512,12 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, int M, int N, int K, int SN, int SK, int act,            \
              int flags) {                                                                              \
-        anvil_w4a16::w4a16_body<DT, MT, NS, CPG, GD * CPG>(W, SZ, X, Y, bias, res, M, N, K, SN, SK, act,  \
-                                                           flags);                                    \
+        if constexpr (NS == 1)                                                                         \
+            anvil_w4a16::w4a16_stream_body<DT, MT, CPG, GD * CPG>(W, SZ, X, Y, bias, res, M, N, K, SN,   \
+                                                                 SK, act, flags);                     \
+        else                                                                                          \
+            anvil_w4a16::w4a16_body<DT, MT, NS, CPG, GD>(W, SZ, X, Y, bias, res, M, N, K, SN, SK, act,  \
+                                                         flags);                                      \
     }
 
 // Instantiations follow (generated by anvil_kernels.cuda.w4a16.w4a16_source).
