@@ -218,3 +218,55 @@ def test_start_messages_name_the_device_and_a_restart_gets_a_new_id(
 def test_cuda_visible_devices_count(value: str, count: int) -> None:
     """CUDA exposes the entries up to the first invalid one."""
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": value, "PATH": ""}).count == count
+
+
+def test_compose_http_healthchecks_run_in_process_with_the_same_answer() -> None:
+    """Every `python -c` urlopen healthcheck of compose.yaml is one the launcher runs itself (no
+    Python process per check), against the same URL and timeout; it passes when a server answers
+    and fails on an error status or where none listens, as the command would."""
+    import http.server
+    import socket
+    import threading
+
+    from anvil_client.compose_file import load_services
+
+    root = Path(__file__).resolve().parents[3]
+    services = load_services(root / "compose.yaml", {}, {"cpu", "gpu", "cli"})
+    checks = [s.healthcheck for s in services.values() if s.healthcheck and s.healthcheck[0] == "python"]
+    assert checks, "compose.yaml has no python healthchecks any more: drop url_check"
+    for argv in checks:
+        url, timeout = launcher.url_check(argv, {_port_var(argv): "8123"}) or ("", 0.0)
+        assert url.startswith("http://127.0.0.1:8123/") and timeout > 0, argv
+        assert launcher.url_check(argv, {}) is None  # the port variable unset: the command decides
+    assert launcher.url_check(["python", "-c", "import os; os.system('true')"], {}) is None
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/metrics" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    metrics = next(a for a in checks if "/metrics" in a[2])
+    other = next(a for a in checks if "/metrics" not in a[2])
+    server = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert launcher._check(_proc(metrics, server.server_port))
+        assert not launcher._check(_proc(other, server.server_port))  # 503: urlopen raises
+    finally:
+        server.shutdown()
+        server.server_close()
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        free = sock.getsockname()[1]
+    assert not launcher._check(_proc(metrics, free))
+
+
+def _port_var(argv: list[str]) -> str:
+    return argv[2].split("environ['")[1].split("'")[0]
+
+
+def _proc(check: list[str], port: int) -> Any:
+    return SimpleNamespace(service=SimpleNamespace(healthcheck=check), env={_port_var(check): str(port)})

@@ -416,8 +416,35 @@ class Stack:
             tmp.replace(path)
 
 
+# compose.yaml's HTTP healthchecks: `python -c` of one urlopen of 127.0.0.1 at a port from the
+# service's environment. The launcher runs the same request itself instead of a Python process per
+# check (~35 of them per `anvil up`, ~0.12 s of CPU each); any other check runs as written.
+_URL_CHECK = re.compile(
+    r"^__import__\('urllib\.request'\)\.request\.urlopen\('http://127\.0\.0\.1:'"
+    r"\+__import__\('os'\)\.environ\['(?P<var>[A-Z0-9_]+)'\]\+'(?P<path>/[A-Za-z0-9_/.-]*)',"
+    r"timeout=(?P<timeout>[0-9.]+)\)$"
+)
+
+
+def url_check(argv: list[str], env: dict[str, str]) -> tuple[str, float] | None:
+    """(url, timeout s) when argv is one of compose.yaml's `python -c` urlopen checks, else None."""
+    if len(argv) != 3 or argv[0] not in ("python", "python3") or argv[1] != "-c":
+        return None
+    m = _URL_CHECK.match(argv[2])
+    if m is None or m["var"] not in env:
+        return None
+    return f"http://127.0.0.1:{env[m['var']]}{m['path']}", float(m["timeout"])
+
+
 def _check(proc: Proc) -> bool:
     assert proc.service.healthcheck is not None
+    probe = url_check(proc.service.healthcheck, proc.env)
+    if probe is not None:
+        try:  # what the command does: exit 0 iff urlopen answers (any 2xx/3xx) within the timeout
+            with urllib.request.urlopen(probe[0], timeout=probe[1]):
+                return True
+        except (OSError, ValueError):
+            return False
     try:
         argv = _local_argv(proc.service.healthcheck)
         return subprocess.run(argv, env=proc.env, capture_output=True, timeout=5).returncode == 0
