@@ -89,7 +89,7 @@ def test_undeploy_answers_the_queue_and_redeploy_takes_the_model_back(sched: Any
         s._poll_core(time.monotonic())
     assert len(s.sent) == 1 and s.core.accounting(time.monotonic()).queued_requests == 4
 
-    s.unloaded = frozenset({"m"})  # what _read_unloaded posts when the record says UNLOADED
+    s.unloads.apply({"m"}, time.monotonic())  # what _read_unloaded posts when the record says UNLOADED
     s._remove_unloaded(time.monotonic())
     got = answers(s)
     assert sorted(got) == ["r1", "r2", "r3", "r4"]
@@ -104,7 +104,7 @@ def test_undeploy_answers_the_queue_and_redeploy_takes_the_model_back(sched: Any
     s.handle(s._on_executor, register(["m", "other"]))  # an executor that has not unloaded it yet
     assert "m" not in s.core.models()
 
-    s.unloaded = frozenset()  # deployed again: no new Register needed
+    s.unloads.apply(set(), time.monotonic())  # deployed again: no new Register needed
     s._remove_unloaded(time.monotonic())
     assert "m" in s.core.models() and any("m" in spec.models for spec in s.core.pool.specs())
 
@@ -123,7 +123,7 @@ def test_a_batch_in_flight_at_the_undeploy_is_answered_and_brings_back_no_series
     assert len(s.sent) == 1
     assert _series_of("m"), "the dispatch should have created the model's series"
 
-    s.unloaded = frozenset({"m"})
+    s.unloads.apply({"m"}, time.monotonic())
     s._remove_unloaded(time.monotonic())
     assert _series_of("m") == []
 
@@ -163,7 +163,7 @@ def test_a_request_for_a_model_held_unloaded_is_served_when_a_fresh_read_finds_i
     registry again: the request waits for that read instead of hearing NOT_FOUND."""
     s = sched
     s.handle(s._on_executor, register(["m"]))
-    s.unloaded = frozenset({"m"})
+    s.unloads.apply({"m"}, time.monotonic())
     s._remove_unloaded(time.monotonic())
     assert "m" not in s.core.models()
     s.handle(s._on_gateway, request("right-after-load"))

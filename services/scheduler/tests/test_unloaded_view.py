@@ -64,3 +64,12 @@ def test_a_model_never_asked_for_applies_from_any_read(started: float) -> None:
     v = UnloadedView()
     v.apply({"quiet"}, started)
     assert v.models == {"quiet"}
+
+
+def test_revived_names_what_came_back_once() -> None:
+    v = UnloadedView()
+    v.apply({"a", "b"}, 1.0)
+    assert v.revived() == frozenset()
+    v.apply({"b"}, 2.0)  # "a" deployed again
+    assert v.revived() == {"a"}
+    assert v.revived() == frozenset()  # said once

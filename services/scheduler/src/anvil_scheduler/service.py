@@ -134,7 +134,6 @@ class Scheduler:
         # ignored in executors' registrations until deployed again (read every model_sync_interval;
         # unloaded.py: a stale read is not applied, a request for one waits for a fresh read).
         self.unloads = UnloadedView()
-        self._applied_unloaded: frozenset[str] = frozenset()
         # each executor's last Register, to apply again when a model it lists is deployed again
         self._registrations: dict[str, tuple[bytes, pb.RegisterT]] = {}
         self._hop_series: dict[tuple[str, int], Any] = {}
@@ -364,7 +363,7 @@ class Scheduler:
 
     def _register(self, ident: bytes, reg: pb.RegisterT, now: float) -> None:
         eid = ident.decode(errors="replace")
-        models = {n: b for n, b in _registered_models(reg).items() if n not in self.unloaded}
+        models = {n: b for n, b in _registered_models(reg).items() if n not in self.unloads.models}
         self._registrations[eid] = (ident, reg)
         for name, max_batch in models.items():
             if name not in self.core.models():
@@ -542,15 +541,6 @@ class Scheduler:
     async def _publish(self) -> None:
         await snapshot.publish(self.registry.redis, self._snapshot)
 
-    @property
-    def unloaded(self) -> frozenset[str]:
-        return self.unloads.models
-
-    @unloaded.setter
-    def unloaded(self, models: frozenset[str]) -> None:  # tests: as a read applied at once
-        self.unloads.models = frozenset(models)
-        self.unloads.read_started = time.monotonic()
-
     async def _read_unloaded(self) -> None:
         """Background loop: the models marked unloaded in the registry (anvil_core.deployments)."""
         started = time.monotonic()
@@ -561,11 +551,11 @@ class Scheduler:
         """Scheduler thread: drop the models just undeployed; every request still queued for one is
         answered NOT_FOUND now (in-flight batches are answered when their executor reports). A model
         deployed again is taken back from the registrations of the executors that list it."""
-        revived, self._applied_unloaded = self._applied_unloaded - self.unloaded, self.unloaded
+        revived = self.unloads.revived()
         for ident, reg in list(self._registrations.values()):
             if revived & set(_registered_models(reg)):
                 self._register(ident, reg, now)
-        for model in self.unloaded & set(self.core.models()):
+        for model in self.unloads.models & set(self.core.models()):
             failed = self.core.remove_model(model, now)
             why = f"model {model!r} was undeployed while the request waited"
             for r in failed:
@@ -576,12 +566,12 @@ class Scheduler:
             log.info("model removed", extra={"model": model, "queued_answered": len(failed)})
         refused, again, ask = self.unloads.settle(now)  # the requests parked for a fresh read
         for p in refused:
-            ticket, rid = p.args[0], p.args[1]
+            ticket, rid, *_ = p.args
             self._reply_error(
                 ticket, rid, p.model, pb.ErrorCode.NOT_FOUND, f"model {p.model!r} is not deployed"
             )
         for p in again:
-            gateway, body, parts = p.args[2:]
+            *_, gateway, body, parts = p.args
             try:
                 self._on_request(gateway, body, parts)
             except codec.ProtocolError as exc:  # verified once already; kept as _on_gateway does

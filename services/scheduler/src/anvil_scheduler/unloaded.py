@@ -44,6 +44,7 @@ class UnloadedView:
     _parked: list[Parked] = field(default_factory=list)
     reread_pending: bool = False  # a read for the parked requests was asked and has not come back
     asked_at: float = float("-inf")  # monotonic: when it was asked
+    _applied: frozenset[str] = frozenset()  # `models` as the scheduler last acted on them
 
     def seen(self, model: str, now: float) -> None:
         """A gateway sent a request for `model` at `now` (monotonic). Call it only for models the
@@ -62,6 +63,11 @@ class UnloadedView:
         doubtful = {m for m in newly if self._seen_at.get(m, float("-inf")) > started}
         self.models = found - doubtful
         self.read_started = started
+
+    def revived(self) -> frozenset[str]:
+        """Models held unloaded when this was last called that no longer are (deployed again)."""
+        out, self._applied = self._applied - self.models, self.models
+        return out
 
     def park(self, at: float, model: str, *args: Any) -> bool | None:
         """Hold a request for a model held unloaded; True when a fresh read should be asked for,
