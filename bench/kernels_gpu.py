@@ -165,6 +165,18 @@ def _configs_for(m: int) -> tuple[list[str], list[str]]:
     return mtc, tc
 
 
+def random_weight(k: int, n: int, rng: np.random.Generator) -> Any:
+    """An Int4Weight (K, N) of random nibbles, g = GROUP, bf16 scales in [0.002, 0.02] and integer
+    zero points 0..15: the weights every W4A16 bench here times."""
+    from anvil_kernels import Int4Weight
+    from anvil_kernels.format import f32_to_bf16_bits, pack_nibbles
+
+    q = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
+    s = f32_to_bf16_bits(rng.uniform(0.002, 0.02, size=(k // GROUP, n)).astype(np.float32))
+    z = f32_to_bf16_bits(rng.integers(0, 16, size=(k // GROUP, n)).astype(np.float32))
+    return Int4Weight(pack_nibbles(q), s, z, GROUP, k, n, "bf16")
+
+
 def bench_shape(
     k: int, n: int, ms: list[int], module: Any, helpers: Any, rng: np.random.Generator
 ) -> list[dict]:
@@ -172,16 +184,12 @@ def bench_shape(
     import cupy as cp
     import torch
 
-    from anvil_kernels import Int4Weight, dequantize, to_tinygemm
+    from anvil_kernels import dequantize, to_tinygemm
     from anvil_kernels.cuda import W4A16Linear, prepack, prepack_mtc
-    from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits, pack_nibbles
+    from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits
 
     g = GROUP
-    q = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
-    s = f32_to_bf16_bits(rng.uniform(0.002, 0.02, size=(k // g, n)).astype(np.float32))
-    z = f32_to_bf16_bits(rng.integers(0, 16, size=(k // g, n)).astype(np.float32))
-    w = Int4Weight(pack_nibbles(q), s, z, g, k, n, "bf16")
-    del q
+    w = random_weight(k, n, rng)
     packed = prepack(w) | prepack_mtc(w)  # both layouts: every kernel can run
     wdeq = torch.from_numpy(dequantize(w)).cuda()  # float32 (K, N), exact
 

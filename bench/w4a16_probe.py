@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels_gpu import COPIES, GROUP, _graph_cupy, _graph_torch, _helpers_module, _stream_us
+from kernels_gpu import COPIES, GROUP, _graph_cupy, _graph_torch, _helpers_module, _stream_us, random_weight
 
 # (mt, gd, maxt, minb): M tile of 8*mt rows, gd groups in flight (D = gd * 2 chunks at g128),
 # __launch_bounds__(maxt, minb): at most maxt threads a block, ptxas caps registers so minb blocks fit
@@ -99,9 +99,8 @@ def main() -> None:
     import cupy as cp
     import torch
 
-    from anvil_kernels import Int4Weight, dequantize
+    from anvil_kernels import dequantize
     from anvil_kernels.cuda import W4A16Linear, prepack, prepack_mtc
-    from anvil_kernels.format import f32_to_bf16_bits, pack_nibbles
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,11 +114,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.split("x"))
-        q = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
-        s = f32_to_bf16_bits(rng.uniform(0.002, 0.02, size=(k // GROUP, n)).astype(np.float32))
-        z = f32_to_bf16_bits(rng.integers(0, 16, size=(k // GROUP, n)).astype(np.float32))
-        w = Int4Weight(pack_nibbles(q), s, z, GROUP, k, n, "bf16")
-        del q
+        w = random_weight(k, n, rng)
         packed = prepack(w)
         if args.cases:
             _cases(w, packed | prepack_mtc(w), k, n)
