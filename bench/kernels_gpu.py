@@ -394,7 +394,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), mtc_configs=tuple(MTC_CONFIGS))
-    module = load_module(args.fatbin or build_fatbins(params, ("compute_90,code=sm_90",)))
+    module = load_module(args.fatbin or build_fatbins(params, ("compute_90a,code=sm_90a",)))
     helpers = _helpers_module()
     dev = torch.cuda.get_device_properties(0)
     rng = np.random.default_rng(1234)

@@ -5,6 +5,9 @@
 # torch and pytest, and nvcc; no network, no wheels. Results in $OUT (default /tmp/out):
 #   kernels_gpu.{json,md}, w4a16_dispatch.json (measured dispatch table), bench.txt, gpu_tests.txt
 # Usage, from anywhere in the repo:  OUT=/some/dir bash bench/w4a16_device.sh
+# Narrower runs: BENCH_ARGS (more kernels_gpu.py arguments, e.g. "--shapes 8192x8192 --ms 64,256
+# --no-minilm"), TEST_CONFIGS (a Python tuple of the mtc/wg configs the test build holds; default
+# all), TEST_K (pytest -k expression).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -20,25 +23,28 @@ T0=$SECONDS
 nvidia-smi -L || true
 command -v nvcc >/dev/null || { echo "nvcc not on PATH"; exit 1; }
 
-build() {  # build DIR PARAMS_EXPR JOBS: fatbins for sm_90 (no wgmma: no sm_90a pass), JOBS nvcc
-  # processes in parallel; prints the fatbins joined by ':' (what load_module and the tests take)
+build() {  # build DIR PARAMS_EXPR JOBS: fatbins for sm_90a only (the wg kernels' wgmma needs it; one
+  # pass), JOBS nvcc processes in parallel; prints the fatbins joined by ':' (what load_module and
+  # the tests take)
   python3 -c "import os; from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, build_fatbins
-print(os.pathsep.join(map(str, build_fatbins($2, ('compute_90,code=sm_90',), '$1', jobs=$3))))"
+print(os.pathsep.join(map(str, build_fatbins($2, ('compute_90a,code=sm_90a',), '$1', jobs=$3))))"
 }
+TEST_CONFIGS=${TEST_CONFIGS:-tuple(MTC_CONFIGS)}
 NCPU=$(nproc)
 
 echo "== build (bench kernels: bf16, g128) =="
 BENCH_FATBIN=$(build "$BUILD/bench" 'W4A16Params(dtypes=("bf16",), groups=(128,), mtc_configs=tuple(MTC_CONFIGS))' "$NCPU")
 echo "   $((SECONDS - T0)) s"
 # every variant, for the tests, while the bench runs (the bench uses the GPU and one core)
-build "$BUILD/all" 'W4A16Params(mtc_configs=tuple(MTC_CONFIGS))' "$((NCPU > 2 ? NCPU - 1 : 1))" \
+build "$BUILD/all" "W4A16Params(mtc_configs=$TEST_CONFIGS)" "$((NCPU > 2 ? NCPU - 1 : 1))" \
   > "$OUT/build_all.txt" 2>&1 &
 BUILD_PID=$!
 
 echo "== bench/kernels_gpu.py =="
 BENCH_RC=0
+# shellcheck disable=SC2086  # BENCH_ARGS: several arguments
 timeout 240 python3 bench/kernels_gpu.py --fatbin "$BENCH_FATBIN" --out "$OUT" \
-  --commit "$COMMIT" > "$OUT/bench.txt" 2>&1 || BENCH_RC=$?
+  --commit "$COMMIT" ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1 || BENCH_RC=$?
 grep -E "^K=|Error|error|Traceback|failed" "$OUT/bench.txt" | cut -c1-240 || true
 echo "   bench rc=$BENCH_RC, $((SECONDS - T0)) s"
 
@@ -49,7 +55,7 @@ TEST_RC=0
 if [ "$BUILD_RC" = 0 ]; then
   # the new kernel's tests first, so that a cut-off run still reports them
   ANVIL_W4A16_FATBIN=$(tail -1 "$OUT/build_all.txt") timeout 190 python3 -m pytest -q -p no:cacheprovider \
-    -m gpu --maxfail=20 -rs libs/kernels/tests/test_cuda_w4a16_mtc.py libs/kernels/tests/test_cuda_w4a16.py \
+    -m gpu --maxfail=20 -rs ${TEST_K:+-k "$TEST_K"} libs/kernels/tests/test_cuda_w4a16_mtc.py libs/kernels/tests/test_cuda_w4a16.py \
     libs/kernels/tests/test_cuda_w4a16_tc.py > "$OUT/gpu_tests.txt" 2>&1 || TEST_RC=$?
   tail -25 "$OUT/gpu_tests.txt"
 else

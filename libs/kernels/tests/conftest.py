@@ -31,7 +31,8 @@ def module() -> object:
 
     env = os.environ.get("ANVIL_W4A16_FATBIN")
     params = W4A16Params(mtc_configs=tuple(MTC_CONFIGS))
-    return load_module(env if env else build_fatbins(params, ("compute_90,code=sm_90",)))
+    # sm_90a: the wg kernels' wgmma exists only there (an H100/H200 runs sm_90a code)
+    return load_module(env if env else build_fatbins(params, ("compute_90a,code=sm_90a",)))
 
 
 class DevArray(np.ndarray):

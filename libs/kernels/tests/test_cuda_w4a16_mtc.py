@@ -109,6 +109,11 @@ def _kernel_weight(w: Int4Weight, sa: bool, dt: str) -> np.ndarray:
         ("mtc64w", 9, 512, 272, 64, 3, "bf16"),
         ("mtc128", 130, 256, 144, 128, 1, "fp16"),
         ("mtc128w", 40, 256, 288, 128, 2, "bf16"),
+        ("wg64", 70, 256, 288, 128, 2, "bf16"),  # two M tiles; a second, partial 256-column tile
+        ("wg64n", 9, 384, 160, 64, 3, "fp16"),
+        ("wg128", 130, 256, 144, 128, 1, "fp16"),
+        ("wg128w", 40, 256, 288, 128, 2, "bf16"),
+        ("wg128w", 257, 256, 160, 256, 1, "bf16"),  # three M tiles
     ],
 )
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
@@ -141,22 +146,30 @@ def test_model_detects_a_layout_error(rng: np.random.Generator) -> None:
 
 
 def test_model_index_expressions_are_the_kernels() -> None:
-    """The model mirrors these lines of w4a16_mtc.cu; if one changes, the model must change too."""
-    src = MTC_SRC.read_text()
+    """The model mirrors these lines of w4a16_mtc.cu and w4a16_wg.cu; if one changes, the model
+    must change too."""
+    src = MTC_SRC.read_text() + MTC_SRC.with_name("w4a16_wg.cu").read_text()
     for expr in [
-        "XROW = 144",
+        "XROW = WG ? 128 : 144",
+        "return WG ? (r >> 3) * 1024 + p * 128 + (r & 7) * 16 : r * XROW + p * 16;",
         "w = W + (static_cast<size_t>(c0) * strips + strip0) * 32 + tid;",
         "sz = SZ + (static_cast<size_t>(c0 / CPG) * strips + strip0) * 4 + tid;",
-        "xdst = T::W_BYTES + T::SZ_BYTES + (tid >> 3) * T::XROW + (tid & 7) * 16;",
+        "xdst = T::W_BYTES + T::SZ_BYTES + T::x_off(tid >> 3, tid & 7);",
+        "st + xdst + T::x_off(it * (T::NT / 8), 0)",
+        "wg_desc(sx + s * 256, 128, 1024)",
+        "sW[(wn * NS + j) * 32 + lane];",
         "if (c % CPG == 0) {",
         "const uint32_t v = w >> (4 * j);",
         '"r"(0x000F000Fu)',
-        "sSZ[(wn * NS + j) * 8 + g8]",
+        "sSZ[(s0 + j) * 8 + g8]",
+        "sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, g8, flags);",
         "sW[(wn * NS + j) * 32 + lane]",
         "ldsm_off = (wm * MT * 8 + (lane & 7)) * T::XROW + (lane >> 3) * 16;",
         "sX + ldsm_off + mt * 8 * T::XROW + h * 64",
         "b[mt][2 * ss], b[mt][2 * ss + 1]",
         "mtc_pair<DT>(wd, 1), one, zhi[j]",
+        "static_cast<uint64_t>(lbo >> 4) << 16) |",
+        "(static_cast<uint64_t>(sbo >> 4) << 32)",
         "(static_cast<size_t>(z) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid",
     ]:
         assert expr in src, f"w4a16_mtc.cu no longer has: {expr}"
@@ -187,7 +200,8 @@ def _ptxas(tmp_path: Path, dtype: str) -> tuple[str, list[Path]]:
         src.write_text(w4a16_source(params))
         cubin = tmp_path / f"{cfg}_{dtype}.cubin"
         cubins.append(cubin)
-        cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v"]
+        arch = "sm_90a" if MTC_CONFIGS[cfg].wg else "sm_90"  # wgmma: sm_90a only
+        cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", f"-arch={arch}", "-Xptxas", "-v"]
         cmd += ["-o", str(cubin), str(src)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     stderr = ""
@@ -199,7 +213,7 @@ def _ptxas(tmp_path: Path, dtype: str) -> tuple[str, list[Path]]:
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-@pytest.mark.timeout(900)  # nine nvcc runs: 107 s alone on the shared 2-vCPU machine, more when busy
+@pytest.mark.timeout(900)  # 13 nvcc runs (9 mtc: 107 s alone on the shared 2-vCPU machine), more when busy
 def test_mtc_ptxas_report_and_sass(tmp_path: Path) -> None:
     """Every mtc config compiles for sm_90 with no spills and no stack, within the registers its
     MtcConfig states (the split planner's occupancy estimate uses them); with cuobjdump on PATH,
@@ -213,7 +227,7 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path) -> None:
     )
     seen = set()
     for name, stack, st, ld, regs in report:
-        hit = re.match(r"w4a16(mtc\w+?)_bf16_c2$", name)
+        hit = re.match(r"w4a16((?:mtc|wg)\w+?)_bf16_c2$", name)
         assert hit is not None, name
         seen.add(name)
         assert (int(stack), int(st), int(ld)) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
@@ -224,7 +238,9 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path) -> None:
     for cubin in cubins:
         cmd = ["cuobjdump", "-sass", str(cubin)]
         sass = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128"):
+        wg = MTC_CONFIGS[cubin.stem.rsplit("_", 1)[0]].wg
+        ops = ("HGMMA.64x", "LDGSTS.E.BYPASS.128") if wg else ("HMMA.16816.F32.BF16", "LDSM.16.M88.4")
+        for op in (*ops, "LDGSTS.E.BYPASS.128"):
             assert op in sass, f"{cubin.name}: no {op}"
         assert "LDL" not in sass and "STL" not in sass, f"{cubin.name}: local memory"
 
@@ -309,7 +325,8 @@ def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: i
 
     w = random_weight(rng, k, n, 128, "bf16")
     packed = prepack(w) | prepack_mtc(w)
-    for cfg, m in (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256)):
+    cases = (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256))
+    for cfg, m in (*cases, ("wg64", 64), ("wg64n", 64), ("wg128", 128), ("wg128w", 256)):
         layer = W4A16Linear(module, packed, m, kernel=cfg)
         x_d, x = to_dev(rng.standard_normal((m, k)).astype(np.float32), "bf16")
         out = cp.full((m, n), 0xFFFF, dtype=cp.uint16)  # bf16 NaN

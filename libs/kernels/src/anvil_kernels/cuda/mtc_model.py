@@ -32,7 +32,7 @@ from anvil_kernels.cuda.tc_model import (
     round_a,
     stage_x,
 )
-from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS
+from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS, WG_XROW_BYTES
 from anvil_kernels.cuda.w4a16_tc import STAGE_XROW_BYTES
 
 XROW = STAGE_XROW_BYTES
@@ -49,6 +49,30 @@ def ldmatrix_x4(stage_x: NDArray[np.float64], addr: NDArray[np.int64]) -> NDArra
         for e in range(2):
             out[j, :, e] = mat[_LANES >> 2, 2 * (_LANES & 3) + e]
     return out
+
+
+def stage_x_wg(
+    stage: NDArray[np.float64], x: NDArray[np.float64], chunk: int, BM: int, m0: int, m_rows: int
+) -> None:
+    """``stage_x`` for a wg config: piece (row r, 16-byte piece p) at x_off(r, p) = (r >> 3) * 1024
+    + p * 128 + (r & 7) * 16 bytes (8-row x 16-byte core matrices), zeros past M."""
+    p = np.arange(BM * 8)
+    r, piece = p >> 3, p & 7
+    m = m0 + r
+    ok = m < m_rows
+    dst = ((r >> 3) * 1024 + piece * 128 + (r & 7) * 16) // 2
+    kk = chunk * 64 + piece * 8
+    vals = x[np.where(ok, m, 0)[:, None], kk[:, None] + np.arange(8)]
+    stage[dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
+
+
+def wgmma_b(stage_x: NDArray[np.float64], start: int, lbo: int, sbo: int, n: int) -> NDArray[np.float64]:
+    """B (16 k x n columns) of wgmma from a no-swizzle K-major descriptor (bytes): element (k, col)
+    at start + (col >> 3) * sbo + (k >> 3) * lbo + (col & 7) * 16 + (k & 7) * 2."""
+    k = np.arange(16)[:, None]
+    col = np.arange(n)[None, :]
+    addr = start + (col >> 3) * sbo + (k >> 3) * lbo + (col & 7) * 16 + (k & 7) * 2
+    return stage_x[addr // 2]
 
 
 def _issue(
@@ -77,7 +101,7 @@ def _issue(
         held_g[buf] = c // CPG
     else:
         held_g[buf] = -1  # this stage's sz is stale: reading it would be a bug
-    stage_x(stX[buf], x, c, BM, m0, m_rows)
+    (stage_x_wg if BM < 0 else stage_x)(stX[buf], x, c, abs(BM), m0, m_rows)
     held[buf] = c
 
 
@@ -107,6 +131,7 @@ def simulate(
     writes = np.zeros((m_rows, n), np.int64)
     REGS = NS * MT * 4
     nwarps = NT // 32
+    xrow = WG_XROW_BYTES if c.wg else XROW
 
     for bx in range(mtiles):
         for by in range(ntiles):
@@ -117,10 +142,10 @@ def simulate(
                 c0, nck = gb * CPG, (ge - gb) * CPG
                 stW = np.zeros((ST, BS * 32, 4), np.uint32)
                 stSZ = np.zeros((ST, BS * 4, 4), np.uint32)
-                stX = np.full((ST, BM * XROW // 2), np.nan)  # padding never written: NaN
+                stX = np.full((ST, BM * xrow // 2), np.nan)  # padding never written: NaN
                 held, held_g = np.full(ST, -1), np.full(ST, -1)
                 stages = (stW, stSZ, stX, held, held_g)
-                geo = (BS, BM, CPG, strips, strip0, m0, m_rows)
+                geo = (BS, -BM if c.wg else BM, CPG, strips, strip0, m0, m_rows)
                 for s in range(ST - 1):
                     if s < nck:
                         _issue(stages, s, c0 + s, geo, W, SZ, x)
@@ -151,7 +176,11 @@ def simulate(
                         wv = [sWw[(wn * NS + j) * 32 + _LANES] for j in range(NS)]  # (32, 4) each
                         ldsm_off = (wm * MT * 8 + (_LANES & 7)) * XROW + (_LANES >> 3) * 16
                         for h in range(2):
-                            b = [ldmatrix_x4(stX[buf], ldsm_off + mt * 8 * XROW + h * 64) for mt in range(MT)]
+                            if not c.wg:
+                                b = [
+                                    ldmatrix_x4(stX[buf], ldsm_off + mt * 8 * XROW + h * 64)
+                                    for mt in range(MT)
+                                ]
                             for ss in range(2):
                                 s = 2 * h + ss
                                 for j in range(NS):
@@ -167,6 +196,15 @@ def simulate(
                                                 sr = (slo if r % 2 == 0 else shi)[warp, j]
                                                 a = round_a(a * round_a(sr, dtype), dtype)
                                             A[_a_index(r, e)] = a
+                                    if c.wg:  # this warp's 16 rows of D = A . B (16 k x BM rows of x)
+                                        Bw = wgmma_b(stX[buf], s * 256, 128, 1024, BM)
+                                        assert not np.isnan(A).any() and not np.isnan(Bw).any()
+                                        D = A @ Bw
+                                        for mt in range(MT):
+                                            for qq in range(4):
+                                                rr, cc_ = _c_index(qq)
+                                                acc[warp, j, mt, qq] += D[rr, 8 * mt + cc_]
+                                        continue
                                     for mt in range(MT):
                                         B = np.full((16, 8), np.nan)
                                         for r in range(2):

@@ -44,6 +44,7 @@ SCALE_FP16, SCALE_BF16 = 0, 1
 _SRC_PATH = Path(__file__).with_name("w4a16.cu")
 _TC_SRC_PATH = Path(__file__).with_name("w4a16_tc.cu")
 _MTC_SRC_PATH = Path(__file__).with_name("w4a16_mtc.cu")
+_WG_SRC_PATH = Path(__file__).with_name("w4a16_wg.cu")
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def w4a16_source(params: W4A16Params | None = None) -> str:
 
 
 def _sources() -> list[str]:
-    return [_SRC_PATH.read_text(), _TC_SRC_PATH.read_text(), _MTC_SRC_PATH.read_text()]
+    return [p.read_text() for p in (_SRC_PATH, _TC_SRC_PATH, _MTC_SRC_PATH, _WG_SRC_PATH)]
 
 
 def _instantiations(params: W4A16Params | None) -> list[str]:

@@ -60,16 +60,22 @@ __device__ __forceinline__ uint32_t mtc_pair(uint32_t w, int j) {
     return d;
 }
 
-template <int MT, int NS, int WM, int WN>
+// WG: the x tile in the wgmma kernel's layout (w4a16_wg.cu): 8-row x 16-byte core matrices, 128
+// contiguous bytes each, [BM/8 row groups][8 k pieces][8 rows][16 B]; otherwise rows of XROW bytes.
+template <int MT, int NS, int WM, int WN, bool WG = false>
 struct MtcTile {
     static constexpr int BM = 8 * MT * WM;
     static constexpr int BS = NS * WN;  // 16-column strips per block
     static constexpr int BN = 16 * BS;
     static constexpr int NT = 32 * WM * WN;
-    static constexpr int XROW = 144;  // bytes per x row in a stage (128 + 16 pad)
+    static constexpr int XROW = WG ? 128 : 144;  // bytes per x row in a stage (128 + 16 pad)
     static constexpr int W_BYTES = BS * 512;
     static constexpr int SZ_BYTES = BS * 64;
     static constexpr int X_BYTES = BM * XROW;
+    // x piece (row r, 16-byte piece p) of a stage, bytes past the x tile's start
+    static __device__ __forceinline__ int x_off(int r, int p) {
+        return WG ? (r >> 3) * 1024 + p * 128 + (r & 7) * 16 : r * XROW + p * 16;
+    }
     static constexpr int STAGE = W_BYTES + SZ_BYTES + X_BYTES;
     static constexpr int REGS = NS * MT * 4;  // accumulators per thread
 };
@@ -84,9 +90,9 @@ __device__ __forceinline__ void cp_async16s(uint32_t s, const void* gmem, bool v
 // it is decided once): W pieces p < BS*32 (16 B of strip p >> 5, lane p & 31), x pieces p < BM*8
 // (row p >> 3, 16-byte piece p & 7), and with a group's first chunk the sz pieces tid < BS*4.
 // The source pointers are those of the next chunk to copy and advance by one chunk per issue.
-template <int MT, int NS, int WM, int WN, int CPG>
+template <int MT, int NS, int WM, int WN, int CPG, bool WG = false>
 struct MtcLoader {
-    using T = MtcTile<MT, NS, WM, WN>;
+    using T = MtcTile<MT, NS, WM, WN, WG>;
     static constexpr int WIT = (T::BS * 32 + T::NT - 1) / T::NT;
     static constexpr int XIT = (T::BM * 8 + T::NT - 1) / T::NT;
     static_assert(T::NT % 8 == 0, "x pieces: NT must be a multiple of 8");
@@ -112,7 +118,7 @@ struct MtcLoader {
         sz = SZ + (static_cast<size_t>(c0 / CPG) * strips + strip0) * 4 + tid;
         const int xr = min(m0 + (tid >> 3), M - 1);  // a row in bounds (its copy may be off)
         x = X + static_cast<size_t>(xr) * K + static_cast<size_t>(c0) * 64 + (tid & 7) * 8;
-        xdst = T::W_BYTES + T::SZ_BYTES + (tid >> 3) * T::XROW + (tid & 7) * 16;
+        xdst = T::W_BYTES + T::SZ_BYTES + T::x_off(tid >> 3, tid & 7);
         c = c0;
         wok = 0;
         xok = 0;
@@ -148,7 +154,7 @@ struct MtcLoader {
         for (int it = 0; it < XIT; ++it) {
             if (T::BM * 8 % T::NT == 0 || tid + it * T::NT < T::BM * 8) {
                 const bool ok = (xok >> it) & 1u;
-                cp_async16s(st + xdst + it * (T::NT / 8) * T::XROW, ok ? x + it * xrows : x, ok);
+                cp_async16s(st + xdst + T::x_off(it * (T::NT / 8), 0), ok ? x + it * xrows : x, ok);
             }
         }
         w += wstride;
@@ -157,143 +163,63 @@ struct MtcLoader {
     }
 };
 
-// blockDim.x = NT; dynamic shared memory ST * STAGE bytes.
-template <int DT, int MT, int NS, int WM, int WN, int ST, int CPG, bool SA>
-__device__ __forceinline__ void w4a16_mtc_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
-                                               const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
-                                               const uint16_t* __restrict__ bias,
-                                               const uint16_t* __restrict__ res, float* __restrict__ ws,
-                                               int* __restrict__ counters, int M, int N, int K, int act,
-                                               int flags) {
+// The scales and zero points of NS consecutive strips (from strip s0 of the stage's sz words) for
+// one group, as the dequantization uses them: lane row g8 (lo) and g8 + 8 (hi).
+template <int DT, int NS>
+struct MtcScales {
+    float slo[NS], shi[NS];  // fp32 scales (exact path)
+    uint32_t zlo[NS], zhi[NS], s2lo[NS], s2hi[NS];  // -(MAGIC + z) and scale pairs
+
+    __device__ __forceinline__ void load(const uint2* __restrict__ sSZ, int s0, int g8, int flags) {
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+            const uint2 v = sSZ[(s0 + j) * 8 + g8];
+            if (flags & FLAG_SCALE_BF16) {
+                slo[j] = Dt<0>::to_f(static_cast<uint16_t>(v.x & 0xFFFFu));
+                shi[j] = Dt<0>::to_f(static_cast<uint16_t>(v.y & 0xFFFFu));
+            } else {
+                slo[j] = Dt<1>::to_f(static_cast<uint16_t>(v.x & 0xFFFFu));
+                shi[j] = Dt<1>::to_f(static_cast<uint16_t>(v.y & 0xFFFFu));
+            }
+            // -(MAGIC + z) as a pair, built from bits: MAGIC's exponent with z in the mantissa
+            // (z <= 64 fits bf16's 7 and fp16's 10 mantissa bits; ulp 1 there), sign set
+            zlo[j] = (Dt<DT>::MAGIC | 0x80008000u) | ((v.x >> 16) * 0x00010001u);
+            zhi[j] = (Dt<DT>::MAGIC | 0x80008000u) | ((v.y >> 16) * 0x00010001u);
+            s2lo[j] = Dt<DT>::pack2(slo[j]);
+            s2hi[j] = Dt<DT>::pack2(shi[j]);
+        }
+    }
+
+    // A fragment (a0..a3) of strip j from a step's word: (q - z), times the scale when SA
+    template <bool SA>
+    __device__ __forceinline__ void dequant(uint32_t (&a)[4], uint32_t wd, int j, uint32_t one) const {
+        a[0] = Dt<DT>::fma2(mtc_pair<DT>(wd, 0), one, zlo[j]);  // row g8,     k 2t4+e
+        a[1] = Dt<DT>::fma2(mtc_pair<DT>(wd, 1), one, zhi[j]);  // row g8 + 8, k 2t4+e
+        a[2] = Dt<DT>::fma2(mtc_pair<DT>(wd, 2), one, zlo[j]);  // row g8,     k 8+2t4+e
+        a[3] = Dt<DT>::fma2(mtc_pair<DT>(wd, 3), one, zhi[j]);  // row g8 + 8, k 8+2t4+e
+        if (SA) {
+            a[0] = Dt<DT>::mul2(a[0], s2lo[j]);
+            a[1] = Dt<DT>::mul2(a[1], s2hi[j]);
+            a[2] = Dt<DT>::mul2(a[2], s2lo[j]);
+            a[3] = Dt<DT>::mul2(a[3], s2hi[j]);
+        }
+    }
+};
+
+// Split-K (S = gridDim.z > 1): the partials of every split go to ws in fragment order
+// ([tile][z][reg][thread], coalesced) and the last block of a tile to arrive (atomic counter, reset
+// to 0 by that block) adds them in z order (deterministic); then the epilogue (bias, activation,
+// residual, one rounding) by the block that holds the sum.
+template <int DT, int MT, int NS, int WM, int WN>
+__device__ __forceinline__ void mtc_finish(float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
+                                           const uint16_t* __restrict__ bias,
+                                           const uint16_t* __restrict__ res, float* __restrict__ ws,
+                                           int* __restrict__ counters, int M, int N, int m0, int strip0,
+                                           int act) {
     using T = MtcTile<MT, NS, WM, WN>;
-    extern __shared__ uint4 smem4[];
-    unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
     const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
-    const int wm = warp / WN;
-    const int wn = warp % WN;
-    const int g8 = lane >> 2;
     const int S = gridDim.z;
     const int z = blockIdx.z;
-    const int m0 = blockIdx.x * T::BM;
-    const int strip0 = blockIdx.y * T::BS;
-    const int strips = N >> 4;
-    const int G = (K >> 6) / CPG;
-    const int gb = static_cast<int>((static_cast<long long>(G) * z) / S);
-    const int ge = static_cast<int>((static_cast<long long>(G) * (z + 1)) / S);
-    const int c0 = gb * CPG;
-    const int nck = (ge - gb) * CPG;
-    // ldmatrix row address of this lane within an 8-row x tile: row lane & 7, 8-k piece lane >> 3
-    const int ldsm_off = (wm * MT * 8 + (lane & 7)) * T::XROW + (lane >> 3) * 16;
-
-    float acc[NS][MT][4];
-    float cg[SA ? 1 : NS][SA ? 1 : MT][4];  // per-group sums (exact path only)
-#pragma unroll
-    for (int j = 0; j < NS; ++j)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[j][mt][q] = 0.0f;
-
-    MtcLoader<MT, NS, WM, WN, CPG> ld(W, SZ, X, strip0, strips, m0, M, K, c0);
-    const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-#pragma unroll
-    for (int s = 0; s < ST - 1; ++s) {
-        if (s < nck) ld.issue(smem_s + s * T::STAGE);
-        cp_async_commit();  // an empty group when s >= nck keeps the wait count uniform
-    }
-
-    const uint32_t one = Dt<DT>::pack2(1.0f);
-    float slo[NS], shi[NS];
-    uint32_t zlo[NS], zhi[NS], s2lo[NS], s2hi[NS];
-    int rd = 0;       // stage read this iteration: i % ST
-    int wr = ST - 1;  // stage written this iteration: (i + ST - 1) % ST
-    for (int i = 0; i < nck; ++i) {
-        cp_async_wait<ST - 2>();  // chunk i has landed (this thread's copies) ...
-        __syncthreads();          // ... and everyone's; everyone is done with chunk i - 1's stage
-        if (i + ST - 1 < nck) ld.issue(smem_s + wr * T::STAGE);
-        cp_async_commit();
-        const unsigned char* st = smem + rd * T::STAGE;
-        rd = rd == ST - 1 ? 0 : rd + 1;
-        wr = wr == ST - 1 ? 0 : wr + 1;
-        const uint4* sW = reinterpret_cast<const uint4*>(st);
-        const unsigned char* sX = st + T::W_BYTES + T::SZ_BYTES;
-        const int cc = i % CPG;  // c0 is a multiple of CPG
-        if (cc == 0) {
-            const uint2* sSZ = reinterpret_cast<const uint2*>(st + T::W_BYTES);
-#pragma unroll
-            for (int j = 0; j < NS; ++j) {
-                const uint2 v = sSZ[(wn * NS + j) * 8 + g8];
-                if (flags & FLAG_SCALE_BF16) {
-                    slo[j] = Dt<0>::to_f(static_cast<uint16_t>(v.x & 0xFFFFu));
-                    shi[j] = Dt<0>::to_f(static_cast<uint16_t>(v.y & 0xFFFFu));
-                } else {
-                    slo[j] = Dt<1>::to_f(static_cast<uint16_t>(v.x & 0xFFFFu));
-                    shi[j] = Dt<1>::to_f(static_cast<uint16_t>(v.y & 0xFFFFu));
-                }
-                // -(MAGIC + z) as a pair, built from bits: MAGIC's exponent with z in the mantissa
-                // (z <= 64 fits bf16's 7 and fp16's 10 mantissa bits; ulp 1 there), sign set
-                zlo[j] = (Dt<DT>::MAGIC | 0x80008000u) | ((v.x >> 16) * 0x00010001u);
-                zhi[j] = (Dt<DT>::MAGIC | 0x80008000u) | ((v.y >> 16) * 0x00010001u);
-                s2lo[j] = Dt<DT>::pack2(slo[j]);
-                s2hi[j] = Dt<DT>::pack2(shi[j]);
-            }
-            if (!SA) {
-#pragma unroll
-                for (int j = 0; j < (SA ? 1 : NS); ++j)
-#pragma unroll
-                    for (int mt = 0; mt < (SA ? 1 : MT); ++mt)
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) cg[j][mt][q] = 0.0f;
-            }
-        }
-        uint4 w[NS];
-#pragma unroll
-        for (int j = 0; j < NS; ++j) w[j] = sW[(wn * NS + j) * 32 + lane];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // steps 2h, 2h + 1
-            uint32_t b[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldsm_x4(b[mt], sX + ldsm_off + mt * 8 * T::XROW + h * 64);
-#pragma unroll
-            for (int ss = 0; ss < 2; ++ss) {
-                const int s = 2 * h + ss;
-#pragma unroll
-                for (int j = 0; j < NS; ++j) {
-                    const uint32_t wd = s == 0 ? w[j].x : s == 1 ? w[j].y : s == 2 ? w[j].z : w[j].w;
-                    uint32_t a0 = Dt<DT>::fma2(mtc_pair<DT>(wd, 0), one, zlo[j]);  // row g8,     k 2t4+e
-                    uint32_t a1 = Dt<DT>::fma2(mtc_pair<DT>(wd, 1), one, zhi[j]);  // row g8 + 8, k 2t4+e
-                    uint32_t a2 = Dt<DT>::fma2(mtc_pair<DT>(wd, 2), one, zlo[j]);  // row g8,     k 8+2t4+e
-                    uint32_t a3 = Dt<DT>::fma2(mtc_pair<DT>(wd, 3), one, zhi[j]);  // row g8 + 8, k 8+2t4+e
-                    if (SA) {
-                        a0 = Dt<DT>::mul2(a0, s2lo[j]);
-                        a1 = Dt<DT>::mul2(a1, s2hi[j]);
-                        a2 = Dt<DT>::mul2(a2, s2lo[j]);
-                        a3 = Dt<DT>::mul2(a3, s2hi[j]);
-                    }
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-                        Dt<DT>::mma(SA ? acc[j][mt] : cg[SA ? 0 : j][SA ? 0 : mt], a0, a1, a2, a3,
-                                    b[mt][2 * ss], b[mt][2 * ss + 1]);
-                }
-            }
-        }
-        if (!SA && cc == CPG - 1) {
-#pragma unroll
-            for (int j = 0; j < NS; ++j)
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    const int jj = SA ? 0 : j, mm = SA ? 0 : mt;
-                    acc[j][mt][0] = fmaf(slo[j], cg[jj][mm][0], acc[j][mt][0]);
-                    acc[j][mt][1] = fmaf(slo[j], cg[jj][mm][1], acc[j][mt][1]);
-                    acc[j][mt][2] = fmaf(shi[j], cg[jj][mm][2], acc[j][mt][2]);
-                    acc[j][mt][3] = fmaf(shi[j], cg[jj][mm][3], acc[j][mt][3]);
-                }
-        }
-    }
-    cp_async_wait<0>();
-
     if (S > 1) {
         __shared__ int last;
         const int tile = blockIdx.y * gridDim.x + blockIdx.x;
@@ -356,6 +282,119 @@ __device__ __forceinline__ void w4a16_mtc_body(const uint4* __restrict__ W, cons
         default:
             tc_epilogue<DT, MT, NS, WM, WN, -1>(acc, Y, bias, res, M, N, m0, strip0, act);
     }
+}
+
+// blockDim.x = NT; dynamic shared memory ST * STAGE bytes.
+template <int DT, int MT, int NS, int WM, int WN, int ST, int CPG, bool SA>
+__device__ __forceinline__ void w4a16_mtc_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
+                                               const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
+                                               const uint16_t* __restrict__ bias,
+                                               const uint16_t* __restrict__ res, float* __restrict__ ws,
+                                               int* __restrict__ counters, int M, int N, int K, int act,
+                                               int flags) {
+    using T = MtcTile<MT, NS, WM, WN>;
+    extern __shared__ uint4 smem4[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wm = warp / WN;
+    const int wn = warp % WN;
+    const int g8 = lane >> 2;
+    const int S = gridDim.z;
+    const int z = blockIdx.z;
+    const int m0 = blockIdx.x * T::BM;
+    const int strip0 = blockIdx.y * T::BS;
+    const int strips = N >> 4;
+    const int G = (K >> 6) / CPG;
+    const int gb = static_cast<int>((static_cast<long long>(G) * z) / S);
+    const int ge = static_cast<int>((static_cast<long long>(G) * (z + 1)) / S);
+    const int c0 = gb * CPG;
+    const int nck = (ge - gb) * CPG;
+    // ldmatrix row address of this lane within an 8-row x tile: row lane & 7, 8-k piece lane >> 3
+    const int ldsm_off = (wm * MT * 8 + (lane & 7)) * T::XROW + (lane >> 3) * 16;
+
+    float acc[NS][MT][4];
+    float cg[SA ? 1 : NS][SA ? 1 : MT][4];  // per-group sums (exact path only)
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[j][mt][q] = 0.0f;
+
+    MtcLoader<MT, NS, WM, WN, CPG> ld(W, SZ, X, strip0, strips, m0, M, K, c0);
+    const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) {
+        if (s < nck) ld.issue(smem_s + s * T::STAGE);
+        cp_async_commit();  // an empty group when s >= nck keeps the wait count uniform
+    }
+
+    const uint32_t one = Dt<DT>::pack2(1.0f);
+    MtcScales<DT, NS> sc;
+    int rd = 0;       // stage read this iteration: i % ST
+    int wr = ST - 1;  // stage written this iteration: (i + ST - 1) % ST
+    for (int i = 0; i < nck; ++i) {
+        cp_async_wait<ST - 2>();  // chunk i has landed (this thread's copies) ...
+        __syncthreads();          // ... and everyone's; everyone is done with chunk i - 1's stage
+        if (i + ST - 1 < nck) ld.issue(smem_s + wr * T::STAGE);
+        cp_async_commit();
+        const unsigned char* st = smem + rd * T::STAGE;
+        rd = rd == ST - 1 ? 0 : rd + 1;
+        wr = wr == ST - 1 ? 0 : wr + 1;
+        const uint4* sW = reinterpret_cast<const uint4*>(st);
+        const unsigned char* sX = st + T::W_BYTES + T::SZ_BYTES;
+        const int cc = i % CPG;  // c0 is a multiple of CPG
+        if (cc == 0) {
+            sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, g8, flags);
+            if (!SA) {
+#pragma unroll
+                for (int j = 0; j < (SA ? 1 : NS); ++j)
+#pragma unroll
+                    for (int mt = 0; mt < (SA ? 1 : MT); ++mt)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) cg[j][mt][q] = 0.0f;
+            }
+        }
+        uint4 w[NS];
+#pragma unroll
+        for (int j = 0; j < NS; ++j) w[j] = sW[(wn * NS + j) * 32 + lane];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // steps 2h, 2h + 1
+            uint32_t b[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(b[mt], sX + ldsm_off + mt * 8 * T::XROW + h * 64);
+#pragma unroll
+            for (int ss = 0; ss < 2; ++ss) {
+                const int s = 2 * h + ss;
+#pragma unroll
+                for (int j = 0; j < NS; ++j) {
+                    const uint32_t wd = s == 0 ? w[j].x : s == 1 ? w[j].y : s == 2 ? w[j].z : w[j].w;
+                    uint32_t a[4];
+                    sc.template dequant<SA>(a, wd, j, one);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                        Dt<DT>::mma(SA ? acc[j][mt] : cg[SA ? 0 : j][SA ? 0 : mt], a[0], a[1], a[2], a[3],
+                                    b[mt][2 * ss], b[mt][2 * ss + 1]);
+                }
+            }
+        }
+        if (!SA && cc == CPG - 1) {
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const int jj = SA ? 0 : j, mm = SA ? 0 : mt;
+                    acc[j][mt][0] = fmaf(sc.slo[j], cg[jj][mm][0], acc[j][mt][0]);
+                    acc[j][mt][1] = fmaf(sc.slo[j], cg[jj][mm][1], acc[j][mt][1]);
+                    acc[j][mt][2] = fmaf(sc.shi[j], cg[jj][mm][2], acc[j][mt][2]);
+                    acc[j][mt][3] = fmaf(sc.shi[j], cg[jj][mm][3], acc[j][mt][3]);
+                }
+        }
+    }
+    cp_async_wait<0>();
+    mtc_finish<DT, MT, NS, WM, WN>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
 }
 
 }  // namespace anvil_w4a16

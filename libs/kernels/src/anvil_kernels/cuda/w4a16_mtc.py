@@ -20,6 +20,7 @@ from anvil_kernels.cuda.w4a16_tc import SMEM_PER_SM, STAGE_XROW_BYTES, TcPlan, c
 from anvil_kernels.format import Int4Weight
 
 MTC_MAX_SPLIT = 32
+WG_XROW_BYTES = 128  # x bytes per row in a wg stage (core matrices, no padding)
 REGS_PER_SM = 65536
 
 
@@ -40,6 +41,11 @@ class MtcConfig:
     regs: int
     sa: bool
     minb: int = 1
+    wg: bool = False  # the wgmma kernel (w4a16_wg.cu, sm_90a): wm = 1, whole warpgroups, sa
+
+    def __post_init__(self) -> None:
+        if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (8, 16, 32)):
+            raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 64, 128 or 256")
 
     @property
     def bm(self) -> int:
@@ -56,7 +62,7 @@ class MtcConfig:
     @property
     def stage_bytes(self) -> int:
         strips = self.ns * self.wn
-        return strips * 512 + strips * 64 + self.bm * STAGE_XROW_BYTES
+        return strips * 512 + strips * 64 + self.bm * (WG_XROW_BYTES if self.wg else STAGE_XROW_BYTES)
 
     @property
     def smem(self) -> int:
@@ -80,6 +86,12 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "mtc64w": MtcConfig(mt=4, ns=4, wm=2, wn=4, st=5, regs=168, sa=True, minb=1),  # 64 x 256
     "mtc128": MtcConfig(mt=8, ns=2, wm=2, wn=4, st=4, regs=184, sa=True, minb=1),  # 128 x 128
     "mtc128w": MtcConfig(mt=8, ns=4, wm=2, wn=4, st=4, regs=255, sa=True, minb=1),  # 128 x 256
+    # wgmma (sm_90a only): every warp holds all BM rows, the warpgroup's 4 warps 64 columns a slice
+    "wg64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=4, regs=128, sa=True, minb=2, wg=True),  # 64 x 256
+    "wg64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=5, regs=80, sa=True, minb=2, wg=True),  # 64 x 128
+    # 124 registers in the main loop; the unrolled epilogue takes the rest (at 128 it spills)
+    "wg128": MtcConfig(mt=16, ns=1, wm=1, wn=8, st=4, regs=254, sa=True, minb=1, wg=True),  # 128 x 128
+    "wg128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=4, regs=255, sa=True, minb=1, wg=True),  # 128 x 256
 }
 
 
@@ -90,6 +102,8 @@ def mtc_kernel_name(dtype: str, cfg_name: str, cpg: int) -> str:
 def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = MTC_CONFIGS[cfg_name]
     name = mtc_kernel_name(dtype, cfg_name, cpg)
+    if c.wg:
+        return f"ANVIL_W4A16_WG_KERNEL({name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb})"
     sa = "true" if c.sa else "false"
     args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wm}, {c.wn}, {c.st}, {cpg}, {sa}, {c.minb}"
     return f"ANVIL_W4A16_MTC_KERNEL({args})"

@@ -1,0 +1,343 @@
+// Anvil W4A16 "wg" kernel: the mtc kernel's work on Hopper's warpgroup tensor cores (wgmma, sm_90a),
+// out = act(x @ W + bias) + residual. Appended after w4a16_mtc.cu (reuses its weight layout, loader,
+// scales, split-K protocol and epilogue).
+//
+// Same formulation: out^T (N x M) = W^T . x^T, now on wgmma.mma_async m64nBMk16 (BM = 8*MT rows of
+// x: 64, 128 or 256), fp32 accumulation. A = 64 weight columns x 16 k from registers: a
+// warpgroup's warp w holds 16 of them, in the layout of the mma.m16n8k16 A fragment, which is the
+// mtc layout's (each lane's 16-byte word of a strip dequantized to a0..a3 per k16 step, scaled:
+// SA only). B = x^T, 16 k x BM rows, from shared memory through a matrix descriptor.
+//
+// Block: WN warps (WN/4 warpgroups); warp w owns strips [NS*w, NS*w + NS) of the block's BS = NS*WN
+// strips and all BM rows (accumulators acc[NS][MT][4], the mtc fragment order: the same
+// epilogue and split-K). Per chunk and warp: the NS words of its strips, 4 steps x NS fragments
+// dequantized, one wgmma.fence, 4*NS wgmmas (strip j's fragment against the x tile of step s),
+// one commit, and a wait for them before the next chunk (the stage they read is refilled after
+// the next barrier). x stage layout (no swizzle, K-major core matrices of 8 rows x 16 bytes):
+//   [BM/8 row groups: 1024 B apart (SBO)][8 k pieces of 8: 128 B apart (LBO)][8 rows][16 B]
+// so step s's descriptor starts at piece 2s (256*s bytes) and spans pieces 2s, 2s+1 of every group.
+// The copies are cp.async (generic proxy), read by wgmma (async proxy): each thread fences its
+// landed copies to the async proxy before the barrier.
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ANVIL_HAS_WGMMA 1
+#else
+#define ANVIL_HAS_WGMMA 0
+#endif
+
+namespace anvil_w4a16 {
+
+__device__ __forceinline__ void wg_fence() {
+#if ANVIL_HAS_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wg_commit() {
+#if ANVIL_HAS_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#if ANVIL_HAS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void fence_async_shared() {
+#if ANVIL_HAS_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
+// Pin the accumulators at this point of the program (no read or write of them moves across it):
+// wgmma writes them asynchronously, the compiler does not know when.
+template <int R>
+__device__ __forceinline__ void wg_pin(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Shared memory matrix descriptor, no swizzle: start, LBO (k direction) and SBO (8-row groups), in
+// 16-byte units.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+           (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+// D (64 x N, fp32, the thread's N/2 registers) += A (64 x 16, registers) . B (16 x N, descriptor)
+template <int DT, int N>
+struct Wgmma;
+
+template <>
+struct Wgmma<0, 64> {
+    static __device__ __forceinline__ void run(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+#if ANVIL_HAS_WGMMA
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+        __trap();
+#endif
+    }
+};
+
+template <>
+struct Wgmma<1, 64> {
+    static __device__ __forceinline__ void run(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+#if ANVIL_HAS_WGMMA
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+            "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+        __trap();
+#endif
+    }
+};
+
+template <>
+struct Wgmma<0, 128> {
+    static __device__ __forceinline__ void run(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+#if ANVIL_HAS_WGMMA
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+            "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+        __trap();
+#endif
+    }
+};
+
+template <>
+struct Wgmma<1, 128> {
+    static __device__ __forceinline__ void run(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+#if ANVIL_HAS_WGMMA
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+            "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+        __trap();
+#endif
+    }
+};
+
+template <>
+struct Wgmma<0, 256> {
+    static __device__ __forceinline__ void run(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
+#if ANVIL_HAS_WGMMA
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+            "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+              "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+              "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+              "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+              "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+        __trap();
+#endif
+    }
+};
+
+template <>
+struct Wgmma<1, 256> {
+    static __device__ __forceinline__ void run(float (&d)[128], const uint32_t (&a)[4], uint64_t desc) {
+#if ANVIL_HAS_WGMMA
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+            "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+            "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+            "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+            "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+            "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+              "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+              "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+              "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+              "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+              "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+              "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+              "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+              "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+#else
+        __trap();
+#endif
+    }
+};
+
+// blockDim.x = 32*WN (WN a multiple of 4); dynamic shared memory ST * STAGE bytes.
+template <int DT, int MT, int NS, int WN, int ST, int CPG>
+__device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
+                                              const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
+                                              const uint16_t* __restrict__ bias,
+                                              const uint16_t* __restrict__ res, float* __restrict__ ws,
+                                              int* __restrict__ counters, int M, int N, int K, int act,
+                                              int flags) {
+    static_assert(WN % 4 == 0, "whole warpgroups");
+    static_assert(MT == 8 || MT == 16 || MT == 32, "wgmma N = 8*MT: 64, 128 or 256");
+    using T = MtcTile<MT, NS, 1, WN, true>;
+    extern __shared__ uint4 smem4[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
+    const int lane = threadIdx.x & 31;
+    const int wn = threadIdx.x >> 5;
+    const int g8 = lane >> 2;
+    const int S = gridDim.z;
+    const int z = blockIdx.z;
+    const int m0 = blockIdx.x * T::BM;
+    const int strip0 = blockIdx.y * T::BS;
+    const int strips = N >> 4;
+    const int G = (K >> 6) / CPG;
+    const int gb = static_cast<int>((static_cast<long long>(G) * z) / S);
+    const int ge = static_cast<int>((static_cast<long long>(G) * (z + 1)) / S);
+    const int c0 = gb * CPG;
+    const int nck = (ge - gb) * CPG;
+
+    float acc[NS][MT][4];
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[j][mt][q] = 0.0f;
+
+    MtcLoader<MT, NS, 1, WN, CPG, true> ld(W, SZ, X, strip0, strips, m0, M, K, c0);
+    const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) {
+        if (s < nck) ld.issue(smem_s + s * T::STAGE);
+        cp_async_commit();  // an empty group when s >= nck keeps the wait count uniform
+    }
+
+    const uint32_t one = Dt<DT>::pack2(1.0f);
+    MtcScales<DT, NS> sc;
+    int rd = 0;       // stage read this iteration: i % ST
+    int wr = ST - 1;  // stage written this iteration: (i + ST - 1) % ST
+    for (int i = 0; i < nck; ++i) {
+        cp_async_wait<ST - 2>();  // chunk i has landed (this thread's copies) ...
+        fence_async_shared();     // ... visible to wgmma's proxy ...
+        __syncthreads();          // ... everyone's; chunk i - 1's wgmmas are done (waited below)
+        if (i + ST - 1 < nck) ld.issue(smem_s + wr * T::STAGE);
+        cp_async_commit();
+        const uint32_t st_s = smem_s + rd * T::STAGE;
+        const unsigned char* st = smem + rd * T::STAGE;
+        rd = rd == ST - 1 ? 0 : rd + 1;
+        wr = wr == ST - 1 ? 0 : wr + 1;
+        if (i % CPG == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, g8, flags);
+        const uint4* sW = reinterpret_cast<const uint4*>(st);
+        uint32_t a[4][NS][4];
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+            const uint4 w = sW[(wn * NS + j) * 32 + lane];
+            sc.template dequant<true>(a[0][j], w.x, j, one);
+            sc.template dequant<true>(a[1][j], w.y, j, one);
+            sc.template dequant<true>(a[2][j], w.z, j, one);
+            sc.template dequant<true>(a[3][j], w.w, j, one);
+        }
+        const uint32_t sx = st_s + T::W_BYTES + T::SZ_BYTES;
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+                Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
+                                       wg_desc(sx + s * 256, 128, 1024));
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
+    }
+    cp_async_wait<0>();
+    mtc_finish<DT, MT, NS, 1, WN>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
+}
+
+}  // namespace anvil_w4a16
+
+#define ANVIL_W4A16_WG_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, MINB)                                      \
+    extern "C" __global__ void __launch_bounds__(32 * WN, MINB)                                         \
+        NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
+             uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
+             const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
+             int M, int N, int K, int act, int flags) {                                                \
+        anvil_w4a16::w4a16_wg_body<DT, MT, NS, WN, ST, CPG>(W, SZ, X, Y, bias, res, ws, counters, M, N, \
+                                                            K, act, flags);                            \
+    }
