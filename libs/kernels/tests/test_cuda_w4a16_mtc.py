@@ -154,7 +154,9 @@ def test_model_index_expressions_are_the_kernels() -> None:
         "return WG ? (r >> 3) * 1024 + p * 128 + (r & 7) * 16 : r * XROW + p * 16;",
         "w = W + (static_cast<size_t>(c0) * strips + strip0) * 32 + tid;",
         "sz = SZ + (static_cast<size_t>(c0 / CPG) * strips + strip0) * 4 + tid;",
-        "xdst = T::W_BYTES + T::SZ_BYTES + T::x_off(tid >> 3, tid & 7);",
+        "xdst = T::W_BYTES + T::SZ_BYTES + T::x_off(T::x_row(tid), T::x_piece(tid));",
+        "return WG ? 8 * (tid >> 6) + (tid & 7) : tid >> 3;",
+        "return WG ? 4 * ((tid >> 5) & 1) + ((tid >> 3) & 3) : tid & 7;",
         "st + xdst + T::x_off(it * (T::NT / 8), 0)",
         "wg_desc(sx + s * 256, 128, 1024)",
         "sW[(wn * NS + j) * 32 + lane];",
@@ -173,6 +175,21 @@ def test_model_index_expressions_are_the_kernels() -> None:
         "(static_cast<size_t>(z) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid",
     ]:
         assert expr in src, f"w4a16_mtc.cu no longer has: {expr}"
+
+
+@pytest.mark.parametrize(("nt", "bm"), [(256, 64), (256, 128), (128, 64)])
+def test_wg_x_pieces_each_copied_once_in_whole_core_matrices(nt: int, bm: int) -> None:
+    """The wg loader's thread -> x piece map (x_row, x_piece; pinned above): over the trips every
+    (row, piece) of the tile is copied once, and each warp's 32 pieces are 4 whole 128-byte core
+    matrices (8 rows of one group, 4 consecutive pieces): 512 contiguous bytes of the stage."""
+    tid = np.arange(nt)
+    row, piece = 8 * (tid >> 6) + (tid & 7), 4 * ((tid >> 5) & 1) + ((tid >> 3) & 3)
+    seen = [(r + it * (nt // 8), p) for it in range(bm * 8 // nt) for r, p in zip(row, piece, strict=True)]
+    assert sorted(seen) == [(r, p) for r in range(bm) for p in range(8)]
+    off = (row >> 3) * 1024 + piece * 128 + (row & 7) * 16
+    for w in range(nt // 32):
+        o = np.sort(off[32 * w : 32 * w + 32])
+        assert o[0] % 512 == 0 and np.array_equal(o, o[0] + 16 * np.arange(32))
 
 
 def test_plan_mtc_geometry() -> None:
@@ -326,7 +343,8 @@ def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: i
     w = random_weight(rng, k, n, 128, "bf16")
     packed = prepack(w) | prepack_mtc(w)
     cases = (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256))
-    for cfg, m in (*cases, ("wg64", 64), ("wg64n", 64), ("wg128", 128), ("wg128w", 256)):
+    wg = (("wg64", 64), ("wg64n", 64), ("wg64p", 64), ("wg64np", 64), ("wg128", 128), ("wg128w", 256))
+    for cfg, m in (*cases, *wg):
         layer = W4A16Linear(module, packed, m, kernel=cfg)
         x_d, x = to_dev(rng.standard_normal((m, k)).astype(np.float32), "bf16")
         out = cp.full((m, n), 0xFFFF, dtype=cp.uint16)  # bf16 NaN

@@ -76,6 +76,13 @@ struct MtcTile {
     static __device__ __forceinline__ int x_off(int r, int p) {
         return WG ? (r >> 3) * 1024 + p * 128 + (r & 7) * 16 : r * XROW + p * 16;
     }
+    // The x piece thread tid copies on its first trip (each trip NT/8 rows further): 8 threads a
+    // row; for WG a warp takes 8 rows x 4 pieces, 4 whole core matrices (512 contiguous bytes, no
+    // bank conflict; 8 rows x 64 bytes of global memory)
+    static __device__ __forceinline__ int x_row(int tid) { return WG ? 8 * (tid >> 6) + (tid & 7) : tid >> 3; }
+    static __device__ __forceinline__ int x_piece(int tid) {
+        return WG ? 4 * ((tid >> 5) & 1) + ((tid >> 3) & 3) : tid & 7;
+    }
     static constexpr int STAGE = W_BYTES + SZ_BYTES + X_BYTES;
     static constexpr int REGS = NS * MT * 4;  // accumulators per thread
 };
@@ -96,6 +103,7 @@ struct MtcLoader {
     static constexpr int WIT = (T::BS * 32 + T::NT - 1) / T::NT;
     static constexpr int XIT = (T::BM * 8 + T::NT - 1) / T::NT;
     static_assert(T::NT % 8 == 0, "x pieces: NT must be a multiple of 8");
+    static_assert(!WG || (T::BM * 8 % T::NT == 0 && T::NT % 64 == 0), "WG: whole trips of whole row groups");
     const uint4* w;     // next chunk's piece tid
     const uint4* sz;    // next group's piece tid
     const uint16_t* x;  // next chunk's piece tid (row m0 + (tid >> 3))
@@ -116,9 +124,9 @@ struct MtcLoader {
         xrows = static_cast<size_t>(T::NT / 8) * K;
         w = W + (static_cast<size_t>(c0) * strips + strip0) * 32 + tid;
         sz = SZ + (static_cast<size_t>(c0 / CPG) * strips + strip0) * 4 + tid;
-        const int xr = min(m0 + (tid >> 3), M - 1);  // a row in bounds (its copy may be off)
-        x = X + static_cast<size_t>(xr) * K + static_cast<size_t>(c0) * 64 + (tid & 7) * 8;
-        xdst = T::W_BYTES + T::SZ_BYTES + T::x_off(tid >> 3, tid & 7);
+        const int xr = min(m0 + T::x_row(tid), M - 1);  // a row in bounds (its copy may be off)
+        x = X + static_cast<size_t>(xr) * K + static_cast<size_t>(c0) * 64 + T::x_piece(tid) * 8;
+        xdst = T::W_BYTES + T::SZ_BYTES + T::x_off(T::x_row(tid), T::x_piece(tid));
         c = c0;
         wok = 0;
         xok = 0;
@@ -130,7 +138,7 @@ struct MtcLoader {
 #pragma unroll
         for (int it = 0; it < XIT; ++it) {
             const int p = tid + it * T::NT;
-            if (p < T::BM * 8 && m0 + (p >> 3) < M) xok |= 1u << it;
+            if (p < T::BM * 8 && m0 + T::x_row(tid) + it * (T::NT / 8) < M) xok |= 1u << it;
         }
         szok = tid < T::BS * 4 && strip0 + (tid >> 2) < strips;
         if (!szok) sz = SZ;
