@@ -250,6 +250,8 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path) -> None:
         assert (int(stack), int(st), int(ld)) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
         assert int(regs) <= MTC_CONFIGS[hit.group(1)].regs, f"{name}: {regs} registers"
     assert len(seen) == len(MTC_CONFIGS), stderr
+    # e.g. C7513: wgmmas serialized because their input registers are redefined while they may run
+    assert "Potential Performance Loss" not in stderr, stderr
     if shutil.which("cuobjdump") is None:
         return
     for cubin in cubins:
@@ -343,7 +345,7 @@ def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: i
     w = random_weight(rng, k, n, 128, "bf16")
     packed = prepack(w) | prepack_mtc(w)
     cases = (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256))
-    wg = (("wg64", 64), ("wg64n", 64), ("wg64p", 64), ("wg64np", 64), ("wg128", 128), ("wg128w", 256))
+    wg = (("wg64", 64), ("wg64n", 64), ("wg128", 128), ("wg128w", 256))
     for cfg, m in (*cases, *wg):
         layer = W4A16Linear(module, packed, m, kernel=cfg)
         x_d, x = to_dev(rng.standard_normal((m, k)).astype(np.float32), "bf16")

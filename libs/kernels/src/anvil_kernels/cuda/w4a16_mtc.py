@@ -42,13 +42,10 @@ class MtcConfig:
     sa: bool
     minb: int = 1
     wg: bool = False  # the wgmma kernel (w4a16_wg.cu, sm_90a): wm = 1, whole warpgroups, sa
-    wd: int = 0  # wg: wgmma groups left pending per chunk (1: the next chunk's dequantization overlaps)
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (8, 16, 32)):
             raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 64, 128 or 256")
-        if self.wd not in (0, 1) or (self.wd and not self.wg) or self.st - 1 - self.wd < 2:
-            raise ValueError("wd (wg only) is 0 or 1, with st - 1 - wd >= 2 chunks of copies in flight")
 
     @property
     def bm(self) -> int:
@@ -92,9 +89,6 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # wgmma (sm_90a only): every warp holds all BM rows, the warpgroup's 4 warps 64 columns a slice
     "wg64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=4, regs=168, sa=True, minb=1, wg=True),  # 64 x 256
     "wg64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=5, regs=80, sa=True, minb=2, wg=True),  # 64 x 128
-    # one chunk's wgmmas pending while the next is dequantized
-    "wg64p": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=5, regs=168, sa=True, minb=1, wg=True, wd=1),
-    "wg64np": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=5, regs=80, sa=True, minb=2, wg=True, wd=1),
     # 124 registers in the main loop; the unrolled epilogue takes the rest (at 128 it spills)
     "wg128": MtcConfig(mt=16, ns=1, wm=1, wn=8, st=4, regs=254, sa=True, minb=1, wg=True),  # 128 x 128
     "wg128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=4, regs=255, sa=True, minb=1, wg=True),  # 128 x 256
@@ -109,7 +103,7 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = MTC_CONFIGS[cfg_name]
     name = mtc_kernel_name(dtype, cfg_name, cpg)
     if c.wg:
-        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.wd}, {c.minb}"
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
         return f"ANVIL_W4A16_WG_KERNEL({args})"
     sa = "true" if c.sa else "false"
     args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wm}, {c.wn}, {c.st}, {cpg}, {sa}, {c.minb}"

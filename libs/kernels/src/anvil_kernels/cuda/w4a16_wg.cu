@@ -12,11 +12,11 @@
 // strips and all BM rows (accumulators acc[NS][MT][4], the mtc fragment order: the same
 // epilogue and split-K). Per chunk and warp: the NS words of its strips, 4 steps x NS fragments
 // dequantized, one wgmma.fence, 4*NS wgmmas (strip j's fragment against the x tile of step s),
-// one commit, then a wait until at most WD such groups are pending. WD = 0: chunk i's wgmmas end
-// before chunk i + 1 is dequantized; WD = 1: they run while it is (the warpgroup's tensor cores
-// and its ALUs overlap), and a stage is refilled only once the wgmmas of the chunk it held are
-// done: ST - 1 - WD chunks of copies in flight. x stage layout (no swizzle, K-major core matrices
-// of 8 rows x 16 bytes):
+// one commit, and a wait for them before the next chunk (the stage they read is refilled after
+// the next barrier, and the next chunk's A fragments may take their registers: ptxas serializes
+// register-A wgmmas whose input registers are defined while a group is pending, so the overlap of
+// dequantization and tensor cores comes from the SM's other warpgroups). x stage layout (no swizzle,
+// K-major core matrices // of 8 rows x 16 bytes):
 //   [BM/8 row groups: 1024 B apart (SBO)][8 k pieces of 8: 128 B apart (LBO)][8 rows][16 B]
 // so step s's descriptor starts at piece 2s (256*s bytes) and spans pieces 2s, 2s+1 of every group.
 // The copies are cp.async (generic proxy), read by wgmma (async proxy): each thread fences its
@@ -249,7 +249,7 @@ struct Wgmma<1, 256> {
 };
 
 // blockDim.x = 32*WN (WN a multiple of 4); dynamic shared memory ST * STAGE bytes.
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int WD>
+template <int DT, int MT, int NS, int WN, int ST, int CPG>
 __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                               const uint16_t* __restrict__ X, uint16_t* __restrict__ Y,
                                               const uint16_t* __restrict__ bias,
@@ -258,8 +258,8 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
                                               int flags) {
     static_assert(WN % 4 == 0, "whole warpgroups");
     static_assert(MT == 8 || MT == 16 || MT == 32, "wgmma N = 8*MT: 64, 128 or 256");
-    static_assert((WD == 0 || WD == 1) && ST - 1 - WD >= 2, "WD groups pending; 2+ chunks of copies");
-    constexpr int PF = ST - 1 - WD;  // chunks of copies in flight
+    static_assert(ST >= 3, "2+ chunks of copies in flight");
+    constexpr int PF = ST - 1;  // chunks of copies in flight
     using T = MtcTile<MT, NS, 1, WN, true>;
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -300,8 +300,8 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
     for (int i = 0; i < nck; ++i) {
         cp_async_wait<PF - 1>();  // chunk i has landed (this thread's copies) ...
         fence_async_shared();     // ... visible to wgmma's proxy ...
-        __syncthreads();          // ... everyone's; the wgmmas of chunk i - 1 - WD are done (below)
-        if (i + PF < nck) ld.issue(smem_s + wr * T::STAGE);  // the stage of chunk i - 1 - WD
+        __syncthreads();          // ... everyone's; chunk i - 1's wgmmas are done (waited below)
+        if (i + PF < nck) ld.issue(smem_s + wr * T::STAGE);  // the stage of chunk i - 1
         cp_async_commit();
         const uint32_t st_s = smem_s + rd * T::STAGE;
         const unsigned char* st = smem + rd * T::STAGE;
@@ -327,9 +327,8 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
                 Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
                                        wg_desc(sx + s * 256, 128, 1024));
         wg_commit();
-        wg_wait<WD>();
+        wg_wait<0>();
     }
-    wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
     cp_async_wait<0>();
@@ -338,12 +337,12 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
 
 }  // namespace anvil_w4a16
 
-#define ANVIL_W4A16_WG_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, WD, MINB)                                  \
+#define ANVIL_W4A16_WG_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, MINB)                                      \
     extern "C" __global__ void __launch_bounds__(32 * WN, MINB)                                         \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wg_body<DT, MT, NS, WN, ST, CPG, WD>(W, SZ, X, Y, bias, res, ws, counters, M, \
-                                                                N, K, act, flags);                      \
+        anvil_w4a16::w4a16_wg_body<DT, MT, NS, WN, ST, CPG>(W, SZ, X, Y, bias, res, ws, counters, M, N, \
+                                                            K, act, flags);                            \
     }
