@@ -54,15 +54,9 @@ def test_mlp_returns_the_numpy_result(http: httpx.Client) -> None:
     assert len(r.headers["x-anvil-trace-id"]) >= 16
 
 
-_SHED_RETRIES = 5
-
-
-def _shed(r: httpx.Response) -> bool:
-    """A load-shedding answer: 429 with Retry-After, said to be the gateway's overload shed."""
-    return r.status_code == 429 and "retry-after" in r.headers and r.text.startswith('{"error":"shed:')
-
-
-def test_identity_round_trips_many_concurrent_requests(http: httpx.Client, stack: object) -> None:
+def test_identity_round_trips_many_concurrent_requests(
+    http: httpx.Client, stack: object, through_shedding: Any
+) -> None:
     import concurrent.futures as cf
 
     def one(i: int) -> bool:
@@ -71,13 +65,7 @@ def test_identity_round_trips_many_concurrent_requests(http: httpx.Client, stack
             "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": data}],
             "parameters": {"priority": 3},
         }
-        for _ in range(_SHED_RETRIES):
-            r = http.post("/v2/models/identity/infer", json=body)
-            if not _shed(r):
-                break
-            # priority 3 is shed (429 + Retry-After) while the gateway's loop is late and a more
-            # important request came within the last second (an earlier test's): retry as advised
-            time.sleep(float(r.headers["retry-after"]))
+        r = through_shedding.call(lambda: http.post("/v2/models/identity/infer", json=body))
         ok = r.status_code == 200 and r.json()["outputs"][0]["data"] == data
         assert ok, (r.status_code, r.text)
         return ok
