@@ -148,7 +148,7 @@ def test_model_detects_a_layout_error(rng: np.random.Generator) -> None:
 def test_model_index_expressions_are_the_kernels() -> None:
     """The model mirrors these lines of w4a16_mtc.cu and w4a16_wg.cu; if one changes, the model
     must change too."""
-    src = MTC_SRC.read_text() + MTC_SRC.with_name("w4a16_wg.cu").read_text()
+    src = "".join(MTC_SRC.with_name(f).read_text() for f in ("w4a16_tc.cu", "w4a16_mtc.cu", "w4a16_wg.cu"))
     for expr in [
         "XROW = WG ? 128 : 144",
         "return WG ? (r >> 3) * 1024 + p * 128 + (r & 7) * 16 : r * XROW + p * 16;",

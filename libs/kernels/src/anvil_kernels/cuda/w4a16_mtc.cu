@@ -1,6 +1,7 @@
 // Anvil W4A16 "mtc" kernel: a Marlin-like tensor-core GEMM for every M, out = act(x @ W + bias) +
 // residual. Appended after w4a16.cu and w4a16_tc.cu (reuses Dt<>, activate, cp_async16,
-// cp_async_commit, cp_async_wait, tc_epilogue and the ACT_/FLAG_ constants).
+// cp_async_commit, cp_async_wait, tile_zero, tile_finish (split-K and epilogue) and the ACT_/FLAG_
+// constants).
 //
 // Formulation as the other kernels: out^T (N x M) = W^T . x^T on mma.sync m16n8k16, A = the
 // dequantized weights (16 columns n x 16 k, in registers), B = activations (16 k x 8 rows of x,
@@ -144,6 +145,17 @@ struct MtcLoader {
         if (!szok) sz = SZ;
     }
 
+    // The pipeline's first copies: chunks c0 .. c0+PF-1 into stages 0 .. PF-1 (of STAGE bytes), one
+    // commit group each (an empty group past the block's nck chunks keeps the wait counts uniform).
+    template <int PF, int STAGE>
+    __device__ __forceinline__ void prologue(uint32_t smem_s, int nck) {
+#pragma unroll
+        for (int s = 0; s < PF; ++s) {
+            if (s < nck) issue(smem_s + s * STAGE);
+            cp_async_commit();
+        }
+    }
+
     // Copy chunk c into the stage at shared address st, then move on to chunk c + 1.
     __device__ __forceinline__ void issue(uint32_t st) {
         const int tid = threadIdx.x;
@@ -214,82 +226,16 @@ struct MtcScales {
     }
 };
 
-// Split-K (S = gridDim.z > 1): the partials of every split go to ws in fragment order
-// ([tile][z][reg][thread], coalesced) and the last block of a tile to arrive (atomic counter, reset
-// to 0 by that block) adds them in z order (deterministic); then the epilogue (bias, activation,
-// residual, one rounding) by the block that holds the sum.
-template <int DT, int MT, int NS, int WM, int WN>
-__device__ __forceinline__ void mtc_finish(float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
-                                           const uint16_t* __restrict__ bias,
-                                           const uint16_t* __restrict__ res, float* __restrict__ ws,
-                                           int* __restrict__ counters, int M, int N, int m0, int strip0,
-                                           int act) {
-    using T = MtcTile<MT, NS, WM, WN>;
-    const int tid = threadIdx.x;
+// The 64-k chunks of split z = blockIdx.z of S = gridDim.z: whole groups [G z/S, G (z+1)/S), as
+// (first chunk, chunk count).
+template <int CPG>
+__device__ __forceinline__ int2 mtc_split_chunks(int K) {
     const int S = gridDim.z;
     const int z = blockIdx.z;
-    if (S > 1) {
-        __shared__ int last;
-        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        float* wt = ws + static_cast<size_t>(tile) * S * T::REGS * T::NT;
-#pragma unroll
-        for (int j = 0; j < NS; ++j)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    __stcg(wt + (static_cast<size_t>(z) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid,
-                           acc[j][mt][q]);
-        __threadfence();  // partials visible device-wide before the counter moves
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(counters + tile, 1) == S - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        // ZB splits' partials per round trip (at least 32 loads in flight per thread: the reduction
-        // is the launch's tail), added in z order whichever block arrives last (deterministic)
-        constexpr int ZB = T::REGS >= 32 ? 1 : 32 / T::REGS;
-#pragma unroll
-        for (int j = 0; j < NS; ++j)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) acc[j][mt][q] = 0.0f;
-        for (int z0 = 0; z0 < S; z0 += ZB) {
-            float v[ZB][NS][MT][4];
-#pragma unroll
-            for (int zb = 0; zb < ZB; ++zb)
-#pragma unroll
-                for (int j = 0; j < NS; ++j)
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) {
-                            const size_t o = (static_cast<size_t>(z0 + zb) * T::REGS + (j * MT + mt) * 4 + q) * T::NT;
-                            v[zb][j][mt][q] = z0 + zb < S ? __ldcg(wt + o + tid) : 0.0f;
-                        }
-#pragma unroll
-            for (int zb = 0; zb < ZB; ++zb)
-#pragma unroll
-                for (int j = 0; j < NS; ++j)
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                        for (int q = 0; q < 4; ++q) acc[j][mt][q] += v[zb][j][mt][q];
-        }
-        if (tid == 0) counters[tile] = 0;  // ready for the next launch
-    }
-
-    switch (act) {
-        case ACT_NONE:
-            tc_epilogue<DT, MT, NS, WM, WN, ACT_NONE>(acc, Y, bias, res, M, N, m0, strip0, act);
-            break;
-        case ACT_RELU:
-            tc_epilogue<DT, MT, NS, WM, WN, ACT_RELU>(acc, Y, bias, res, M, N, m0, strip0, act);
-            break;
-        default:
-            tc_epilogue<DT, MT, NS, WM, WN, -1>(acc, Y, bias, res, M, N, m0, strip0, act);
-    }
+    const int G = (K >> 6) / CPG;
+    const int gb = static_cast<int>((static_cast<long long>(G) * z) / S);
+    const int ge = static_cast<int>((static_cast<long long>(G) * (z + 1)) / S);
+    return make_int2(gb * CPG, (ge - gb) * CPG);
 }
 
 // blockDim.x = NT; dynamic shared memory ST * STAGE bytes.
@@ -309,35 +255,22 @@ __device__ __forceinline__ void w4a16_mtc_body(const uint4* __restrict__ W, cons
     const int wm = warp / WN;
     const int wn = warp % WN;
     const int g8 = lane >> 2;
-    const int S = gridDim.z;
-    const int z = blockIdx.z;
     const int m0 = blockIdx.x * T::BM;
     const int strip0 = blockIdx.y * T::BS;
     const int strips = N >> 4;
-    const int G = (K >> 6) / CPG;
-    const int gb = static_cast<int>((static_cast<long long>(G) * z) / S);
-    const int ge = static_cast<int>((static_cast<long long>(G) * (z + 1)) / S);
-    const int c0 = gb * CPG;
-    const int nck = (ge - gb) * CPG;
+    const int2 chunks = mtc_split_chunks<CPG>(K);
+    const int c0 = chunks.x;
+    const int nck = chunks.y;
     // ldmatrix row address of this lane within an 8-row x tile: row lane & 7, 8-k piece lane >> 3
     const int ldsm_off = (wm * MT * 8 + (lane & 7)) * T::XROW + (lane >> 3) * 16;
 
     float acc[NS][MT][4];
     float cg[SA ? 1 : NS][SA ? 1 : MT][4];  // per-group sums (exact path only)
-#pragma unroll
-    for (int j = 0; j < NS; ++j)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc[j][mt][q] = 0.0f;
+    tile_zero(acc);
 
     MtcLoader<MT, NS, WM, WN, CPG> ld(W, SZ, X, strip0, strips, m0, M, K, c0);
     const uint32_t smem_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-#pragma unroll
-    for (int s = 0; s < ST - 1; ++s) {
-        if (s < nck) ld.issue(smem_s + s * T::STAGE);
-        cp_async_commit();  // an empty group when s >= nck keeps the wait count uniform
-    }
+    ld.template prologue<ST - 1, T::STAGE>(smem_s, nck);
 
     const uint32_t one = Dt<DT>::pack2(1.0f);
     MtcScales<DT, NS> sc;
@@ -402,7 +335,7 @@ __device__ __forceinline__ void w4a16_mtc_body(const uint4* __restrict__ W, cons
         }
     }
     cp_async_wait<0>();
-    mtc_finish<DT, MT, NS, WM, WN>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
+    tile_finish<DT, MT, NS, WM, WN>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
 }
 
 }  // namespace anvil_w4a16

@@ -44,8 +44,8 @@ class MtcConfig:
     wg: bool = False  # the wgmma kernel (w4a16_wg.cu, sm_90a): wm = 1, whole warpgroups, sa
 
     def __post_init__(self) -> None:
-        if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (8, 16, 32)):
-            raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 64, 128 or 256")
+        if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (8, 16)):
+            raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 64 or 128")
 
     @property
     def bm(self) -> int:

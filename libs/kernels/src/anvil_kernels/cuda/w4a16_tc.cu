@@ -120,6 +120,92 @@ __device__ __forceinline__ void tc_epilogue(const float (&acc)[NS][MT][4], uint1
     }
 }
 
+// acc = 0
+template <int NS, int MT>
+__device__ __forceinline__ void tile_zero(float (&acc)[NS][MT][4]) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[j][mt][q] = 0.0f;
+}
+
+// Split-K (S = gridDim.z > 1): the partials of every split go to ws in fragment order
+// ([tile][z][reg][thread], coalesced) and the last block of a tile to arrive (atomic counter, reset
+// to 0 by that block) adds them in z order (deterministic); then the epilogue (bias, activation,
+// residual, one rounding) by the block that holds the sum.
+template <int DT, int MT, int NS, int WM, int WN>
+__device__ __forceinline__ void tile_finish(float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
+                                           const uint16_t* __restrict__ bias,
+                                           const uint16_t* __restrict__ res, float* __restrict__ ws,
+                                           int* __restrict__ counters, int M, int N, int m0, int strip0,
+                                           int act) {
+    using T = TcTile<MT, NS, WM, WN>;
+    const int tid = threadIdx.x;
+    const int S = gridDim.z;
+    const int z = blockIdx.z;
+    if (S > 1) {
+        __shared__ int last;
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        float* wt = ws + static_cast<size_t>(tile) * S * T::REGS * T::NT;
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    __stcg(wt + (static_cast<size_t>(z) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid,
+                           acc[j][mt][q]);
+        __threadfence();  // partials visible device-wide before the counter moves
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(counters + tile, 1) == S - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // ZB splits' partials per round trip (at least 32 loads in flight per thread: the reduction
+        // is the launch's tail), added in z order whichever block arrives last (deterministic)
+        constexpr int ZB = T::REGS >= 32 ? 1 : 32 / T::REGS;
+        tile_zero(acc);
+        for (int z0 = 0; z0 < S; z0 += ZB) {
+            float v[ZB][NS][MT][4];
+#pragma unroll
+            for (int zb = 0; zb < ZB; ++zb)
+#pragma unroll
+                for (int j = 0; j < NS; ++j)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) {
+                            const size_t o = (static_cast<size_t>(z0 + zb) * T::REGS + (j * MT + mt) * 4 + q) * T::NT;
+                            v[zb][j][mt][q] = z0 + zb < S ? __ldcg(wt + o + tid) : 0.0f;
+                        }
+#pragma unroll
+            for (int zb = 0; zb < ZB; ++zb)
+#pragma unroll
+                for (int j = 0; j < NS; ++j)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int q = 0; q < 4; ++q) acc[j][mt][q] += v[zb][j][mt][q];
+        }
+        if (tid == 0) counters[tile] = 0;  // ready for the next launch
+    }
+
+    // Epilogue, one straight-line copy per common activation (the runtime switch stays for the
+    // rest: inlined at each of up to 128 accumulators, it is most of the kernel's code).
+    switch (act) {
+        case ACT_NONE:
+            tc_epilogue<DT, MT, NS, WM, WN, ACT_NONE>(acc, Y, bias, res, M, N, m0, strip0, act);
+            break;
+        case ACT_RELU:
+            tc_epilogue<DT, MT, NS, WM, WN, ACT_RELU>(acc, Y, bias, res, M, N, m0, strip0, act);
+            break;
+        default:
+            tc_epilogue<DT, MT, NS, WM, WN, -1>(acc, Y, bias, res, M, N, m0, strip0, act);
+    }
+}
+
 // blockDim.x = NT; dynamic shared memory ST * STAGE bytes.
 template <int DT, int MT, int NS, int WM, int WN, int ST, int CPG, bool SA>
 __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
@@ -257,50 +343,7 @@ __device__ __forceinline__ void w4a16_tc_body(const uint4* __restrict__ W, const
         }
     }
     cp_async_wait<0>();
-
-    if (S > 1) {
-        __shared__ int last;
-        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-        float* wt = ws + static_cast<size_t>(tile) * S * T::REGS * T::NT;
-#pragma unroll
-        for (int j = 0; j < NS; ++j)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int q = 0; q < 4; ++q)
-                    wt[(static_cast<size_t>(z) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid] = acc[j][mt][q];
-        __threadfence();  // partials visible device-wide before the counter moves
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(counters + tile, 1) == S - 1;
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-#pragma unroll
-        for (int j = 0; j < NS; ++j)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    float v = 0.0f;
-                    for (int zz = 0; zz < S; ++zz)
-                        v += __ldcg(wt + (static_cast<size_t>(zz) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid);
-                    acc[j][mt][q] = v;
-                }
-        if (tid == 0) counters[tile] = 0;  // ready for the next launch
-    }
-
-    // Epilogue, one straight-line copy per common activation (the runtime switch stays for the
-    // rest: inlined at each of up to 128 accumulators, it is most of the kernel's code).
-    switch (act) {
-        case ACT_NONE:
-            tc_epilogue<DT, MT, NS, WM, WN, ACT_NONE>(acc, Y, bias, res, M, N, m0, strip0, act);
-            break;
-        case ACT_RELU:
-            tc_epilogue<DT, MT, NS, WM, WN, ACT_RELU>(acc, Y, bias, res, M, N, m0, strip0, act);
-            break;
-        default:
-            tc_epilogue<DT, MT, NS, WM, WN, -1>(acc, Y, bias, res, M, N, m0, strip0, act);
-    }
+    tile_finish<DT, MT, NS, WM, WN>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
 }
 
 }  // namespace anvil_w4a16
