@@ -1,6 +1,6 @@
 // Anvil W4A16 "wg" kernel: the mtc kernel's work on Hopper's warpgroup tensor cores (wgmma, sm_90a),
-// out = act(x @ W + bias) + residual. Appended after w4a16_mtc.cu (reuses its weight layout, loader,
-// scales, split-K protocol and epilogue).
+// out = act(x @ W + bias) + residual. Appended after w4a16_mtc.cu (reuses its weight layout, loader
+// and scales, and tile_finish: split-K and epilogue).
 //
 // Same formulation: out^T (N x M) = W^T . x^T, now on wgmma.mma_async m64nBMk16 (BM = 8*MT rows of
 // x: 64 or 128), fp32 accumulation. A = 64 weight columns x 16 k from registers: a
@@ -16,7 +16,7 @@
 // the next barrier, and the next chunk's A fragments may take their registers: ptxas serializes
 // register-A wgmmas whose input registers are defined while a group is pending, so the overlap of
 // dequantization and tensor cores comes from the SM's other warpgroups). x stage layout (no swizzle,
-// K-major core matrices // of 8 rows x 16 bytes):
+// K-major core matrices of 8 rows x 16 bytes):
 //   [BM/8 row groups: 1024 B apart (SBO)][8 k pieces of 8: 128 B apart (LBO)][8 rows][16 B]
 // so step s's descriptor starts at piece 2s (256*s bytes) and spans pieces 2s, 2s+1 of every group.
 // The copies are cp.async (generic proxy), read by wgmma (async proxy): each thread fences its
