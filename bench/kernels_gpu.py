@@ -155,13 +155,16 @@ def _tinygemm(x: Any, packed: list, szs: list, i: int) -> None:
     torch.ops.aten._weight_int4pack_mm(x, packed[i % COPIES], GROUP, szs[i % COPIES])
 
 
+EXCLUDED: set[str] = set()  # --exclude-configs: tiles never launched (e.g. ones that failed their test)
+
+
 def _configs_for(m: int) -> tuple[list[str], list[str]]:
     """(mtc, tc) tile configs measured at M = m: mtc tiles no taller than max(16, 2M) rows (taller
-    ones only multiply zero rows), the older tc tiles from M = 32 on."""
+    ones only multiply zero rows), the older tc tiles from M = 32 on; none of EXCLUDED."""
     from anvil_kernels.cuda import MTC_CONFIGS, TC_CONFIGS
 
-    mtc = [c for c, cfg in MTC_CONFIGS.items() if cfg.bm <= max(16, 2 * m)]
-    tc = list(TC_CONFIGS) if m >= 32 else []
+    mtc = [c for c, cfg in MTC_CONFIGS.items() if cfg.bm <= max(16, 2 * m) and c not in EXCLUDED]
+    tc = [c for c in TC_CONFIGS if c not in EXCLUDED] if m >= 32 else []
     return mtc, tc
 
 
@@ -378,7 +381,9 @@ def main() -> None:
     ap.add_argument("--ms", default=None, help="e.g. 1,16,64")
     ap.add_argument("--no-minilm", action="store_true", help="skip the MiniLM shapes")
     ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--exclude-configs", default="", help="mtc/wg/tc tiles not to launch, e.g. wg64,wg128")
     args = ap.parse_args()
+    EXCLUDED.update(c for c in args.exclude_configs.split(",") if c)
 
     import cupy as cp
     import torch

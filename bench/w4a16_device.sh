@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # W4A16 kernels on one H200, in one device call (about 6-7 minutes): build the kernels with nvcc,
-# run bench/kernels_gpu.py (while the full test fatbin builds), then the GPU tests of libs/kernels,
+# test the wg (wgmma) tiles alone (a faulting one is left out of the bench), run
+# bench/kernels_gpu.py (while the full test fatbin builds), then the GPU tests of libs/kernels,
 # then print a compact summary against issue #17's targets. Needs python3 with numpy, numba, cupy,
 # torch and pytest, and nvcc; no network, no wheels. Results in $OUT (default /tmp/out):
 #   kernels_gpu.{json,md}, w4a16_dispatch.json (measured dispatch table), bench.txt, gpu_tests.txt
@@ -39,6 +40,20 @@ echo "   $((SECONDS - T0)) s"
 build "$BUILD/all" "W4A16Params(mtc_configs=$TEST_CONFIGS)" "$((NCPU > 2 ? NCPU - 1 : 1))" \
   > "$OUT/build_all.txt" 2>&1 &
 BUILD_PID=$!
+
+# The wg (wgmma) tiles first, alone: a tile that faults (illegal instruction, trap) ends its CUDA
+# context, and in the bench it would end every measurement after it. One shape, every M of the test.
+echo "== wg smoke (test_mtc_matches_twin, wg tiles, bf16 g128) =="
+WG_RC=0
+ANVIL_W4A16_FATBIN="$BENCH_FATBIN" timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu \
+  -k "test_mtc_matches_twin and wg and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_mtc.py \
+  > "$OUT/wg_smoke.txt" 2>&1 || WG_RC=$?
+tail -3 "$OUT/wg_smoke.txt"
+if [ "$WG_RC" != 0 ]; then
+  WG=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(','.join(c for c, v in MTC_CONFIGS.items() if v.wg))")
+  echo "   wg smoke FAILED (rc=$WG_RC): the bench leaves out $WG"
+  BENCH_ARGS="${BENCH_ARGS:-} --exclude-configs $WG"
+fi
 
 echo "== bench/kernels_gpu.py =="
 BENCH_RC=0
@@ -98,5 +113,5 @@ for (k, n) in ((8192, 8192), (4096, 14336), (14336, 4096)):
     print("  ".join(t))
 print("INT4 slower than cuBLAS bf16 (the table marks bf16_faster) at:", ", ".join(slower) or "none")
 EOF
-echo "bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
+echo "wg smoke rc=$WG_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
 [ "$BENCH_RC" = 0 ] && [ "$TEST_RC" = 0 ]
