@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -276,15 +276,15 @@ class ThroughShedding:
             time.sleep(float(r.headers["retry-after"]))
         return send()
 
-    async def acall(self, send: Callable[[], Any]) -> httpx.Response:
+    async def acall(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
         import asyncio
 
         for _ in range(SHED_TRIES - 1):
             r = await send()
             if not self._was_shed(r):
-                return r  # type: ignore[no-any-return]
+                return r
             await asyncio.sleep(float(r.headers["retry-after"]))
-        return await send()  # type: ignore[no-any-return]
+        return await send()
 
 
 @pytest.fixture
