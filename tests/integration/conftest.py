@@ -160,7 +160,8 @@ class LocalStack:
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self.proc.kill()  # returncode -9: what a test of the clean stop then sees
+                self.proc.wait(10)
         for proc in self.extra:
             if proc.poll() is None:
                 proc.terminate()

@@ -18,7 +18,7 @@ from anvil_client.compose_secrets import add_secrets_command
 from anvil_client.deploy import add_deploy_commands
 from anvil_client.doctor import add_doctor_command
 from anvil_client.launcher import Stack, StackError, install_signal_stop, run_root
-from anvil_client.procs import running, stop_group
+from anvil_client.procs import running, stop_group, stop_groups
 from anvil_client.stack_redis import open_redis_async, stack_state
 from anvil_core import keys
 
@@ -96,15 +96,13 @@ def cmd_down(_: argparse.Namespace) -> int:
         return 0
     pid = int(state["launcher_pid"])
     try:
-        os.kill(pid, signal.SIGTERM)  # the launcher stops its children in order
+        os.kill(pid, signal.SIGTERM)  # the launcher stops its children, then Redis
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + 15
     while running(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    for svc in state.get("services", []):
-        if svc.get("pid"):
-            stop_group(int(svc["pid"]), grace_s=2)
+    stop_groups([int(svc["pid"]) for svc in state.get("services", []) if svc.get("pid")], grace_s=2)
     if state.get("redis_pid"):
         stop_group(int(state["redis_pid"]), grace_s=2)
     (run_root(os.environ) / "current.json").unlink(missing_ok=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 from anvil_client.compose_file import ServiceDef, load_services
 from anvil_client.embedded_redis import start_redis, wait_redis
 from anvil_client.gpus import GpuSelectionError, nvidia_smi_gpus, per_gpu_services
-from anvil_client.procs import spawn, stop_group
+from anvil_client.procs import spawn, stop_group, stop_groups
 from anvil_core import redis_acl
 from anvil_core.curve import generate_role_keys, write_secret_file
 from anvil_core.settings import COMPILER_API_KEY_FILE
@@ -365,12 +365,14 @@ class Stack:
             self.write_state(ready=True)
 
     def stop(self) -> None:
+        """Every service at once (SIGTERM, SIGKILL after one grace for all), then Redis, which they
+        may still write to as they stop."""
         self._stopping.set()
         with self.lock:
-            for proc in reversed(self.procs):
-                if proc.popen is not None and proc.popen.poll() is None:
-                    stop_group(proc.popen.pid)
-                    proc.popen.wait()
+            live = [p.popen for p in reversed(self.procs) if p.popen is not None and p.popen.poll() is None]
+            stop_groups([popen.pid for popen in live])
+            for popen in live:
+                popen.wait()
             if self.redis is not None and self.redis.poll() is None:
                 stop_group(self.redis.pid)
                 self.redis.wait()

@@ -1,5 +1,6 @@
 """Child processes of the launcher: their own session (so Ctrl-C reaches only the launcher, which
-stops them in order) and a parent-death signal (so a killed launcher leaves no orphans)."""
+stops them all at once, then Redis) and a parent-death signal (so a killed launcher leaves no
+orphans)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["running", "spawn", "stop_group"]
+__all__ = ["running", "spawn", "stop_group", "stop_groups"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -46,32 +47,42 @@ def spawn(
         log.close()
 
 
+def stop_groups(pids: Sequence[int], grace_s: float = 5.0) -> None:
+    """SIGTERM the process groups of `pids` (in that order, without waiting in between), then SIGKILL
+    what is left of them once `grace_s` has passed: stopping N services takes one grace at most,
+    not N (a service inside a long C call, a JIT compile say, handles its signal only after it)."""
+    groups: dict[int, int] = {}  # pgid -> its leader's pid
+    for pid in pids:
+        try:
+            pgid = os.getpgid(pid)
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        groups[pgid] = pid
+    deadline = time.monotonic() + grace_s
+    while groups and time.monotonic() < deadline:
+        for pgid, pid in list(groups.items()):
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                del groups[pgid]
+                continue
+            try:  # reap if it is our child, so it does not linger as a zombie
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if groups:
+            time.sleep(0.05)
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def stop_group(pid: int, grace_s: float = 5.0) -> None:
     """SIGTERM the process group of `pid`, then SIGKILL whatever is left after `grace_s`."""
-    try:
-        pgid = os.getpgid(pid)
-    except ProcessLookupError:
-        return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        try:  # reap if it is our child, so it does not linger as a zombie
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                pass
-        except ChildProcessError:
-            pass
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    stop_groups([pid], grace_s)
 
 
 def running(pid: int) -> bool:
