@@ -155,16 +155,14 @@ def _tinygemm(x: Any, packed: list, szs: list, i: int) -> None:
     torch.ops.aten._weight_int4pack_mm(x, packed[i % COPIES], GROUP, szs[i % COPIES])
 
 
-EXCLUDED: set[str] = set()  # --exclude-configs: tiles never launched (e.g. ones that failed their test)
-
-
-def _configs_for(m: int) -> tuple[list[str], list[str]]:
+def _configs_for(m: int, excluded: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """(mtc, tc) tile configs measured at M = m: mtc tiles no taller than max(16, 2M) rows (taller
-    ones only multiply zero rows), the older tc tiles from M = 32 on; none of EXCLUDED."""
+    ones only multiply zero rows), the older tc tiles from M = 32 on; none of ``excluded``
+    (--exclude-configs: e.g. tiles that failed their test)."""
     from anvil_kernels.cuda import MTC_CONFIGS, TC_CONFIGS
 
-    mtc = [c for c, cfg in MTC_CONFIGS.items() if cfg.bm <= max(16, 2 * m) and c not in EXCLUDED]
-    tc = [c for c in TC_CONFIGS if c not in EXCLUDED] if m >= 32 else []
+    mtc = [c for c, cfg in MTC_CONFIGS.items() if cfg.bm <= max(16, 2 * m) and c not in excluded]
+    tc = [c for c in TC_CONFIGS if c not in excluded] if m >= 32 else []
     return mtc, tc
 
 
@@ -181,7 +179,13 @@ def random_weight(k: int, n: int, rng: np.random.Generator) -> Any:
 
 
 def bench_shape(
-    k: int, n: int, ms: list[int], module: Any, helpers: Any, rng: np.random.Generator
+    k: int,
+    n: int,
+    ms: list[int],
+    module: Any,
+    helpers: Any,
+    rng: np.random.Generator,
+    excluded: frozenset[str] = frozenset(),
 ) -> list[dict]:
     """Every method at every M for one (K, N); returns the table rows."""
     import cupy as cp
@@ -263,7 +267,7 @@ def bench_shape(
             res["gemv_us"], res["gemv_err"] = anvil("gemv", None)
         else:  # measured 1.2-4x slower than the tiles there (bench/results/kernels_gpu.md)
             res["gemv_us"], res["gemv_err"] = float("nan"), float("nan")
-        mtc_cfgs, tc_cfgs = _configs_for(m)
+        mtc_cfgs, tc_cfgs = _configs_for(m, excluded)
         tiles: dict[str, dict[str, Any]] = {}
         for cfg in mtc_cfgs + tc_cfgs:
             t, e = anvil(cfg, None)
@@ -383,7 +387,7 @@ def main() -> None:
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--exclude-configs", default="", help="mtc/wg/tc tiles not to launch, e.g. wg64,wg128")
     args = ap.parse_args()
-    EXCLUDED.update(c for c in args.exclude_configs.split(",") if c)
+    excluded = frozenset(c for c in args.exclude_configs.split(",") if c)
 
     import cupy as cp
     import torch
@@ -420,7 +424,7 @@ def main() -> None:
     if not args.no_minilm and not args.shapes:
         todo += [(k, n, MINILM_MS) for k, n in MINILM_SHAPES]
     for k, n, shape_ms in todo:
-        rows += bench_shape(k, n, shape_ms, module, helpers, rng)
+        rows += bench_shape(k, n, shape_ms, module, helpers, rng, excluded)
         torch.cuda.empty_cache()
         cp.get_default_memory_pool().free_all_blocks()
         meta["wall_s"] = round(time.time() - t0, 1)

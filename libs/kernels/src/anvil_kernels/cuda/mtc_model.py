@@ -88,7 +88,7 @@ def _issue(
     together the threads copy every piece once (vectorized over pieces). Zero-fill (src-size 0)
     past N and past M; sz only when c starts a group (the stage keeps its old sz otherwise)."""
     stW, stSZ, stX, held, held_g = stages
-    BS, BM, CPG, strips, strip0, m0, m_rows = geo
+    BS, BM, CPG, strips, strip0, m0, m_rows, wg = geo
     p = np.arange(BS * 32)
     ok = strip0 + (p >> 5) < strips
     src = np.where(ok, (c * strips + strip0) * 32 + p, 0)
@@ -101,7 +101,7 @@ def _issue(
         held_g[buf] = c // CPG
     else:
         held_g[buf] = -1  # this stage's sz is stale: reading it would be a bug
-    (stage_x_wg if BM < 0 else stage_x)(stX[buf], x, c, abs(BM), m0, m_rows)
+    (stage_x_wg if wg else stage_x)(stX[buf], x, c, BM, m0, m_rows)
     held[buf] = c
 
 
@@ -145,7 +145,7 @@ def simulate(
                 stX = np.full((ST, BM * xrow // 2), np.nan)  # padding never written: NaN
                 held, held_g = np.full(ST, -1), np.full(ST, -1)
                 stages = (stW, stSZ, stX, held, held_g)
-                geo = (BS, -BM if c.wg else BM, CPG, strips, strip0, m0, m_rows)
+                geo = (BS, BM, CPG, strips, strip0, m0, m_rows, c.wg)
                 for s in range(ST - 1):
                     if s < nck:
                         _issue(stages, s, c0 + s, geo, W, SZ, x)
