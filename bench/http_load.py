@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from anvil_client.bench.engine import HOPS, parse_hops
+from anvil_client.bench.engine import ALL_HOPS, HOPS, parse_hops
 
 HOPS_HEADER = "x-anvil-hops-us"
 
@@ -56,7 +56,7 @@ class Part:
     """What one process measured: latencies (ms), hop splits, failures by status, wall (s)."""
 
     lat_ms: list[float] = field(default_factory=list)
-    hops: list[tuple[int, ...]] = field(default_factory=list)
+    hops: list[tuple[float, ...]] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -103,14 +103,14 @@ def _connect(host: str, port: int) -> http.client.HTTPConnection:
     return conn
 
 
-def _hops(value: str | None) -> tuple[int, ...] | None:
-    """The header's four hops (µs) in HOPS order, read as `anvil bench` reads them; None unless all
-    four are there."""
+def _hops(value: str | None) -> tuple[float, ...] | None:
+    """The header's hops (µs) in ALL_HOPS order, read as `anvil bench` reads them (transit's parts
+    nan where the answer carried none); None unless the four of HOPS are there."""
     if not value:
         return None
-    out = np.full(len(HOPS), np.nan)
+    out = np.full(len(ALL_HOPS), np.nan)
     parse_hops(value, out)
-    return tuple(int(v) for v in out) if np.isfinite(out).all() else None
+    return tuple(float(v) for v in out) if np.isfinite(out[: len(HOPS)]).all() else None
 
 
 def _client(load: Load, first: int, stride: int, stop: float, part: Part, lock: threading.Lock) -> None:
@@ -119,7 +119,7 @@ def _client(load: Load, first: int, stride: int, stop: float, part: Part, lock: 
     headers = dict(load.headers)
     i = first
     lat: list[float] = []
-    hops: list[tuple[int, ...]] = []
+    hops: list[tuple[float, ...]] = []
     errors: dict[str, int] = {}
     try:
         while time.perf_counter() < stop:
@@ -203,8 +203,14 @@ def summary(part: Part, per_request: int = 1) -> dict[str, Any]:
         "error_kinds": dict(sorted(part.errors.items())),
     }
     if part.hops:
-        med = np.median(np.asarray(part.hops), axis=0)
+        hops = np.asarray(part.hops)
+        med = np.median(hops[:, : len(HOPS)], axis=0)
         out["hops_p50_us"] = dict(
             zip(("in", "queue", "compute", "transit"), (int(v) for v in med), strict=True)
         )
+        split = hops[:, len(HOPS) :]
+        split = split[np.isfinite(split).all(axis=1)]
+        if len(split):  # transit's parts (to_scheduler, to_executor, executor_queue, back)
+            med = np.median(split, axis=0)
+            out["hops_p50_us"] |= dict(zip(ALL_HOPS[len(HOPS) :], (int(v) for v in med), strict=True))
     return out

@@ -240,7 +240,13 @@ def c1_hops(
 
 def _hops_cell(row: dict[str, Any]) -> str:
     h = row.get("hops_p50_us")
-    return " / ".join(str(h[k]) for k in ("in", "queue", "compute", "transit")) if h else ""
+    if not h:
+        return ""
+    cell = " / ".join(str(h[k]) for k in ("in", "queue", "compute", "transit"))
+    parts = ("to_scheduler", "to_executor", "executor_queue", "back")
+    if all(k in h for k in parts):  # transit's split (the services' stamps)
+        cell += " (" + " / ".join(str(h[k]) for k in parts) + ")"
+    return cell
 
 
 def accuracy(got: np.ndarray, ref: np.ndarray) -> dict[str, float]:
@@ -389,7 +395,7 @@ def main() -> None:
         f"Accuracy vs sentence-transformers fp32: {res['accuracy_vs_st_fp32']}",
         "",
         "| what | concurrency | format | sentences/s | p50 ms | p99 ms | errors "
-        "| hops p50 µs (in/queue/compute/transit) |",
+        "| hops p50 µs (in/queue/compute/transit (to scheduler/to executor/executor queue/back)) |",
         "|---|---|---|---|---|---|---|---|",
         *(
             f"| {r['what']} | {r.get('concurrency', 'in process')} | {r.get('encoding_format', '')} | "

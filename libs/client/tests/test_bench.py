@@ -189,7 +189,10 @@ def test_closed_loop_keeps_n_in_flight() -> None:
 
 def test_the_gateway_hop_header_is_broken_down_per_priority(tmp_path: Path) -> None:
     async def main() -> object:
-        server, port, _ = await _server(stall_s=0.0, hops=b"in=300,queue=1500,compute=2000,transit=700,x=9")
+        hops = b"in=300,queue=1500,compute=2000,transit=700," + (
+            b"to_scheduler=200,to_executor=100,executor_queue=50,back=350,x=9"
+        )
+        server, port, _ = await _server(stall_s=0.0, hops=hops)
         r = await Engine(f"http://127.0.0.1:{port}", Workload(priorities={1: 0.5, 3: 0.5})).run_closed(2, 0.3)
         server.close()
         return r
@@ -205,8 +208,14 @@ def test_the_gateway_hop_header_is_broken_down_per_priority(tmp_path: Path) -> N
             0.7,
         )
         # the echo server answers at once: the 4.5 ms the header claims exceed the latency measured
-        assert hops["outside"]["p50"] < 0
+        # (transit's parts are not added again: outside = latency - the four hops)
+        assert hops["outside"]["p50"] < 0 and hops["outside"]["p50"] > -4.5
+        assert [hops[k]["p50"] for k in ("to_scheduler", "to_executor", "executor_queue", "back")] == [
+            0.2, 0.1, 0.05, 0.35,
+        ]  # fmt: skip
     assert parse_hops_row("queue=12,compute=oops") == [None, 12.0, None, None]
+    # a four-hop row (bench/http_load.py's minimum) ignores transit's parts
+    assert parse_hops_row("in=1,back=3,queue=2") == [1.0, 2.0, None, None]
     paths = write_reports(tmp_path, "h", s, r, None)  # type: ignore[arg-type]
     assert "scheduler_queue" in (tmp_path / "h.md").read_text() and all(p.exists() for p in paths)
 

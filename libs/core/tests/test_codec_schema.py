@@ -76,7 +76,7 @@ def test_the_parser_refuses_what_it_does_not_understand(tmp_path: Path) -> None:
 def test_a_new_field_is_a_schema_edit(tmp_path: Path) -> None:
     """What issue #19 will do: a field appended to a table gets the next slot, nothing else moves."""
     src = Path(__file__).resolve().parents[3] / "proto" / "anvil.fbs"
-    last = "  exec_queue_us: uint;"  # InferResponse's last field
+    last = "  executor_done_unix_ns: long (min: 0);"  # InferResponse's last field
     text = src.read_text().replace(last, f"{last}\n  hop_ns: [long];", 1)
     (tmp_path / "anvil.fbs").write_text(text)
     before = fbs_schema.parse(src)["tables"]["anvil.proto.InferResponse"]

@@ -152,6 +152,12 @@ def test_batch_timing_round_trips_and_is_clamped_to_its_bounds() -> None:
     assert (resp.batchSize, resp.batchIndex) == (5, 2)
     assert (resp.computeInputUs, resp.computeInferUs, resp.computeOutputUs) == (7, 11, 0)
     assert resp.execQueueUs == 2**32 - 1
+    assert (resp.dispatchedUnixNs, resp.executorInUnixNs, resp.executorDoneUnixNs) == (0, 0, 0)  # unstamped
+    now = 1_764_700_000_123_456_789  # per-hop stamps: 64-bit ns, exact; a negative one is sent as 0
+    stamped = codec.BatchTiming(size=1, input_us=0, infer_us=0, output_us=0, dispatched_unix_ns=now,
+                                executor_in_unix_ns=now + 1, done_unix_ns=-5)  # fmt: skip
+    resp = codec.read_response(codec.build_response(request_id="r", trace_id="", model="m", batch=stamped))
+    assert (resp.dispatchedUnixNs, resp.executorInUnixNs, resp.executorDoneUnixNs) == (now, now + 1, 0)
     big = codec.BatchTiming(size=1 << 30, input_us=0, infer_us=0, output_us=0)
     resp = codec.read_response(
         codec.build_response(request_id="r", trace_id="", model="m", batch=big, batch_index=1 << 20)

@@ -167,8 +167,16 @@ def test_every_answer_carries_its_batchs_measurements_and_its_place_in_it() -> N
     rows = [np.ones((n, 16), np.float32) for n in (2, 1)]
     batch, frames = _batch("mlp", [rows[0], np.zeros((1, 3), np.float32), rows[1]])
     batch.queueUs = [40, 41, 42]
+    batch.sentUnixNs = 1_764_700_000_000_000_000  # the scheduler's dispatch stamp, echoed
+    t0 = time.time_ns()
     result, out = run_batch({"mlp": load_builtin("mlp", 8)}, batch, frames, "ex", "cpu", queued_us=9)
+    t1 = time.time_ns()
     first, bad, last = (a for a, _ in _answers(out, result.frameCounts))
+    # per-hop stamps (issue #19): dispatch echoed; received and outputs-done in order, within the call
+    for a in (first, last):
+        assert a.dispatchedUnixNs == batch.sentUnixNs
+        assert t0 <= a.executorInUnixNs <= a.executorDoneUnixNs <= t1
+    assert bad.executorInUnixNs == 0  # a refused request did not run: no stamps
     assert bad.error is not None and bad.batchSize == 0
     assert (first.batchSize, first.batchIndex, last.batchSize, last.batchIndex) == (3, 0, 3, 1)
     assert (first.queueUs, last.queueUs, first.execQueueUs, last.execQueueUs) == (40, 42, 9, 9)

@@ -61,6 +61,8 @@ class Pending:
     copy_in_ns: tuple[int, int] = (0, 0)  # perf_counter_ns: decode/check/prepare started, ended
     queued_us: int = 0  # received by the executor -> its preparation started
     traceparent: str = ""  # the scheduler's batch span (Batch.traceparent), for the executor's spans
+    dispatched_unix_ns: int = 0  # per-hop timing: the scheduler's dispatch stamp (Batch.sent_unix_ns)
+    received_unix_ns: int = 0  # and the executor's receipt, wall clock ns (echoed in every answer)
 
 
 def run_batch(
@@ -92,10 +94,12 @@ def prepare_batch(
     shm: ShmResolver = _no_shm,
     prepare: bool = False,
     queued_us: int = 0,
+    received_unix_ns: int = 0,
 ) -> Pending:
     """Decode and verify every request of `batch` (its own error for each that fails); with
     `prepare`, also run the model's host-side `prepare` on the runnable ones (the prep thread).
-    This is the batch's copy-in (statistics and spans)."""
+    This is the batch's copy-in (statistics and spans). `received_unix_ns`: when the executor read
+    the batch (wall clock; 0: now), echoed in every answer for the per-hop timing."""
     t0 = time.perf_counter()
     t0_ns = time.perf_counter_ns()
     result = pb.BatchResultT(batchId=batch.batchId, executorId=executor_id, device=device)
@@ -111,6 +115,8 @@ def prepare_batch(
         return Pending(result, None)
     pending = Pending(result, model, queue_us=list(batch.queueUs or ()), frames=frames, queued_us=queued_us)
     pending.traceparent = batch.traceparent or ""
+    pending.dispatched_unix_ns = int(batch.sentUnixNs or 0)
+    pending.received_unix_ns = received_unix_ns or time.time_ns()
     answers: list[tuple[bytes, list[Any]] | None] = [None] * len(groups)
     requests: list[Any] = []
     for i, group in enumerate(groups):
@@ -208,6 +214,9 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
             infer_us=(stamps[3] - stamps[2]) // 1000,
             output_us=(stamps[4] - stamps[3]) // 1000,
             exec_queue_us=pending.queued_us,
+            dispatched_unix_ns=pending.dispatched_unix_ns,
+            executor_in_unix_ns=pending.received_unix_ns,
+            done_unix_ns=time.time_ns(),
         )
         compute_us = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
         for index, (i, outputs, payloads) in enumerate(ran):

@@ -371,6 +371,7 @@ class Executor:
     def _on_scheduler(self, parts: list[Any]) -> None:
         """One message from the scheduler (either link); nothing it holds ends the loop: it is
         verified, or counted and dropped."""
+        received_ns = time.time_ns()  # per-hop timing (echoed in the answers)
         try:
             body, frames = codec.unpack(parts)
             if isinstance(body, pb.ErrorT):  # the scheduler does not know us (it restarted)
@@ -382,10 +383,10 @@ class Executor:
                 if model is not None and model.prepares and self.inflight > 0:
                     self.inflight += 1
                     m.inflight.set(self.inflight)
-                    self.prep.put((body, frames))
+                    self.prep.put((body, frames, received_ns))
                     return
                 # decoded and verified once, here: its rank comes from what was decoded
-                pending = self._decode(body, frames)
+                pending = self._decode(body, frames, received_ns)
                 rank = pending.priority or LAST_RANK
                 if self._inline(pending):
                     self.inline_batches += 1
@@ -432,13 +433,15 @@ class Executor:
         finally:
             done_tx.close()
 
-    def _decode(self, batch: pb.BatchT, frames: list[Any], prepare: bool = False) -> Pending:
+    def _decode(
+        self, batch: pb.BatchT, frames: list[Any], received_ns: int, prepare: bool = False
+    ) -> Pending:
         """A received batch decoded and verified (each bad request its own error), and with
         `prepare` also the model's `prepare` run; never raises (a bug: the batch's error)."""
         try:
             return prepare_batch(
                 self.models, batch, frames, self.s.service_id, str(self.device), **self._shm_arg(),
-                prepare=prepare,
+                prepare=prepare, received_unix_ns=received_ns,
             )  # fmt: skip
         except Exception as exc:  # a bug: the batch is answered with it
             log.exception("batch preparation failed")
@@ -496,8 +499,8 @@ class Executor:
         queue each for compute with its rank. Nothing here touches a device; a failure becomes the
         batch's error result, which the compute thread sends in its turn."""
         while (item := self.prep.get()) is not None:
-            batch, frames = item
-            pending = self._decode(batch, frames, prepare=True)
+            batch, frames, received_ns = item
+            pending = self._decode(batch, frames, received_ns, prepare=True)
             pending.queued_us = self.prep.last_wait_us
             self.work.put(pending, rank=pending.priority or LAST_RANK)
 

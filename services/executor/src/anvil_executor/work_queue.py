@@ -26,7 +26,7 @@ from anvil_executor import metrics as m
 
 __all__ = ["LAST_RANK", "BatchQueue", "batch_priority"]
 
-Item = Any  # (Batch, frames) as received, or a batch_runner.Pending from the prep thread
+Item = Any  # (Batch, frames[, received ns]) as received, or a batch_runner.Pending from the prep thread
 LAST_RANK = _LAST = 1 << 16  # ranks after any priority (a ubyte on the wire); the stop marker's rank
 
 
@@ -63,7 +63,7 @@ class BatchQueue:
         if observe is None:
             observe = rank is None and item is not None
         if rank is None:
-            rank = _LAST if item is None else batch_priority(*item)
+            rank = _LAST if item is None else batch_priority(item[0], item[1])
         with self._ready:
             heapq.heappush(
                 self._heap, (rank, next(self._seq), time.perf_counter() if observe else -1.0, item)

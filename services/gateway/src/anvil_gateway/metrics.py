@@ -70,9 +70,12 @@ def record_success(
         series.compute.observe(compute)
 
 
-# Per hop and priority (issue #19; hops.py says what each hop spans). Labels are bounded: five hops,
-# priorities 1-3 (anything else is "other").
-HOP_NAMES = ("gateway_in", "scheduler_queue", "compute", "transit", "gateway_out")
+# Per hop and priority (issue #19; hops.py says what each hop spans). Labels are bounded: five hops
+# and transit's four parts (hops.TRANSIT_HOPS, last), priorities 1-3 (anything else is "other").
+HOP_NAMES = (
+    "gateway_in", "scheduler_queue", "compute", "transit", "gateway_out",
+    "to_scheduler", "to_executor", "executor_queue", "back",
+)  # fmt: skip
 hop_us = Histogram(
     "anvil_gateway_hop_us",
     "Time of an answered request per hop, µs",
@@ -83,7 +86,7 @@ _hop_series: dict[int, tuple[Any, ...]] = {}
 
 
 def hop_series(priority: int) -> tuple[Any, ...]:
-    """The five hop histograms of `priority`, resolved once (in HOP_NAMES order)."""
+    """The hop histograms of `priority`, resolved once (in HOP_NAMES order)."""
     series = _hop_series.get(priority)
     if series is None:
         label = str(priority) if priority in PRIORITIES else "other"

@@ -405,6 +405,7 @@ class Scheduler:
             frames.append(ticket.envelope)
             frames.extend(ticket.frames)
         msg = pb.BatchT(batchId=str(batch.batch_id), model=batch.model, frameCounts=counts, queueUs=queue_us)
+        msg.sentUnixNs = time.time_ns()  # per-hop timing: the executor echoes it in every answer
         if tracing.ON:
             contexts = [_ticket(r).traceparent for r in batch.requests]
             msg.traceparent = spans.record(batch, contexts, now, batch.executor_id)

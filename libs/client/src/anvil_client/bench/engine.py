@@ -23,10 +23,14 @@ from anvil_client.bench.http1 import Endpoint, HttpError, Pool
 from anvil_client.bench.workload import ID_WIDTH, Workload, request_id, response_id
 from anvil_client.bench.zerocopy import ZeroCopySender
 
-__all__ = ["HOPS", "Engine", "Progress", "RunResult", "parse_hops"]
+__all__ = ["ALL_HOPS", "HOPS", "TRANSIT_HOPS", "Engine", "Progress", "RunResult", "parse_hops"]
 
 HOPS = ("gateway_in", "scheduler_queue", "compute", "transit")  # the gateway's x-anvil-hops-us header
-_HOP_KEYS = {"in": 0, "queue": 1, "compute": 2, "transit": 3}
+# transit's split, where the answer carried the services' stamps (the gateway's hops.py); same names
+# in the header
+TRANSIT_HOPS = ("to_scheduler", "to_executor", "executor_queue", "back")
+ALL_HOPS = HOPS + TRANSIT_HOPS
+_HOP_KEYS = {"in": 0, "queue": 1, "compute": 2, "transit": 3} | {k: 4 + j for j, k in enumerate(TRANSIT_HOPS)}
 TRANSPORT_ERROR = 0  # status recorded when no HTTP response came back
 CLIENT_TIMEOUT = -1
 _MIN_SLEEP_S = 0.001
@@ -50,7 +54,7 @@ class RunResult:
     connections_opened: int
     mode: str
     meta: dict[str, object] = field(default_factory=dict)
-    hops_us: np.ndarray | None = None  # (n, len(HOPS)) f64 µs from the gateway's header (nan: none)
+    hops_us: np.ndarray | None = None  # (n, len(ALL_HOPS)) f64 µs from the gateway's header (nan: none)
 
     @property
     def latency_s(self) -> np.ndarray:
@@ -216,12 +220,13 @@ class Engine:
 
 
 def parse_hops(value: str, out: np.ndarray) -> None:
-    """Fill ``out`` (len(HOPS),) with the µs of ``in=..,queue=..,compute=..,transit=..``; unknown keys
-    and unreadable numbers are skipped (a gateway of another version may send others)."""
+    """Fill ``out`` (ALL_HOPS order; len(HOPS) or more) with the µs of ``in=..,queue=..,compute=..,
+    transit=..`` and transit's parts (``to_scheduler=..``, ...) where present; unknown keys, keys past
+    ``out`` and unreadable numbers are skipped (a gateway of another version may send others)."""
     for item in value.split(","):
         key, _, num = item.partition("=")
         j = _HOP_KEYS.get(key.strip())
-        if j is not None:
+        if j is not None and j < len(out):
             try:
                 out[j] = float(num)
             except ValueError:
@@ -240,7 +245,7 @@ class _Recorder:
         self.done = np.full(n, np.nan)
         self.status = np.full(n, -2, np.int16)  # -2: never sent
         self.answers = np.zeros(n, np.int16)
-        self.hops = np.full((n, len(HOPS)), np.nan)
+        self.hops = np.full((n, len(ALL_HOPS)), np.nan)
         self.priority, self.tenant = wl.pick(n)
         self.reasons: dict[int, str] = {}
         self.id_mismatches = 0

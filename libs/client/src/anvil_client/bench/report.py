@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from anvil_client.bench.engine import HOPS, RunResult
+from anvil_client.bench.engine import HOPS, TRANSIT_HOPS, RunResult
 from anvil_client.bench.scrape import BatchSamples
 from anvil_core.priorities import DEFAULT_SLO_MS
 
@@ -95,15 +95,21 @@ def summarize(
 def hop_breakdown(r: RunResult, sel: np.ndarray, lat_ms: np.ndarray) -> dict[str, Any]:
     """Per hop, p50/p99/mean in ms over the selected requests that carried the gateway's hop header,
     plus ``outside`` = latency - the reported hops (HTTP accept and parse before the handler, the
-    response's encoding and write, the client, the generator's lag)."""
+    response's encoding and write, the client, the generator's lag); then transit's parts
+    (TRANSIT_HOPS) over the requests whose header carried them."""
     if r.hops_us is None:
         return {}
-    has = sel & np.isfinite(r.hops_us).all(axis=1)
+    n = len(HOPS)
+    has = sel & np.isfinite(r.hops_us[:, :n]).all(axis=1)
     if not has.any():
         return {}
-    hops_ms = r.hops_us[has] / 1e3
+    hops_ms = r.hops_us[has, :n] / 1e3
     cols = {name: hops_ms[:, j] for j, name in enumerate(HOPS)}
     cols["outside"] = lat_ms[has] - hops_ms.sum(axis=1)
+    split = r.hops_us[has, n:] / 1e3
+    split = split[np.isfinite(split).all(axis=1)] if split.shape[1] else split[:0]
+    if len(split):
+        cols |= {name: split[:, j] for j, name in enumerate(TRANSIT_HOPS)}
     out: dict[str, Any] = {"requests": int(has.sum())}
     for name, x in cols.items():
         p50, p99 = np.percentile(x, (50, 99))

@@ -77,6 +77,11 @@ class BatchTiming:
     infer_us: int  # the model run
     output_us: int  # copy-out: outputs into payload buffers
     exec_queue_us: int = 0  # received by the executor -> the batch starts
+    # per-hop stamps, wall clock ns since the epoch (0: not stamped; docs/scheduler.md "Per-hop
+    # timing"): the scheduler's dispatch (Batch.sent_unix_ns), the executor's receipt, answers built
+    dispatched_unix_ns: int = 0
+    executor_in_unix_ns: int = 0
+    done_unix_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +180,9 @@ def build_response(
         body.computeInferUs = _u32(batch.infer_us)
         body.computeOutputUs = _u32(batch.output_us)
         body.execQueueUs = _u32(batch.exec_queue_us)
+        body.dispatchedUnixNs = max(0, batch.dispatched_unix_ns)
+        body.executorInUnixNs = max(0, batch.executor_in_unix_ns)
+        body.executorDoneUnixNs = max(0, batch.done_unix_ns)
     return bytes(pack(body)[0])
 
 

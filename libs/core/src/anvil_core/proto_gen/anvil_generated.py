@@ -880,8 +880,29 @@ class InferResponse(object):
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
+    # InferResponse
+    def DispatchedUnixNs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(32))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # InferResponse
+    def ExecutorInUnixNs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(34))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
+    # InferResponse
+    def ExecutorDoneUnixNs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(36))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def InferResponseStart(builder):
-    builder.StartObject(14)
+    builder.StartObject(17)
 
 def InferResponseAddRequestId(builder, requestId):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(requestId), 0)
@@ -928,6 +949,15 @@ def InferResponseAddComputeOutputUs(builder, computeOutputUs):
 def InferResponseAddExecQueueUs(builder, execQueueUs):
     builder.PrependUint32Slot(13, execQueueUs, 0)
 
+def InferResponseAddDispatchedUnixNs(builder, dispatchedUnixNs):
+    builder.PrependInt64Slot(14, dispatchedUnixNs, 0)
+
+def InferResponseAddExecutorInUnixNs(builder, executorInUnixNs):
+    builder.PrependInt64Slot(15, executorInUnixNs, 0)
+
+def InferResponseAddExecutorDoneUnixNs(builder, executorDoneUnixNs):
+    builder.PrependInt64Slot(16, executorDoneUnixNs, 0)
+
 def InferResponseEnd(builder):
     return builder.EndObject()
 
@@ -956,6 +986,9 @@ class InferResponseT(object):
         computeInferUs = 0,
         computeOutputUs = 0,
         execQueueUs = 0,
+        dispatchedUnixNs = 0,
+        executorInUnixNs = 0,
+        executorDoneUnixNs = 0,
     ):
         self.requestId = requestId  # type: Optional[str]
         self.traceId = traceId  # type: Optional[str]
@@ -971,6 +1004,9 @@ class InferResponseT(object):
         self.computeInferUs = computeInferUs  # type: int
         self.computeOutputUs = computeOutputUs  # type: int
         self.execQueueUs = execQueueUs  # type: int
+        self.dispatchedUnixNs = dispatchedUnixNs  # type: int
+        self.executorInUnixNs = executorInUnixNs  # type: int
+        self.executorDoneUnixNs = executorDoneUnixNs  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -1015,6 +1051,9 @@ class InferResponseT(object):
         self.computeInferUs = inferResponse.ComputeInferUs()
         self.computeOutputUs = inferResponse.ComputeOutputUs()
         self.execQueueUs = inferResponse.ExecQueueUs()
+        self.dispatchedUnixNs = inferResponse.DispatchedUnixNs()
+        self.executorInUnixNs = inferResponse.ExecutorInUnixNs()
+        self.executorDoneUnixNs = inferResponse.ExecutorDoneUnixNs()
 
     # InferResponseT
     def Pack(self, builder):
@@ -1057,6 +1096,9 @@ class InferResponseT(object):
         InferResponseAddComputeInferUs(builder, self.computeInferUs)
         InferResponseAddComputeOutputUs(builder, self.computeOutputUs)
         InferResponseAddExecQueueUs(builder, self.execQueueUs)
+        InferResponseAddDispatchedUnixNs(builder, self.dispatchedUnixNs)
+        InferResponseAddExecutorInUnixNs(builder, self.executorInUnixNs)
+        InferResponseAddExecutorDoneUnixNs(builder, self.executorDoneUnixNs)
         inferResponse = InferResponseEnd(builder)
         return inferResponse
 
@@ -1154,8 +1196,15 @@ class Batch(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # Batch
+    def SentUnixNs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
+        return 0
+
 def BatchStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def BatchAddBatchId(builder, batchId):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(batchId), 0)
@@ -1178,6 +1227,9 @@ def BatchStartQueueUsVector(builder, numElems):
 def BatchAddTraceparent(builder, traceparent):
     builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(traceparent), 0)
 
+def BatchAddSentUnixNs(builder, sentUnixNs):
+    builder.PrependInt64Slot(5, sentUnixNs, 0)
+
 def BatchEnd(builder):
     return builder.EndObject()
 
@@ -1197,12 +1249,14 @@ class BatchT(object):
         frameCounts = None,
         queueUs = None,
         traceparent = None,
+        sentUnixNs = 0,
     ):
         self.batchId = batchId  # type: Optional[str]
         self.model = model  # type: Optional[str]
         self.frameCounts = frameCounts  # type: Optional[List[int]]
         self.queueUs = queueUs  # type: Optional[List[int]]
         self.traceparent = traceparent  # type: Optional[str]
+        self.sentUnixNs = sentUnixNs  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -1242,6 +1296,7 @@ class BatchT(object):
             else:
                 self.queueUs = batch.QueueUsAsNumpy()
         self.traceparent = batch.Traceparent()
+        self.sentUnixNs = batch.SentUnixNs()
 
     # BatchT
     def Pack(self, builder):
@@ -1278,6 +1333,7 @@ class BatchT(object):
             BatchAddQueueUs(builder, queueUs)
         if self.traceparent is not None:
             BatchAddTraceparent(builder, traceparent)
+        BatchAddSentUnixNs(builder, self.sentUnixNs)
         batch = BatchEnd(builder)
         return batch
 
