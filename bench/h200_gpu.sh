@@ -38,6 +38,14 @@ if [ "${PA:-0}" = 1 ] && [ -f /tmp/site/perf_analyzer/bin/perf_analyzer ]; then
     done
   done
 fi
+if [ "${HOPS:-0}" = 1 ]; then
+  # identity (1 KB binary, KServe HTTP) through the stack with `anvil bench`, c1 and c16: the gateway's
+  # per-hop split of each answer (transit's parts: docs/scheduler.md "Per-hop timing"), per priority
+  for c in 1 16; do
+    timeout 60 python3 -m anvil_client.cli bench --model identity --binary --concurrency $c --duration 6 \
+      --name "hops_identity_c$c" --out /tmp/hops 2>&1 | grep -E "^sent|hops ms" | tee -a "$OUT/hops_identity.txt"
+  done
+fi
 [ "${SKIP_SMOKE:-0}" = 1 ] || timeout 400 python3 bench/gpu_stack.py --out "$OUT/gpu_stack.json" 2>&1 | tail -60
 if [ -d .carry/minilm ] && [ "${SKIP_MINILM:-0}" != 1 ]; then  # all-MiniLM-L6-v2, fp16 safetensors + tokenizer (45 MB)
   timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" ${MINILM_ARGS:-} 2>&1 | tail -40
