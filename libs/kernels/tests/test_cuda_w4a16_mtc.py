@@ -159,6 +159,8 @@ def test_model_index_expressions_are_the_kernels() -> None:
         "return WG ? 4 * ((tid >> 5) & 1) + ((tid >> 3) & 3) : tid & 7;",
         "st + xdst + T::x_off(it * (T::NT / 8), 0)",
         "wg_desc(sx + s * 256, 128, 1024)",
+        "constexpr int PF = ST - 2;",  # wg: the model's PF (a stage more for the chunk in the tensor cores)
+        "if (i + PF < nck) ld.issue(smem_s + wr * T::STAGE);  // the stage of chunk i - 2",
         "sW[(wn * NS + j) * 32 + lane];",
         "if (c % CPG == 0) {",
         "const uint32_t v = w >> (4 * j);",

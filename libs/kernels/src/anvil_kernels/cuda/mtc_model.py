@@ -146,17 +146,23 @@ def simulate(
                 held, held_g = np.full(ST, -1), np.full(ST, -1)
                 stages = (stW, stSZ, stX, held, held_g)
                 geo = (BS, BM, CPG, strips, strip0, m0, m_rows, c.wg)
-                for s in range(ST - 1):
+                # chunks of copies in flight: ST - 1, and ST - 2 for wg (whose chunk i - 1 may still
+                # be in the tensor cores while chunk i is dequantized: its stage is not refilled yet)
+                PF = ST - 2 if c.wg else ST - 1
+                for s in range(PF):
                     if s < nck:
                         _issue(stages, s, c0 + s, geo, W, SZ, x)
                 acc = np.zeros((nwarps, NS, MT, 4, 32))
                 cg = np.zeros_like(acc)
                 slo = np.zeros((nwarps, NS, 32))
                 shi, zlo, zhi = np.zeros_like(slo), np.zeros_like(slo), np.zeros_like(slo)
-                rd, wr = 0, ST - 1
+                rd, wr = 0, PF
                 for i in range(nck):
-                    if i + ST - 1 < nck:
-                        _issue(stages, wr, c0 + i + ST - 1, geo, W, SZ, x)
+                    if i + PF < nck:
+                        # never the stage of a chunk whose wgmmas may be pending (wg: i - 1, i)
+                        busy = c0 + i - (1 if c.wg else 0)  # the oldest chunk still being read
+                        assert held[wr] < 0 or held[wr] < busy, f"stage {wr} holds chunk {held[wr]}, in use"
+                        _issue(stages, wr, c0 + i + PF, geo, W, SZ, x)
                     buf = rd
                     rd, wr = (rd + 1) % ST, (wr + 1) % ST
                     assert held[buf] == c0 + i, f"stage {buf} holds chunk {held[buf]}, not {c0 + i}"

@@ -86,12 +86,13 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "mtc64w": MtcConfig(mt=4, ns=4, wm=2, wn=4, st=5, regs=168, sa=True, minb=1),  # 64 x 256
     "mtc128": MtcConfig(mt=8, ns=2, wm=2, wn=4, st=4, regs=184, sa=True, minb=1),  # 128 x 128
     "mtc128w": MtcConfig(mt=8, ns=4, wm=2, wn=4, st=4, regs=255, sa=True, minb=1),  # 128 x 256
-    # wgmma (sm_90a only): every warp holds all BM rows, the warpgroup's 4 warps 64 columns a slice
-    "wg64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=4, regs=168, sa=True, minb=1, wg=True),  # 64 x 256
-    "wg64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=5, regs=80, sa=True, minb=2, wg=True),  # 64 x 128
-    # 124 registers in the main loop; the unrolled epilogue takes the rest (at 128 it spills)
-    "wg128": MtcConfig(mt=16, ns=1, wm=1, wn=8, st=4, regs=254, sa=True, minb=1, wg=True),  # 128 x 128
-    "wg128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=4, regs=255, sa=True, minb=1, wg=True),  # 128 x 256
+    # wgmma (sm_90a only): every warp holds all BM rows, the warpgroup's 4 warps 64 columns a slice;
+    # st - 2 chunks of copies in flight (one more stage holds the chunk in the tensor cores)
+    "wg64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=5, regs=168, sa=True, minb=1, wg=True),  # 64 x 256
+    "wg64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=6, regs=96, sa=True, minb=2, wg=True),  # 64 x 128
+    # the unrolled epilogue takes most registers (at 128 it spills)
+    "wg128": MtcConfig(mt=16, ns=1, wm=1, wn=8, st=5, regs=254, sa=True, minb=1, wg=True),  # 128 x 128
+    "wg128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=5, regs=255, sa=True, minb=1, wg=True),  # 128 x 256
 }
 
 

@@ -10,12 +10,14 @@
 //
 // Block: WN warps (WN/4 warpgroups); warp w owns strips [NS*w, NS*w + NS) of the block's BS = NS*WN
 // strips and all BM rows (accumulators acc[NS][MT][4], the mtc fragment order: the same
-// epilogue and split-K). Per chunk and warp: the NS words of its strips, 4 steps x NS fragments
-// dequantized, one wgmma.fence, 4*NS wgmmas (strip j's fragment against the x tile of step s),
-// one commit, and a wait for them before the next chunk (the stage they read is refilled after
-// the next barrier, and the next chunk's A fragments may take their registers: ptxas serializes
-// register-A wgmmas whose input registers are defined while a group is pending, so the overlap of
-// dequantization and tensor cores comes from the SM's other warpgroups). x stage layout (no swizzle,
+// epilogue and split-K). Per chunk and warp: the NS words of its strips; steps 0-1 of its NS
+// fragments dequantized, wgmma.fence, 2*NS wgmmas, commit; steps 2-3 the same: two groups a chunk.
+// Before a half's registers are dequantized again, wait_group 1 retires every group but the one
+// issued last, which has other registers: so each warp dequantizes one half while the tensor cores
+// run its previous one. (ptxas serializes register-A wgmmas when input registers of a pending group
+// are redefined, as a group left pending across the loop did in the tenth session's tries; its
+// kernel waited for each chunk's one group at once: no overlap within a warp.) A stage is refilled two chunks after it was read (ST - 2 chunks
+// of copies in flight), when its groups are retired in every warp. x stage layout (no swizzle,
 // K-major core matrices of 8 rows x 16 bytes):
 //   [BM/8 row groups: 1024 B apart (SBO)][8 k pieces of 8: 128 B apart (LBO)][8 rows][16 B]
 // so step s's descriptor starts at piece 2s (256*s bytes) and spans pieces 2s, 2s+1 of every group.
@@ -146,8 +148,8 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
                                               int flags) {
     static_assert(WN % 4 == 0, "whole warpgroups");
     static_assert(MT == 8 || MT == 16, "wgmma N = 8*MT: 64 or 128");
-    static_assert(ST >= 3, "2+ chunks of copies in flight");
-    constexpr int PF = ST - 1;  // chunks of copies in flight
+    static_assert(ST >= 4, "2+ chunks of copies in flight, and the stage of the chunk in the tensor cores");
+    constexpr int PF = ST - 2;  // chunks of copies in flight (a stage more holds the chunk being multiplied)
     using T = MtcTile<MT, NS, 1, WN, true>;
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -172,11 +174,17 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
     MtcScales<DT, NS> sc;
     int rd = 0;   // stage read this iteration: i % ST
     int wr = PF;  // stage written this iteration: (i + PF) % ST
+    // Two wgmma groups a chunk (steps 0-1: registers a[0..1], steps 2-3: a[2..3]), each waited for
+    // only when its registers are about to be redefined: a warp dequantizes one half while the
+    // tensor cores run its other half (its previous group). wait_group 1 retires all but the
+    // group issued last, so the half about to be dequantized is free and ptxas need not serialize.
+    uint32_t a[4][NS][4];
     for (int i = 0; i < nck; ++i) {
         cp_async_wait<PF - 1>();  // chunk i has landed (this thread's copies) ...
         fence_async_shared();     // ... visible to wgmma's proxy ...
-        __syncthreads();          // ... everyone's; chunk i - 1's wgmmas are done (waited below)
-        if (i + PF < nck) ld.issue(smem_s + wr * T::STAGE);  // the stage of chunk i - 1
+        wg_wait<1>();             // ... (steps 0-1 of chunk i - 1 retired: a[0..1] free) ...
+        __syncthreads();          // ... everyone's; chunk i - 2's groups are retired everywhere
+        if (i + PF < nck) ld.issue(smem_s + wr * T::STAGE);  // the stage of chunk i - 2
         cp_async_commit();
         const uint32_t st_s = smem_s + rd * T::STAGE;
         const unsigned char* st = smem + rd * T::STAGE;
@@ -184,26 +192,38 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
         wr = wr == ST - 1 ? 0 : wr + 1;
         if (i % CPG == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, g8, flags);
         const uint4* sW = reinterpret_cast<const uint4*>(st);
-        uint32_t a[4][NS][4];
+        uint4 w[NS];
 #pragma unroll
         for (int j = 0; j < NS; ++j) {
-            const uint4 w = sW[(wn * NS + j) * 32 + lane];
-            sc.template dequant<true>(a[0][j], w.x, j, one);
-            sc.template dequant<true>(a[1][j], w.y, j, one);
-            sc.template dequant<true>(a[2][j], w.z, j, one);
-            sc.template dequant<true>(a[3][j], w.w, j, one);
+            w[j] = sW[(wn * NS + j) * 32 + lane];
+            sc.template dequant<true>(a[0][j], w[j].x, j, one);
+            sc.template dequant<true>(a[1][j], w[j].y, j, one);
         }
         const uint32_t sx = st_s + T::W_BYTES + T::SZ_BYTES;
         wg_fence();
 #pragma unroll
-        for (int s = 0; s < 4; ++s)
+        for (int s = 0; s < 2; ++s)
 #pragma unroll
             for (int j = 0; j < NS; ++j)
                 Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
                                        wg_desc(sx + s * 256, 128, 1024));
         wg_commit();
-        wg_wait<0>();
+        wg_wait<1>();  // steps 2-3 of chunk i - 1 retired: a[2..3] free
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+            sc.template dequant<true>(a[2][j], w[j].z, j, one);
+            sc.template dequant<true>(a[3][j], w[j].w, j, one);
+        }
+        wg_fence();
+#pragma unroll
+        for (int s = 2; s < 4; ++s)
+#pragma unroll
+            for (int j = 0; j < NS; ++j)
+                Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
+                                       wg_desc(sx + s * 256, 128, 1024));
+        wg_commit();
     }
+    wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
     cp_async_wait<0>();
