@@ -263,3 +263,21 @@ def test_a_waiter_cancelled_after_a_release_skipped_it_raises_its_cancellation()
 
     outcome, free = asyncio.run(main())
     assert outcome == "cancelled" and free == 1
+
+
+def test_latencies_are_not_quantized_by_uvloops_clock() -> None:
+    """`anvil bench` runs on uvloop, whose loop.time() is in whole (cached) milliseconds: recorded
+    with it, every latency was a whole number of ms (a c1 p50 of 1.2 ms read as 1.0)."""
+    import uvloop
+
+    async def main() -> object:
+        server, port, _ = await _server(stall_s=0.0)
+        r = await Engine(f"http://127.0.0.1:{port}", Workload()).run_closed(1, 0.3)
+        server.close()
+        return r
+
+    r = uvloop.run(main())
+    lat_ms = r.latency_s[r.status == 200] * 1e3  # type: ignore[attr-defined]
+    assert lat_ms.size > 20
+    off_whole_ms = np.abs(lat_ms - np.round(lat_ms)) > 0.01
+    assert off_whole_ms.mean() > 0.5 and float(np.median(lat_ms)) > 0
