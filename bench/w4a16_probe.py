@@ -13,6 +13,11 @@ is reported, not timed).
     python3 bench/w4a16_probe.py --out DIR [--shapes 8192x8192] [--ms 1,16]
     python3 bench/w4a16_probe.py --cases     # one launch per ncu case (run it under ncu)
 
+The ncu run of the eleventh session (the wg tiles' stall reasons and tensor-pipe use):
+    ncu --clock-control none --kernel-name regex:'w4a16(wg|mtc)' --section SpeedOfLight \
+      --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      python3 bench/w4a16_probe.py --cases
+
 Writes DIR/w4a16_probe.json (and prints a table).
 """
 
@@ -197,20 +202,21 @@ _MODULE: Any = None
 
 
 def load_default_module() -> Any:
-    """The default GEMV variants (bf16, g128), built once."""
+    """The default GEMV variants and the tiles `--cases` profiles (bf16, g128; sm_90a: the wg tiles'
+    wgmma), built once."""
     global _MODULE
     if _MODULE is None:
         from anvil_kernels.cuda import W4A16Params, build_fatbins, load_module
 
-        mtc = ("mtc64", "mtc128w")
+        mtc = ("mtc64", "mtc128w", "wg64", "wg128w")
         params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), tc_configs=(), mtc_configs=mtc)
-        _MODULE = load_module(build_fatbins(params, ("compute_90,code=sm_90",), jobs=4))
+        _MODULE = load_module(build_fatbins(params, ("compute_90a,code=sm_90a",), jobs=4))
     return _MODULE
 
 
 def _cases(w: Any, packed: dict, k: int, n: int) -> None:
-    """One launch each: the streaming read, gemv M=1 and 16, mtc64 M=64, mtc128w M=256 (under ncu:
-    cold L2 per launch)."""
+    """One launch each: the streaming read, gemv M=1 and 16, mtc64 and wg64 at M=64, mtc128w and wg128w
+    at M=256 (under ncu: cold L2 per launch)."""
     import cupy as cp
 
     from anvil_kernels.cuda import W4A16Linear
@@ -222,7 +228,8 @@ def _cases(w: Any, packed: dict, k: int, n: int) -> None:
     buf = cp.ones(wbytes // 4, dtype=cp.uint32)
     sink = cp.zeros(1, dtype=cp.uint32)
     _helpers_module().get_function("stream_read")((2112,), (512,), (buf, np.uint64(wbytes // 16), sink))
-    for kernel, m in (("gemv", 1), ("gemv", 16), ("mtc64", 64), ("mtc128w", 256)):
+    cases = (("gemv", 1), ("gemv", 16), ("mtc64", 64), ("wg64", 64), ("mtc128w", 256), ("wg128w", 256))
+    for kernel, m in cases:
         layer = W4A16Linear(mod, packed, m, kernel=kernel)
         x = cp.asarray(f32_to_bf16_bits(rng.standard_normal((m, k)).astype(np.float32)))
         out = cp.empty((m, n), cp.uint16)
