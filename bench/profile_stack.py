@@ -1,8 +1,10 @@
 """Where a running stack spends its time under load: py-spy samples of the gateway, scheduler and
 executor processes while a closed-loop /v1/embeddings load runs, summarized as each process's
-hottest functions (share of its samples, self and total).
+hottest functions (share of its samples, self and total), every process of a service together (the
+executors of a GPU host, the gateway's workers), with each process's sample count.
 
     python bench/profile_stack.py --model minilm-gpu --concurrency 64 --seconds 10 --out-dir OUT
+    python bench/profile_stack.py --concurrency 1 --per-request 1 --rate 1000 ...   (a lone sentence)
 
 Needs py-spy on PATH and permission to ptrace the services (root). The load is the same as
 bench/minilm_gpu.py's (requests of --per-request corpus-v2 sentences).
@@ -27,37 +29,53 @@ from minilm_gpu import load  # noqa: E402
 SERVICES = {"gateway": "anvil_gateway", "scheduler": "anvil_scheduler", "executor": "anvil_executor"}
 
 
-def pids() -> dict[str, int]:
+def pids() -> dict[str, list[int]]:
+    """Every process of each service (a GPU host runs several executors, and gateway workers)."""
     out = {}
     for name, module in SERVICES.items():
         found = subprocess.run(
             ["pgrep", "-f", "--", f"-m {module}"], capture_output=True, text=True
         ).stdout.split()
         if found:
-            out[name] = int(found[0])
+            out[name] = [int(pid) for pid in found]
     return out
 
 
-def summarize(raw: Path, top: int) -> list[dict[str, object]]:
-    """Collapsed stacks ('f1;f2;f3 count' per line) -> the hottest functions by self and total share."""
+def summarize(raws: list[Path], top: int) -> dict[str, object]:
+    """Collapsed stacks ('f1;f2;f3 count' per line) of one service's processes -> the hottest
+    functions by self share and by total share (of all their samples), and the samples per process."""
     self_n: collections.Counter[str] = collections.Counter()
     total_n: collections.Counter[str] = collections.Counter()
+    per_process = {}
     samples = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        samples += n
-        frames = stack.split(";")
-        self_n[frames[-1]] += n
-        for f in set(frames):
-            total_n[f] += n
-    rows = []
-    for f, n in self_n.most_common(top):
-        share = {"self_pct": round(100 * n / samples, 1), "total_pct": round(100 * total_n[f] / samples, 1)}
-        rows.append({"function": f, **share})
-    return rows
+    for raw in raws:
+        mine = 0
+        for line in raw.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            mine += n
+            frames = stack.split(";")
+            self_n[frames[-1]] += n
+            for f in set(frames):
+                total_n[f] += n
+        per_process[raw.stem] = mine
+        samples += mine
+    samples = max(samples, 1)
+
+    def share(f: str) -> dict[str, object]:
+        return {
+            "function": f,
+            "self_pct": round(100 * self_n[f] / samples, 1),
+            "total_pct": round(100 * total_n[f] / samples, 1),
+        }
+
+    return {
+        "samples": per_process,
+        "by_self": [share(f) for f, _ in self_n.most_common(top)],
+        "by_total": [share(f) for f, _ in total_n.most_common(top)],
+    }
 
 
 def main() -> None:
@@ -69,7 +87,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0, help="sampling time, s (the load runs 4 s longer)")
     ap.add_argument("--out-dir", type=Path, default=Path("."))
     ap.add_argument("--gil", action="store_true", help="only the thread holding the GIL (py-spy --gil)")
-    ap.add_argument("--top", type=int, default=15, help="hottest functions kept per process")
+    ap.add_argument("--top", type=int, default=15, help="hottest functions kept per service")
+    ap.add_argument("--rate", type=int, default=200, help="py-spy samples per second per process")
     args = ap.parse_args()
     texts = sentences(1000)
     result: dict[str, object] = {"gil_only": args.gil}
@@ -82,16 +101,23 @@ def main() -> None:
     loader = threading.Thread(target=drive)
     loader.start()
     time.sleep(2)  # past the ramp
-    procs = {}
-    for name, pid in pids().items():
-        raw = args.out_dir / f"pyspy_{name}.txt"
-        cmd = ["py-spy", "record", "-p", str(pid), "-d", str(int(args.seconds)), "-r", "200"]
-        cmd += ["-f", "raw", "-o", str(raw), "--nonblocking", "--threads", *(["--gil"] if args.gil else [])]
-        procs[name] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), raw)
-    for name, (p, raw) in procs.items():
-        p.wait()
-        err = (p.stderr.read() if p.stderr else b"").decode()[-500:]
-        result[name] = summarize(raw, args.top) if raw.exists() else {"error": err}
+    procs: dict[str, list[tuple[subprocess.Popen[bytes], Path]]] = {}
+    for name, found in pids().items():
+        for pid in found:
+            raw = args.out_dir / f"pyspy_{name}_{pid}.txt"
+            cmd = ["py-spy", "record", "-p", str(pid), "-d", str(int(args.seconds)), "-r", str(args.rate)]
+            cmd += ["-f", "raw", "-o", str(raw), "--nonblocking", "--threads"]
+            cmd += ["--gil"] if args.gil else []
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            procs.setdefault(name, []).append((proc, raw))
+    for name, runs in procs.items():
+        errors = []
+        for proc, _ in runs:
+            proc.wait()
+            if proc.returncode:
+                errors.append((proc.stderr.read() if proc.stderr else b"").decode()[-300:])
+        raws = [raw for _, raw in runs if raw.exists()]
+        result[name] = summarize(raws, args.top) if raws else {"error": errors}
     loader.join()
     print(json.dumps(result, indent=1))
     (args.out_dir / "profile_stack.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -101,6 +101,18 @@ def _read(conn: Conn, n: int = 1, timeout_s: float = 5.0) -> list[list[bytes]]:
     return got
 
 
+def test_messages_before_a_malformed_one_are_returned_and_the_next_feed_raises() -> None:
+    good = b"".join(encode([b"a", b"bc"])) + b"".join(encode([b"d"]))
+    reader = FrameReader()
+    assert reader.feed(good + (0).to_bytes(4, "little")) == [[b"a", b"bc"], [b"d"]]
+    assert reader.broken is not None and "0 frames" in str(reader.broken)
+    with pytest.raises(LinkError, match="0 frames"):
+        reader.feed(b"".join(encode([b"e"])))
+    fresh = FrameReader()  # nothing good before it: raised at once
+    with pytest.raises(LinkError):
+        fresh.feed((0).to_bytes(4, "little"))
+
+
 def test_the_socket_is_0600_and_peers_are_routed_by_their_hello(router: UnixRouter) -> None:
     assert stat.S_IMODE(os.stat(router.path).st_mode) == 0o600
     a, b = _client(router.path, b"ex-a"), _client(router.path, b"ex-b")

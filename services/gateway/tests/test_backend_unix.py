@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from anvil_core import codec
-from anvil_core.unix_link import UnixRouter, unix_endpoint, unix_path
+from anvil_core.unix_link import HELLO, FrameReader, UnixRouter, encode, unix_endpoint, unix_path
 from anvil_gateway.backend import BackendUnavailable, UnixSchedulerLink
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -53,7 +53,7 @@ class Scheduler(threading.Thread):
 
 async def _connected(link: UnixSchedulerLink, connects: int, timeout_s: float = 5) -> None:
     deadline = time.monotonic() + timeout_s
-    while link.connects < connects or link._writer is None:
+    while link.connects < connects or not link.connected:
         assert time.monotonic() < deadline, "the link did not connect"
         await asyncio.sleep(0.01)
 
@@ -76,7 +76,7 @@ def test_requests_and_answers_cross_the_unix_link_and_it_reconnects(tmp_path: Pa
             assert [len(b) for b in sched.seen] == [2, 2, 1]  # bundles of bundle_max, as over ZeroMQ
             assert sched.peers == {b"gw-test"}  # named by its hello
             sched.halt()  # the scheduler goes away
-            while link._writer is not None:
+            while link.connected:
                 await asyncio.sleep(0.01)
             with pytest.raises(BackendUnavailable, match="not connected"):
                 await link.infer("lost", _request("lost"), 1)
@@ -102,5 +102,43 @@ def test_no_endpoint_yet_is_refused_at_once() -> None:
                 await link.infer("r", _request("r"), 1)
         finally:
             await link.stop()
+
+    asyncio.run(main())
+
+
+def test_a_peer_that_breaks_the_wire_format_is_dropped_after_its_good_answers(tmp_path: Path) -> None:
+    """Answers that arrive before a malformed message still reach their callers (they are handed on
+    in the read callback, message by message); the malformed one is counted, the connection closed,
+    and the link connects again by itself."""
+    path = str(tmp_path / "sched.usock")
+    hellos: list[bytes] = []
+
+    async def main() -> None:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            frames = FrameReader()
+            while data := await reader.read(1 << 16):
+                for parts in frames.feed(data):
+                    if parts[0] == HELLO:
+                        hellos.append(parts[1])
+                        continue
+                    rid = codec.unbundle(parts)[0][0].requestId
+                    # the answer, then a message header of 0 frames, in one write
+                    writer.writelines([*encode(_response(rid.encode())), bytes(4)])
+            writer.close()
+
+        server = await asyncio.start_unix_server(serve, path)
+        link = UnixSchedulerLink("gw-test", retry_s=0.01)
+        link.follow(unix_endpoint(str(tmp_path), "sched"))
+        link.start()
+        try:
+            await _connected(link, 1)
+            resp, frames = await link.infer("a", _request("a"), 5)
+            assert resp.requestId == "a" and [bytes(f) for f in frames] == [b"out-a"]
+            await _connected(link, 2)  # cut off for the bad header, then back
+            assert link.drops.counts.get("recv", 0) >= 1
+            assert hellos[:2] == [b"gw-test", b"gw-test"]
+        finally:
+            await link.stop()
+            server.close()
 
     asyncio.run(main())

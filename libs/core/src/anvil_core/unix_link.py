@@ -98,15 +98,27 @@ class FrameReader:
         self.max_msg_bytes = max_msg_bytes
         self._buf = bytearray()
         self._pos = 0
+        self.broken: LinkError | None = None  # the peer broke the format; nothing more is read
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[list[bytes]]:
+        """The complete messages ``data`` ends. Messages before a malformed one are returned and the
+        error kept in ``broken``: a caller handles them, then sees ``broken``; the next ``feed``
+        raises it. With none before it, the LinkError is raised at once."""
+        if self.broken is not None:
+            raise self.broken
         self._buf += data
         out: list[list[bytes]] = []
-        while (msg := self._next()) is not None:
-            out.append(msg)
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
+        try:
+            while (msg := self._next()) is not None:
+                out.append(msg)
+        except LinkError as exc:
+            self.broken = exc
+            if not out:
+                raise
+        finally:
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
         return out
 
     def _next(self) -> list[bytes] | None:
@@ -173,6 +185,8 @@ class Conn:
                     return out  # the messages before the EOF still count; the next read reports it
                 raise ConnectionResetError("peer closed the link")
             out += self.reader.feed(data)
+            if self.reader.broken is not None:
+                return out  # the messages before the malformed one count; the next read raises
 
     def send(self, parts: Sequence[Any]) -> None:
         """Queue one message and write what the socket takes now; raises ConnectionError when the

@@ -224,71 +224,75 @@ class UnixSchedulerLink(SchedulerLink):
     between. It connects (and reconnects after a loss, every ``retry_s``) on its receive task; a
     request made while there is no connection fails at once (``BackendUnavailable``), as one to a
     ZeroMQ link with no scheduler does. Requests in flight when the link drops hear nothing more
-    and end at their deadline, as over ZeroMQ."""
+    and end at their deadline, as over ZeroMQ.
+
+    Answers are read by an ``asyncio.Protocol`` (``_LinkReader``): the loop's read callback cuts the
+    bytes into messages and resolves the callers' futures in the same turn. (A StreamReader would
+    wake the receive task first and resolve them a loop turn later: one turn more per answer.)"""
 
     def __init__(self, identity: str, bundle_max: int = 8, retry_s: float = 0.1) -> None:
         self.retry_s = retry_s
         super().__init__(identity, bundle_max, None)
 
     def _open(self, identity: str, curve: CurveClient | None) -> None:
-        self._writer: asyncio.StreamWriter | None = None
+        self._transport: asyncio.WriteTransport | None = None
         self._path: str | None = None
         self._followed = asyncio.Event()  # set by follow: connect now, not at the next retry
         self.connects = 0
 
     @property
+    def connected(self) -> bool:
+        return self._transport is not None
+
+    @property
     def unconnected(self) -> str | None:
-        return None if self._writer is not None else "no Unix link to the scheduler yet"
+        return None if self._transport is not None else "no Unix link to the scheduler yet"
 
     def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
 
     def follow(self, endpoint: str) -> None:
         path = unix_path(endpoint)
-        if path != self._path and self._writer is not None:
-            self._writer.close()  # the receive task reconnects to the new path
-            self._writer = None
+        if path != self._path and self._transport is not None:
+            self._transport.close()  # the receive task reconnects to the new path
+            self._transport = None
         self._path = path
         self.endpoint = endpoint
         self._followed.set()
 
     def _send(self, msg: list[Any], request_ids: list[str]) -> None:
-        writer = self._writer
-        if writer is None or writer.is_closing():
+        transport = self._transport
+        if transport is None or transport.is_closing():
             self._fail(request_ids, ConnectionError("scheduler not connected"))
             return
-        if writer.transport.get_write_buffer_size() >= MAX_QUEUED_BYTES:  # as ZeroMQ's HWM would
+        if transport.get_write_buffer_size() >= MAX_QUEUED_BYTES:  # as ZeroMQ's HWM would
             self._fail(request_ids, ConnectionError("scheduler not reading its link"))
             return
-        writer.writelines(encode(msg))
+        transport.writelines(encode(msg))
 
     async def _rx_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             self._followed.clear()
             if self._path is None:
                 await self._followed.wait()
                 continue
             try:
-                reader, writer = await asyncio.open_unix_connection(self._path, limit=1 << 20)
+                transport, reader = await loop.create_unix_connection(lambda: _LinkReader(self), self._path)
             except OSError:
                 await self._retry()
                 continue
-            writer.writelines(encode([HELLO, self.identity.encode()]))
-            self._writer = writer
+            transport.writelines(encode([HELLO, self.identity.encode()]))
+            self._transport = transport
             self.connects += 1
-            frames = FrameReader()
             try:
-                while data := await reader.read(1 << 20):
-                    for parts in frames.feed(data):
-                        self.on_message(parts)
-            except (OSError, LinkError) as exc:
-                self.drops.drop("recv", f"unix link to the scheduler: {exc}")
+                await reader.lost
             finally:
-                if self._writer is writer:
-                    self._writer = None
-                writer.close()
+                if self._transport is transport:
+                    self._transport = None
+                transport.close()
             await self._retry()  # the scheduler went away: try again shortly
 
     async def _retry(self) -> None:
@@ -297,6 +301,43 @@ class UnixSchedulerLink(SchedulerLink):
             await asyncio.wait_for(self._followed.wait(), self.retry_s)
         except TimeoutError:
             pass
+
+
+class _LinkReader(asyncio.Protocol):
+    """The receiving half of one connection of a ``UnixSchedulerLink``: each message is handed to
+    ``on_message`` (which never raises) in the read callback itself; a peer that breaks the wire
+    format is counted and disconnected. ``lost`` completes when the connection ends."""
+
+    def __init__(self, link: UnixSchedulerLink) -> None:
+        self.link = link
+        self.frames = FrameReader()
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self.frames.feed(data)
+        except LinkError as exc:
+            self._cut(exc)
+            return
+        for parts in messages:
+            self.link.on_message(parts)
+        if self.frames.broken is not None:  # after the messages that came before it
+            self._cut(self.frames.broken)
+
+    def _cut(self, exc: LinkError) -> None:
+        self.link.drops.drop("recv", f"unix link to the scheduler: {exc}")
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self.link.drops.drop("recv", f"unix link to the scheduler: {exc}")
+        if not self.lost.done():
+            self.lost.set_result(None)
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:

@@ -44,6 +44,7 @@ HOPS_HEADER = "x-anvil-hops-us"
 
 
 TRANSIT_HOPS = ("to_scheduler", "to_executor", "executor_queue", "back")  # transit's split, in order
+_Split = tuple[int, int, int, int]  # four hops, µs
 
 
 @dataclass(slots=True)
@@ -56,6 +57,8 @@ class Hops:
     answered_ns: int = 0
     sent_wall_ns: int = 0
     answered_wall_ns: int = 0
+    # (answer, its split_us, its transit_us): worked out once per answer, for the header and record
+    _measured: tuple[pb.InferResponseT, _Split, _Split | None] | None = None
 
     def mark_sent(self) -> None:
         self.sent_ns = time.perf_counter_ns()
@@ -86,23 +89,28 @@ class Hops:
         round_trip = (self.answered_ns - self.sent_ns) // 1000
         return (self.sent_ns - self.entered_ns) // 1000, queue, compute, max(0, round_trip - queue - compute)
 
+    def _measure(self, resp: pb.InferResponseT) -> tuple[_Split, _Split | None]:
+        """``split_us`` and ``transit_us`` of `resp`, computed once (``header`` and ``record`` both
+        need them)."""
+        if self._measured is None or self._measured[0] is not resp:
+            self._measured = (resp, self.split_us(resp), self.transit_us(resp))
+        return self._measured[1], self._measured[2]
+
     def header(self, resp: pb.InferResponseT) -> str:
-        gw_in, queue, compute, transit = self.split_us(resp)
+        (gw_in, queue, compute, transit), parts = self._measure(resp)
         text = f"in={gw_in},queue={queue},compute={compute},transit={transit}"
-        parts = self.transit_us(resp)
         if parts is not None:
             text += "".join(f",{name}={us}" for name, us in zip(TRANSIT_HOPS, parts, strict=True))
         return text
 
     def record(self, resp: pb.InferResponseT, priority: int) -> None:
         """Observe every hop of an answered request, its response now built."""
-        gw_in, queue, compute, transit = self.split_us(resp)
+        (gw_in, queue, compute, transit), parts = self._measure(resp)
         out = (time.perf_counter_ns() - self.answered_ns) / 1000
         series = m.hop_series(priority)
         split = len(m.HOP_NAMES) - len(TRANSIT_HOPS)  # the five hops, then transit's parts
         for hist, us in zip(series[:split], (gw_in, queue, compute, transit, out), strict=True):
             hist.observe(us)
-        parts = self.transit_us(resp)
         if parts is not None:
             for hist, us in zip(series[split:], parts, strict=True):
                 hist.observe(us)
