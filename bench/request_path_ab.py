@@ -10,7 +10,13 @@ completed (at c1: its rate x the seconds); any non-2xx answer voids the run. Med
 
     flock /tmp/anvil-timing.lock uv run python bench/request_path_ab.py --baseline TREE [--rounds 5]
 
-Writes bench/results/request_path_ab.{json,md}.
+Or this tree against itself with a setting changed (`--base-env KEY=VALUE`, repeatable: the base
+stack gets it, e.g. `ANVIL_DIRECT_ANSWERS=0`), and `--name` for the results' file stem:
+
+    flock /tmp/anvil-timing.lock uv run python bench/request_path_ab.py --base-env ANVIL_DIRECT_ANSWERS=0 \
+        --name direct_answers_ab
+
+Writes bench/results/request_path_ab.{json,md} (or NAME.{json,md}).
 """
 
 from __future__ import annotations
@@ -43,15 +49,17 @@ def _commit(tree: Path) -> str:
     return out.stdout.strip()
 
 
-def run(baseline: Path, seconds: int, rounds: int) -> list[dict[str, Any]]:
+def run(baseline: Path | None, base_env: dict[str, str], seconds: int, rounds: int) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="anvil-path-ab-"))
-    trees = {"now": (ROOT, sys.executable), "base": (baseline, str(baseline / ".venv/bin/python"))}
+    base = (baseline, str(baseline / ".venv/bin/python")) if baseline else (ROOT, sys.executable)
+    trees = {"now": (ROOT, sys.executable), "base": base}
+    envs = {"now": STACK_ENV, "base": {**STACK_ENV, **base_env}}
     stacks: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     try:
         for name, (root, python) in trees.items():
             (tmp / name).mkdir()
-            proc, env, url = start_stack(tmp / name, STACK_ENV, root=root, python=python)
+            proc, env, url = start_stack(tmp / name, envs[name], root=root, python=python)
             body, headers = bodies(tmp / name, 256, url)["http_binary"]
             stacks[name] = (proc, url, service_pids(env), lua_for(body, headers))
             wrk_count(f"{url}/v2/models/identity/infer", stacks[name][3], 16, 2)  # warm-up
@@ -78,12 +86,25 @@ def run(baseline: Path, seconds: int, rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
-def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int) -> None:
+def write(
+    rows: list[dict[str, Any]],
+    baseline: Path | None,
+    base_env: dict[str, str],
+    seconds: int,
+    rounds: int,
+    name: str,
+) -> None:
+    if baseline is not None:
+        against = f"--baseline <checkout of {_commit(baseline)}>"
+        base_label = _commit(baseline)
+    else:
+        against = " ".join(f"--base-env {k}={v}" for k, v in base_env.items())
+        base_label = f"{_commit(ROOT)} with {', '.join(f'{k}={v}' for k, v in base_env.items())}"
     meta = {
-        "command": "flock /tmp/anvil-timing.lock uv run python bench/request_path_ab.py "
-        f"--baseline <checkout of {_commit(baseline)}> --seconds {seconds} --rounds {rounds}",
+        "command": f"flock /tmp/anvil-timing.lock uv run python bench/request_path_ab.py {against} "
+        f"--seconds {seconds} --rounds {rounds}" + (f" --name {name}" if name != "request_path_ab" else ""),
         "commit": _commit(ROOT),
-        "baseline_commit": _commit(baseline),
+        "baseline_commit": base_label,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}",
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -101,7 +122,7 @@ def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int)
         summary.append(s)
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "summary": summary, "rows": rows}
-    (RESULTS / "request_path_ab.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     loads = [r["load_average_1m"] for r in rows]
     lines = [
         "# Request path: this tree vs a baseline (CPU per request, lone-request latency)",
@@ -124,18 +145,26 @@ def write(rows: list[dict[str, Any]], baseline: Path, seconds: int, rounds: int)
             f"{s['p50_ratio']:.3f} | {s['p99_ms_now']:.2f} | {s['p99_ms_base']:.2f} | {s['rps_now']:.0f} | "
             f"{s['rps_base']:.0f} |"
         )
-    (RESULTS / "request_path_ab.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", type=Path, required=True, help="another checkout with its own .venv")
+    ap.add_argument("--baseline", type=Path, help="another checkout with its own .venv")
+    ap.add_argument(
+        "--base-env", action="append", default=[], metavar="KEY=VALUE",
+        help="instead of --baseline: this tree, its base stack with this setting (repeatable)",
+    )  # fmt: skip
+    ap.add_argument("--name", default="request_path_ab", help="results file stem in bench/results")
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    rows = run(args.baseline, args.seconds, args.rounds)
-    write(rows, args.baseline, args.seconds, args.rounds)
+    base_env = dict(kv.split("=", 1) for kv in args.base_env)
+    if (args.baseline is None) == (not base_env):
+        ap.error("give --baseline TREE or --base-env KEY=VALUE (one of them)")
+    rows = run(args.baseline, base_env, args.seconds, args.rounds)
+    write(rows, args.baseline, base_env, args.seconds, args.rounds, args.name)
 
 
 if __name__ == "__main__":

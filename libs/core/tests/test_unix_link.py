@@ -9,6 +9,7 @@ import os
 import socket
 import stat
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +21,13 @@ import zmq
 from anvil_core.unix_link import (
     HELLO,
     MAX_FRAMES,
+    AnswerSender,
     Conn,
     FrameReader,
     LinkError,
     UnixDealer,
     UnixRouter,
+    answer_path,
     encode,
     unix_endpoint,
     unix_path,
@@ -246,3 +249,62 @@ def test_a_connection_that_ends_is_reported_lost_once_and_a_replaced_one_is_not(
     new.close()  # the peer dies
     _serve(router, lambda g: b"ex-a" not in router.conns)
     assert router.take_lost() == [b"ex-a"] and router.take_lost() == []
+
+
+def test_answer_paths_are_made_only_from_plain_identities(tmp_path: Path) -> None:
+    assert answer_path(str(tmp_path), "gw-host-1.w0") == str(tmp_path / "answers-gw-host-1.w0.usock")
+    for bad in ("", "../x", "a/b", "gw 1", "x" * 65, "gw\x00"):
+        assert answer_path(str(tmp_path), bad) is None, bad
+    assert answer_path("/" + "d" * 100, "gw") is None  # longer than a socket path can be
+
+
+def _answer_socket(tmp_path: Path, name: str) -> socket.socket:
+    path = answer_path(str(tmp_path), name)
+    assert path is not None
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(4)
+    return server
+
+
+def test_an_answer_goes_whole_after_a_hello_and_a_missing_socket_is_not_retried_at_once(tmp_path: Path) -> None:
+    server = _answer_socket(tmp_path, "gw-1")
+    sender = AnswerSender(str(tmp_path), "ex-1", timeout_s=1, retry_s=60)
+    try:
+        big = os.urandom(3 << 20)  # larger than the socket buffer: written over several sendmsg calls
+        got: list[list[bytes]] = []
+
+        def serve() -> None:
+            conn, _ = server.accept()
+            reader = FrameReader()
+            while len(got) < 2 and (data := conn.recv(1 << 20)):
+                got.extend(reader.feed(data))
+            conn.close()
+
+        t = threading.Thread(target=serve)
+        t.start()
+        assert sender.send("gw-1", [b"envelope", big])
+        t.join(10)
+        assert got == [[HELLO, b"ex-1"], [b"envelope", big]]
+        assert sender.sent == 1
+        assert not sender.send("gw-2", [b"x"])  # no such gateway socket
+        (tmp_path / "answers-gw-2.usock").touch()  # appears, but is not tried again before retry_s
+        assert not sender.send("gw-2", [b"x"]) and sender.failed == 2
+        assert not sender.send("../gw-1", [b"x"])  # never a path outside the link directory
+    finally:
+        sender.close()
+        server.close()
+
+
+def test_a_gateway_that_stops_reading_costs_at_most_the_timeout_and_its_connection(tmp_path: Path) -> None:
+    server = _answer_socket(tmp_path, "gw-1")
+    sender = AnswerSender(str(tmp_path), "ex-1", timeout_s=0.05, retry_s=60)
+    try:
+        t0 = time.monotonic()
+        ok = sender.send("gw-1", [os.urandom(16 << 20)])  # accepted, never read
+        took = time.monotonic() - t0
+        assert not ok and took < 2, took
+        assert not sender._conns  # closed: a half-written message must not be followed by another
+    finally:
+        sender.close()
+        server.close()

@@ -5,6 +5,7 @@ and the link comes back by itself after the scheduler's socket does."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import threading
 import time
@@ -14,7 +15,7 @@ import pytest
 import zmq
 
 from anvil_core import codec
-from anvil_core.unix_link import HELLO, FrameReader, UnixRouter, encode, unix_endpoint, unix_path
+from anvil_core.unix_link import HELLO, AnswerSender, FrameReader, UnixRouter, encode, unix_endpoint, unix_path
 from anvil_gateway.backend import BackendUnavailable, UnixSchedulerLink
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -140,5 +141,53 @@ def test_a_peer_that_breaks_the_wire_format_is_dropped_after_its_good_answers(tm
         finally:
             await link.stop()
             server.close()
+
+    asyncio.run(main())
+
+
+def test_answers_written_to_the_answer_socket_reach_their_callers(tmp_path: Path) -> None:
+    """Direct answers: the link serves answers-<identity>.usock (0600) beside the scheduler's socket;
+    an executor's answer written there resolves the caller (the scheduler stand-in answers nothing);
+    a peer whose first message is not a hello is cut; the socket goes away with the link."""
+    path = str(tmp_path / "gateway.usock")
+    seen: list[str] = []
+
+    async def main() -> None:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            frames = FrameReader()
+            while data := await reader.read(1 << 16):
+                for parts in frames.feed(data):
+                    if parts[0] != HELLO:
+                        seen.extend(body.requestId for body, _ in codec.unbundle(parts))
+            writer.close()
+
+        server = await asyncio.start_unix_server(silent, path)
+        link = UnixSchedulerLink("gw-test", retry_s=0.01)
+        link.follow(unix_endpoint(str(tmp_path), "gateway"))
+        link.start()
+        sender = AnswerSender(str(tmp_path), "ex-1", timeout_s=1)
+        try:
+            await _connected(link, 1)
+            sock_path = tmp_path / "answers-gw-test.usock"
+            assert link.answer_path == str(sock_path)
+            assert sock_path.stat().st_mode & 0o777 == 0o600
+            call = asyncio.ensure_future(link.infer("a", _request("a"), 5))
+            while "a" not in seen:
+                await asyncio.sleep(0.005)
+            assert await asyncio.to_thread(sender.send, "gw-test", _response(b"a"))
+            resp, frames = await call
+            assert resp.requestId == "a" and [bytes(f) for f in frames] == [b"out-a"]
+            assert link.answer_connects == 1
+            rogue = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # no hello: cut
+            rogue.connect(str(sock_path))
+            rogue.sendall(b"".join(encode(_response(b"x"))))
+            while link.drops.counts.get("invalid", 0) < 1:
+                await asyncio.sleep(0.005)
+            rogue.close()
+        finally:
+            sender.close()
+            await link.stop()
+            server.close()
+        assert not (tmp_path / "answers-gw-test.usock").exists()
 
     asyncio.run(main())

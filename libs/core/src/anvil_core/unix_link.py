@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 import stat
 import struct
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,13 +39,16 @@ from typing import Any
 __all__ = [
     "HELLO",
     "MAX_FRAMES",
+    "AnswerSender",
     "Conn",
     "FrameReader",
     "LinkError",
     "UnixDealer",
     "UnixRouter",
+    "answer_path",
     "encode",
     "is_unix_endpoint",
+    "same_user",
     "unix_endpoint",
     "unix_path",
 ]
@@ -69,6 +74,20 @@ def unix_endpoint(ipc_dir: str, link: str) -> str:
             f"unix socket path longer than {_PATH_MAX} bytes: {path} (shorten ANVIL_LINK_IPC_DIR)"
         )
     return _SCHEME + path
+
+
+_IDENTITY = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def answer_path(ipc_dir: str, identity: str) -> str | None:
+    """The answer socket of the gateway named `identity` in the link directory `ipc_dir` (direct
+    answers: executors write a gateway's answers there, the scheduler only hears that they did), or
+    None for an identity that is not 1-64 of ``[A-Za-z0-9._-]`` (it could name another path) or a
+    path too long for a socket."""
+    if not _IDENTITY.fullmatch(identity):
+        return None
+    path = str(Path(ipc_dir) / f"answers-{identity}.usock")
+    return path if len(path.encode()) <= _PATH_MAX else None
 
 
 def is_unix_endpoint(endpoint: str) -> bool:
@@ -145,7 +164,7 @@ class FrameReader:
         return frames
 
 
-def _same_user(sock: socket.socket) -> bool:
+def same_user(sock: socket.socket) -> bool:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid == os.getuid()
@@ -310,7 +329,7 @@ class UnixRouter:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            if not _same_user(sock):
+            if not same_user(sock):
                 self.refused += 1
                 problems.append(("unexpected", "refused a link connection from another user"))
                 sock.close()
@@ -469,3 +488,87 @@ class UnixDealer:
                 os.close(fd)
             except OSError:
                 pass
+
+
+class AnswerSender:
+    """An executor's connections to the answer sockets of this host's gateways (direct answers,
+    docs/scheduler.md). ``send`` writes one message to the gateway named `identity` from the calling
+    thread (a compute lane, or the I/O loop for an inline batch): blocking, at most ``timeout_s``,
+    whole or not at all. False means the answer did not go (no such socket, a peer of another user,
+    a gateway gone or not reading): the caller sends it through the scheduler instead; a connection
+    that failed mid-message is closed (the gateway drops the partial message with it), and that
+    gateway is not tried again for ``retry_s``. Thread-safe: one lock per connection."""
+
+    def __init__(self, ipc_dir: str, identity: str, timeout_s: float = 0.05, retry_s: float = 1.0) -> None:
+        self.ipc_dir = ipc_dir
+        self.identity = identity.encode()
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._lock = threading.Lock()  # guards the two dicts
+        self._conns: dict[str, tuple[socket.socket, threading.Lock]] = {}
+        self._retry_at: dict[str, float] = {}
+        self.sent = 0  # messages written whole
+        self.failed = 0  # messages that did not go (the scheduler carried them)
+
+    def send(self, identity: str, parts: Sequence[Any]) -> bool:
+        conn = self._conn(identity)
+        if conn is None:
+            self.failed += 1
+            return False
+        sock, lock = conn
+        bufs = [memoryview(b).cast("B") for b in encode(parts)]
+        with lock:
+            try:
+                while bufs:
+                    sent = sock.sendmsg(bufs[:512])
+                    while sent:
+                        if sent >= bufs[0].nbytes:
+                            sent -= bufs[0].nbytes
+                            bufs.pop(0)
+                        else:
+                            bufs[0] = bufs[0][sent:]
+                            sent = 0
+            except OSError:  # gone, not reading (timeout), or refused: maybe half-written
+                self._drop(identity, sock)
+                self.failed += 1
+                return False
+        self.sent += 1
+        return True
+
+    def _conn(self, identity: str) -> tuple[socket.socket, threading.Lock] | None:
+        with self._lock:
+            conn = self._conns.get(identity)
+            if conn is not None:
+                return conn
+            if time.monotonic() < self._retry_at.get(identity, 0.0):
+                return None
+            path = answer_path(self.ipc_dir, identity)
+            if path is None:
+                return None
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout_s)
+            try:
+                sock.connect(path)
+                if not same_user(sock):
+                    raise PermissionError(f"{path}: served by another user")
+                hello = b"".join(bytes(b) for b in encode([HELLO, self.identity]))
+                sock.sendall(hello)
+            except OSError:
+                sock.close()
+                self._retry_at[identity] = time.monotonic() + self.retry_s
+                return None
+            conn = self._conns[identity] = (sock, threading.Lock())
+            return conn
+
+    def _drop(self, identity: str, sock: socket.socket) -> None:
+        with self._lock:
+            if self._conns.get(identity, (None,))[0] is sock:
+                del self._conns[identity]
+            self._retry_at[identity] = time.monotonic() + self.retry_s
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for sock, _ in conns:
+            sock.close()

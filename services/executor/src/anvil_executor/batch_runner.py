@@ -63,6 +63,8 @@ class Pending:
     traceparent: str = ""  # the scheduler's batch span (Batch.traceparent), for the executor's spans
     dispatched_unix_ns: int = 0  # per-hop timing: the scheduler's dispatch stamp (Batch.sent_unix_ns)
     received_unix_ns: int = 0  # and the executor's receipt, wall clock ns (echoed in every answer)
+    reply_to: list[str] = field(default_factory=list)  # per request: its gateway (direct answers), or ""
+    answered_at: list[int] = field(default_factory=list)  # the request index of each answer group
 
 
 def run_batch(
@@ -117,6 +119,9 @@ def prepare_batch(
     pending.traceparent = batch.traceparent or ""
     pending.dispatched_unix_ns = int(batch.sentUnixNs or 0)
     pending.received_unix_ns = received_unix_ns or time.time_ns()
+    reply_to = list(batch.replyTo or ())
+    if len(reply_to) == len(groups):  # else (a scheduler's bug) every answer goes through it
+        pending.reply_to = [g.decode(errors="replace") if isinstance(g, bytes) else g for g in reply_to]
     answers: list[tuple[bytes, list[Any]] | None] = [None] * len(groups)
     requests: list[Any] = []
     for i, group in enumerate(groups):
@@ -236,11 +241,13 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
 
     out: list[Any] = []
     counts: list[int] = []
-    for answer in answers:
+    pending.answered_at = []
+    for i, answer in enumerate(answers):
         if answer is not None:
             out.append(answer[0])
             out.extend(answer[1])
             counts.append(1 + len(answer[1]))
+            pending.answered_at.append(i)
     result.frameCounts = counts
     result.computeUs = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
     if tracing.ON:

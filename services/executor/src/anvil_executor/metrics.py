@@ -16,6 +16,12 @@ compute_us = Histogram(
     buckets=(10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 100_000),
 )
 inflight = Gauge("anvil_executor_inflight_batches", "Batches received and not yet answered")
+answers = Counter(
+    "anvil_executor_answers_total",
+    "Answers of batches whose requests name their gateway (direct answers), by the way they went: "
+    "direct (the gateway's answer socket) or scheduler (it could not go direct)",
+    ["path"],
+)
 connected = Gauge("anvil_executor_scheduler_connected", "1 when a scheduler endpoint is known")
 
 # GPU backend (ANVIL_DEVICE=cuda:N): the steady state must allocate nothing and load no module.

@@ -21,6 +21,7 @@ a background loop and post endpoint changes to the I/O loop.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -39,7 +40,7 @@ from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
-from anvil_core.unix_link import UnixDealer, is_unix_endpoint
+from anvil_core.unix_link import AnswerSender, UnixDealer, is_unix_endpoint, unix_path
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
@@ -97,6 +98,8 @@ class Executor:
         # one host with ANVIL_LINK_TRANSPORT=unix: the link is a Unix stream socket (unix_link)
         unix = bool(settings.link_ipc_dir) and settings.link_transport == "unix"
         self.link: UnixDealer | None = UnixDealer(settings.service_id) if unix else None
+        # direct answers (docs/scheduler.md): this host's gateways' answer sockets, beside the link
+        self.answers: AnswerSender | None = None
         # the compute threads' results (each pushes from its own socket)
         self.done_rx = make_socket(self.ctx, zmq.PULL, bind=f"inproc://done-{id(self)}")
         self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute threads'
@@ -293,6 +296,8 @@ class Executor:
             sock.close()
         if self.link is not None:
             self.link.close()
+        if self.answers is not None:
+            self.answers.close()
         self.ctx.term()
         if self.fault is not None:
             raise SystemExit(3)
@@ -311,6 +316,12 @@ class Executor:
             if self.link is None:  # settings changed under us? never: link_endpoint follows them
                 raise RuntimeError(f"a unix link endpoint without ANVIL_LINK_TRANSPORT=unix: {endpoint}")
             self.link.follow(endpoint)
+            old, self.answers = (
+                self.answers,
+                AnswerSender(os.path.dirname(unix_path(endpoint)), self.s.service_id),
+            )
+            if old is not None:
+                old.close()
         else:
             self.sock.connect(endpoint)
         self.endpoint = endpoint
@@ -472,7 +483,37 @@ class Executor:
         outcome = "error" if result.error is not None else "success"
         m.batches.labels(model=model, outcome=outcome).inc()
         m.compute_us.labels(model=model).observe(took_s * 1e6)
+        if self.answers is not None:
+            out = self._deliver(pending, result, out)
         return codec.pack(result, out), fault
+
+    def _deliver(self, pending: Pending, result: pb.BatchResultT, out: list[Any]) -> list[Any]:
+        """Direct answers: each answer whose request names its gateway (``Batch.reply_to``) written
+        to that gateway's answer socket, one message per gateway; the frames left for the scheduler
+        (what could not go, and every answer of a request that did not read) and ``deliveredIds``
+        set. Called where the batch ran (a compute lane, or the I/O loop for an inline batch)."""
+        if self.answers is None or not pending.reply_to or not out:
+            return out
+        groups = list(codec.split_groups(out, result.frameCounts or ()))
+        by_gateway: dict[str, list[int]] = {}  # gateway -> its groups
+        for g, i in enumerate(pending.answered_at):
+            gateway = pending.reply_to[i]
+            if gateway and pending.requests[i] is not None:
+                by_gateway.setdefault(gateway, []).append(g)
+        delivered: set[int] = set()
+        ids: list[str] = []
+        for gateway, mine in by_gateway.items():
+            if self.answers.send(gateway, codec.bundle([groups[g] for g in mine], responses=True)):
+                delivered.update(mine)
+                ids += [pending.requests[pending.answered_at[g]].requestId for g in mine]
+        m.answers.labels(path="direct").inc(len(delivered))
+        m.answers.labels(path="scheduler").inc(len(groups) - len(delivered))
+        if not delivered:
+            return out
+        keep = [group for g, group in enumerate(groups) if g not in delivered]
+        result.frameCounts = [len(group) for group in keep]
+        result.deliveredIds = ids
+        return [frame for group in keep for frame in group]
 
     def _inline(self, pending: Pending) -> bool:
         """Whether a received batch runs here, on the I/O loop, instead of on the compute thread:

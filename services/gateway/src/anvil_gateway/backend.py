@@ -10,6 +10,7 @@ logged, and readiness reports it.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -21,7 +22,16 @@ from anvil_core.codec import pb
 from anvil_core.curve import CurveClient
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
-from anvil_core.unix_link import HELLO, MAX_QUEUED_BYTES, FrameReader, LinkError, encode, unix_path
+from anvil_core.unix_link import (
+    HELLO,
+    MAX_QUEUED_BYTES,
+    FrameReader,
+    LinkError,
+    answer_path,
+    encode,
+    same_user,
+    unix_path,
+)
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import make_socket
 
@@ -228,10 +238,23 @@ class UnixSchedulerLink(SchedulerLink):
 
     Answers are read by an ``asyncio.Protocol`` (``_LinkReader``): the loop's read callback cuts the
     bytes into messages and resolves the callers' futures in the same turn. (A StreamReader would
-    wake the receive task first and resolve them a loop turn later: one turn more per answer.)"""
+    wake the receive task first and resolve them a loop turn later: one turn more per answer.)
 
-    def __init__(self, identity: str, bundle_max: int = 8, retry_s: float = 0.1) -> None:
+    Direct answers (``answers``, on by default): the link also listens on its answer socket,
+    ``answers-<identity>.usock`` in the scheduler's link directory (0600 in that 0700 directory;
+    peers of another user are cut before a byte is read; a hello first), where this host's
+    executors write the answers to this gateway's requests themselves when the scheduler asks them
+    to (``Batch.reply_to``): one hop and one process fewer on the way back. What arrives there is
+    verified and matched exactly as the scheduler's messages are."""
+
+    def __init__(
+        self, identity: str, bundle_max: int = 8, retry_s: float = 0.1, answers: bool = True
+    ) -> None:
         self.retry_s = retry_s
+        self.answers = answers
+        self._answer_server: asyncio.AbstractServer | None = None
+        self.answer_path: str | None = None  # the answer socket being served
+        self.answer_connects = 0
         super().__init__(identity, bundle_max, None)
 
     def _open(self, identity: str, curve: CurveClient | None) -> None:
@@ -252,6 +275,40 @@ class UnixSchedulerLink(SchedulerLink):
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+        self._stop_answers()
+
+    async def _serve_answers(self, ipc_dir: str) -> None:
+        """Listen on this gateway's answer socket in `ipc_dir` (again, when the directory moved)."""
+        path = answer_path(ipc_dir, self.identity)
+        if not self.answers or path is None or path == self.answer_path:
+            return
+        self._stop_answers()
+        try:
+            if os.path.exists(path):
+                os.unlink(path)  # left by a killed gateway of the same identity
+            old = os.umask(0o177)
+            try:
+                server = await asyncio.get_running_loop().create_unix_server(
+                    lambda: _AnswerReader(self), path
+                )
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+        except OSError as exc:  # answers keep coming through the scheduler
+            log.warning("no answer socket: answers come through the scheduler", extra={"err": str(exc)})
+            return
+        self._answer_server, self.answer_path = server, path
+
+    def _stop_answers(self) -> None:
+        if self._answer_server is not None:
+            self._answer_server.close()
+            self._answer_server = None
+        if self.answer_path is not None:
+            try:
+                os.unlink(self.answer_path)
+            except OSError:
+                pass
+            self.answer_path = None
 
     def follow(self, endpoint: str) -> None:
         path = unix_path(endpoint)
@@ -279,6 +336,7 @@ class UnixSchedulerLink(SchedulerLink):
             if self._path is None:
                 await self._followed.wait()
                 continue
+            await self._serve_answers(os.path.dirname(self._path))
             try:
                 transport, reader = await loop.create_unix_connection(lambda: _LinkReader(self), self._path)
             except OSError:
@@ -338,6 +396,50 @@ class _LinkReader(asyncio.Protocol):
             self.link.drops.drop("recv", f"unix link to the scheduler: {exc}")
         if not self.lost.done():
             self.lost.set_result(None)
+
+
+class _AnswerReader(asyncio.Protocol):
+    """One executor's connection to a gateway's answer socket: a peer of another user is cut at
+    once; the first message must be a hello naming the executor; every later one (an answer, or a
+    bundle of them) goes to ``on_message``, which verifies it. A broken format cuts the connection
+    (the executor sends what it could not deliver through the scheduler)."""
+
+    def __init__(self, link: UnixSchedulerLink) -> None:
+        self.link = link
+        self.frames = FrameReader()
+        self.transport: asyncio.BaseTransport | None = None
+        self.peer: bytes | None = None  # the executor's identity, from its hello
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is None or not same_user(sock):
+            self.link.drops.drop("unexpected", "answer socket: refused a connection from another user")
+            transport.close()
+            return
+        self.link.answer_connects += 1
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            messages = self.frames.feed(data)
+        except LinkError as exc:
+            self._cut(str(exc))
+            return
+        for parts in messages:
+            if self.peer is None:
+                if len(parts) != 2 or parts[0] != HELLO or not 0 < len(parts[1]) <= 255:
+                    self._cut("its first message is not a hello with an identity")
+                    return
+                self.peer = parts[1]
+                continue
+            self.link.on_message(parts)
+        if self.frames.broken is not None:
+            self._cut(str(self.frames.broken))
+
+    def _cut(self, why: str) -> None:
+        self.link.drops.drop("invalid", f"answer socket: connection of {self.peer!r} closed: {why}")
+        if self.transport is not None:
+            self.transport.close()
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:

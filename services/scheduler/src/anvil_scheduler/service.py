@@ -406,6 +406,9 @@ class Scheduler:
             frames.extend(ticket.frames)
         msg = pb.BatchT(batchId=str(batch.batch_id), model=batch.model, frameCounts=counts, queueUs=queue_us)
         msg.sentUnixNs = time.time_ns()  # per-hop timing: the executor echoes it in every answer
+        reply_to = self._reply_to(batch)
+        if reply_to is not None:
+            msg.replyTo = reply_to
         if tracing.ON:
             contexts = [_ticket(r).traceparent for r in batch.requests]
             msg.traceparent = spans.record(batch, contexts, now, batch.executor_id)
@@ -415,6 +418,18 @@ class Scheduler:
         ident = self.executors.get(batch.executor_id)
         if ident is None or not self._send_executor(ident, codec.pack(msg, frames)):
             self._lose(batch.executor_id, "send failed", now)
+
+    def _reply_to(self, batch: Any) -> list[str] | None:
+        """Per request, its gateway's identity where the executor can answer that gateway itself
+        (direct answers: both on this host's Unix links), else ""; None when none can."""
+        if not self.s.direct_answers or self.links is None:
+            return None
+        if self.executors.get(batch.executor_id) not in self.links.executor.conns:
+            return None  # an executor over ZeroMQ (maybe another host): it cannot reach the sockets
+        gateways = self.links.gateway.conns
+        names = [_ticket(r).gateway for r in batch.requests]
+        out = [g.decode() if g in gateways and len(g) <= 64 else "" for g in names]
+        return out if any(out) else None
 
     def _complete(self, eid: str, result: pb.BatchResultT, frames: list[Any], now: float) -> None:
         raw_id = result.batchId or ""
@@ -436,6 +451,11 @@ class Scheduler:
         if answered:
             self._series(m.batch_rtt_us, self._label(done.answered[0].model)).observe((now - sent) * 1e6)
         replies: dict[bytes, list[list[Any]]] = {}  # gateway -> response groups, forwarded unchanged
+        for rid in result.deliveredIds or ():  # answered on their gateways' answer sockets already
+            r = answered.pop(rid, None)
+            if r is not None:
+                self._series(m.requests, self._label(r.model), "answered").inc()
+                self._hop("executor_round_trip", r.priority).observe((now - sent) * 1e6)
         try:
             for group in codec.split_groups(frames, result.frameCounts or ()):
                 resp = codec.read_response(group[0])  # verified before it is forwarded

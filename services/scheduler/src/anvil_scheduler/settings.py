@@ -18,6 +18,10 @@ class SchedulerSettings(ServiceSettings):
     # published); `anvil up` sets 127.0.0.1 unless ANVIL_LINK_BIND_HOST says otherwise.
     link_bind_host: str = "0.0.0.0"
     metrics_port: int = 8003
+    # Direct answers: a batch names, per request, its gateway when that gateway is on this host's
+    # Unix link, and the executor (also on the Unix link) answers it on the gateway's answer socket
+    # itself; the scheduler then forwards only what an executor could not deliver (docs/scheduler.md).
+    direct_answers: bool = True
     # Batching policy: ours (EDF + PID), or the peers it is compared with.
     policy: Literal["edf_pid", "fixed_delay", "aimd"] = "edf_pid"
     # fixed_delay only (Triton's dynamic batcher knobs).

@@ -1203,8 +1203,28 @@ class Batch(object):
             return self._tab.Get(flatbuffers.number_types.Int64Flags, o + self._tab.Pos)
         return 0
 
+    # Batch
+    def ReplyTo(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return ""
+
+    # Batch
+    def ReplyToLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # Batch
+    def ReplyToIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        return o == 0
+
 def BatchStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def BatchAddBatchId(builder, batchId):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(batchId), 0)
@@ -1230,6 +1250,12 @@ def BatchAddTraceparent(builder, traceparent):
 def BatchAddSentUnixNs(builder, sentUnixNs):
     builder.PrependInt64Slot(5, sentUnixNs, 0)
 
+def BatchAddReplyTo(builder, replyTo):
+    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(replyTo), 0)
+
+def BatchStartReplyToVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
 def BatchEnd(builder):
     return builder.EndObject()
 
@@ -1250,6 +1276,7 @@ class BatchT(object):
         queueUs = None,
         traceparent = None,
         sentUnixNs = 0,
+        replyTo = None,
     ):
         self.batchId = batchId  # type: Optional[str]
         self.model = model  # type: Optional[str]
@@ -1257,6 +1284,7 @@ class BatchT(object):
         self.queueUs = queueUs  # type: Optional[List[int]]
         self.traceparent = traceparent  # type: Optional[str]
         self.sentUnixNs = sentUnixNs  # type: int
+        self.replyTo = replyTo  # type: Optional[List[Optional[str]]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -1297,6 +1325,10 @@ class BatchT(object):
                 self.queueUs = batch.QueueUsAsNumpy()
         self.traceparent = batch.Traceparent()
         self.sentUnixNs = batch.SentUnixNs()
+        if not batch.ReplyToIsNone():
+            self.replyTo = []
+            for i in range(batch.ReplyToLength()):
+                self.replyTo.append(batch.ReplyTo(i))
 
     # BatchT
     def Pack(self, builder):
@@ -1322,6 +1354,14 @@ class BatchT(object):
                 queueUs = builder.EndVector()
         if self.traceparent is not None:
             traceparent = builder.CreateString(self.traceparent)
+        if self.replyTo is not None:
+            replyTolist = []
+            for i in range(len(self.replyTo)):
+                replyTolist.append(builder.CreateString(self.replyTo[i]))
+            BatchStartReplyToVector(builder, len(self.replyTo))
+            for i in reversed(range(len(self.replyTo))):
+                builder.PrependUOffsetTRelative(replyTolist[i])
+            replyTo = builder.EndVector()
         BatchStart(builder)
         if self.batchId is not None:
             BatchAddBatchId(builder, batchId)
@@ -1334,6 +1374,8 @@ class BatchT(object):
         if self.traceparent is not None:
             BatchAddTraceparent(builder, traceparent)
         BatchAddSentUnixNs(builder, self.sentUnixNs)
+        if self.replyTo is not None:
+            BatchAddReplyTo(builder, replyTo)
         batch = BatchEnd(builder)
         return batch
 
@@ -1421,8 +1463,28 @@ class BatchResult(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
         return o == 0
 
+    # BatchResult
+    def DeliveredIds(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            a = self._tab.Vector(o)
+            return self._tab.String(a + flatbuffers.number_types.UOffsetTFlags.py_type(j * 4))
+        return ""
+
+    # BatchResult
+    def DeliveredIdsLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # BatchResult
+    def DeliveredIdsIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        return o == 0
+
 def BatchResultStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def BatchResultAddBatchId(builder, batchId):
     builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(batchId), 0)
@@ -1445,6 +1507,12 @@ def BatchResultAddFrameCounts(builder, frameCounts):
 def BatchResultStartFrameCountsVector(builder, numElems):
     return builder.StartVector(4, numElems, 4)
 
+def BatchResultAddDeliveredIds(builder, deliveredIds):
+    builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(deliveredIds), 0)
+
+def BatchResultStartDeliveredIdsVector(builder, numElems):
+    return builder.StartVector(4, numElems, 4)
+
 def BatchResultEnd(builder):
     return builder.EndObject()
 
@@ -1465,6 +1533,7 @@ class BatchResultT(object):
         computeUs = 0,
         error = None,
         frameCounts = None,
+        deliveredIds = None,
     ):
         self.batchId = batchId  # type: Optional[str]
         self.executorId = executorId  # type: Optional[str]
@@ -1472,6 +1541,7 @@ class BatchResultT(object):
         self.computeUs = computeUs  # type: int
         self.error = error  # type: Optional[ErrorT]
         self.frameCounts = frameCounts  # type: Optional[List[int]]
+        self.deliveredIds = deliveredIds  # type: Optional[List[Optional[str]]]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -1507,6 +1577,10 @@ class BatchResultT(object):
                     self.frameCounts.append(batchResult.FrameCounts(i))
             else:
                 self.frameCounts = batchResult.FrameCountsAsNumpy()
+        if not batchResult.DeliveredIdsIsNone():
+            self.deliveredIds = []
+            for i in range(batchResult.DeliveredIdsLength()):
+                self.deliveredIds.append(batchResult.DeliveredIds(i))
 
     # BatchResultT
     def Pack(self, builder):
@@ -1526,6 +1600,14 @@ class BatchResultT(object):
                 for i in reversed(range(len(self.frameCounts))):
                     builder.PrependUint32(self.frameCounts[i])
                 frameCounts = builder.EndVector()
+        if self.deliveredIds is not None:
+            deliveredIdslist = []
+            for i in range(len(self.deliveredIds)):
+                deliveredIdslist.append(builder.CreateString(self.deliveredIds[i]))
+            BatchResultStartDeliveredIdsVector(builder, len(self.deliveredIds))
+            for i in reversed(range(len(self.deliveredIds))):
+                builder.PrependUOffsetTRelative(deliveredIdslist[i])
+            deliveredIds = builder.EndVector()
         BatchResultStart(builder)
         if self.batchId is not None:
             BatchResultAddBatchId(builder, batchId)
@@ -1538,6 +1620,8 @@ class BatchResultT(object):
             BatchResultAddError(builder, error)
         if self.frameCounts is not None:
             BatchResultAddFrameCounts(builder, frameCounts)
+        if self.deliveredIds is not None:
+            BatchResultAddDeliveredIds(builder, deliveredIds)
         batchResult = BatchResultEnd(builder)
         return batchResult
 
