@@ -17,8 +17,9 @@ carries them (a request that ran):
 * ``to_scheduler``: sent -> admitted by the scheduler (the link, the scheduler's read and admission);
 * ``to_executor``: dispatched -> read by the executor (the link, the executor's loop);
 * ``executor_queue``: read -> its batch starts (``InferResponse.exec_queue_us``);
-* ``back``: outputs copied out -> answer read by the gateway (the answers' encoding, the hand-off to
-  the executor's I/O loop, both links back and the scheduler's forwarding).
+* ``back``: outputs copied out -> answer read by the gateway (the answers' encoding and the
+  executor's write to the gateway's answer socket; without direct answers, the hand-off to the
+  executor's I/O loop, both links back and the scheduler's forwarding).
 
 The four add up to ``transit`` but for the executor's time outside ``compute`` (µs) and clock
 reading noise; stamps of different hosts compare only with synchronised clocks, so a negative
