@@ -267,7 +267,9 @@ def _answer_socket(tmp_path: Path, name: str) -> socket.socket:
     return server
 
 
-def test_an_answer_goes_whole_after_a_hello_and_a_missing_socket_is_not_retried_at_once(tmp_path: Path) -> None:
+def test_an_answer_goes_whole_after_a_hello_and_a_missing_socket_is_not_retried_at_once(
+    tmp_path: Path,
+) -> None:
     server = _answer_socket(tmp_path, "gw-1")
     sender = AnswerSender(str(tmp_path), "ex-1", timeout_s=1, retry_s=60)
     try:

@@ -85,7 +85,7 @@ def test_answers_go_to_their_gateways_and_the_scheduler_gets_the_rest(tmp_path: 
 def test_a_batch_that_names_no_gateway_is_untouched(tmp_path: Path) -> None:
     sender = AnswerSender(str(tmp_path), "ex-1")
     try:
-        body, frames = _deliver(sender, _pending(["r1", "r2"], []))
+        body, _ = _deliver(sender, _pending(["r1", "r2"], []))
         assert not body.deliveredIds and len(body.frameCounts) == 2
         assert sender.sent == 0 and sender.failed == 0
     finally:

@@ -111,7 +111,9 @@ def _direct_stack(tmp_path: Path, direct: bool) -> tuple[Scheduler, zmq.Poller, 
     ex.follow(unix_endpoint(str(links), "executor"))
     gw.follow(unix_endpoint(str(links), "gateway"))
     ex.send(_register("ex-1"))
-    _until(s, poller, lambda: "ex-1" in s.executors and s.links is not None and b"gw-1" in s.links.gateway.conns)
+    assert s.links is not None
+    links_ = s.links
+    _until(s, poller, lambda: "ex-1" in s.executors and b"gw-1" in links_.gateway.conns)
     return s, poller, ex, gw
 
 

@@ -121,7 +121,9 @@ def prepare_batch(
     pending.received_unix_ns = received_unix_ns or time.time_ns()
     reply_to = list(batch.replyTo or ())
     if len(reply_to) == len(groups):  # else (a scheduler's bug) every answer goes through it
-        pending.reply_to = [g.decode(errors="replace") if isinstance(g, bytes) else g for g in reply_to]
+        pending.reply_to = [
+            g.decode(errors="replace") if isinstance(g, bytes) else (g or "") for g in reply_to
+        ]
     answers: list[tuple[bytes, list[Any]] | None] = [None] * len(groups)
     requests: list[Any] = []
     for i, group in enumerate(groups):

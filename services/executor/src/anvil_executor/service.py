@@ -57,6 +57,9 @@ from anvil_kernels import set_blas_threads
 
 __all__ = ["Executor"]
 
+# zmq's poll flags as plain ints (an operator on the IntFlag members costs ~1 µs: enum.Flag)
+_POLL_IN, _POLL_OUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+_POLL_INOUT = _POLL_IN | _POLL_OUT
 log = get_logger("anvil.executor")
 _ARTIFACT_ID = re.compile(r"[0-9a-f]{8,128}")
 
@@ -259,7 +262,7 @@ class Executor:
             if self.link is not None:
                 if self.link.tick():  # a new connection (first, or after a loss): register on it
                     self._register()
-                poller.register(self.link, zmq.POLLIN | (zmq.POLLOUT if self.link.wants_write else 0))
+                poller.register(self.link, _POLL_INOUT if self.link.wants_write else _POLL_IN)
             events = dict(poller.poll(50))
             if self.done_rx in events:
                 self._drain_results()
@@ -370,7 +373,7 @@ class Executor:
             log.warning("scheduler unreachable; message dropped")
 
     def _drain_scheduler(self) -> None:
-        while int(self.sock.get(zmq.EVENTS)) & zmq.POLLIN:  # not until zmq.Again: an exception a drain
+        while int(self.sock.get(zmq.EVENTS)) & _POLL_IN:  # not until zmq.Again: an exception a drain
             try:
                 parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -418,7 +421,7 @@ class Executor:
             self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
     def _drain_results(self) -> None:
-        while int(self.done_rx.get(zmq.EVENTS)) & zmq.POLLIN:
+        while int(self.done_rx.get(zmq.EVENTS)) & _POLL_IN:
             try:
                 parts = self.done_rx.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -512,7 +515,7 @@ class Executor:
             return out
         keep = [group for g, group in enumerate(groups) if g not in delivered]
         result.frameCounts = [len(group) for group in keep]
-        result.deliveredIds = ids
+        result.deliveredIds = list[str | None](ids)
         return [frame for group in keep for frame in group]
 
     def _inline(self, pending: Pending) -> bool:
