@@ -198,13 +198,11 @@ class SchedulerCore:
                 if not (alone and self.learning.probe_due(req.model, req.priority, now_s)):
                     return Admission(AdmitOutcome.SHED, (self._shed(req, ShedReason.DEADLINE, now_s),))
                 req.probe = True
-            else:
+            elif not alone:  # alone, nothing is queued ahead to evict and it is never shed for that
                 victims = self._work_ahead_victims(queue, req, now_s)
                 if isinstance(victims, ShedReason):
-                    if not alone:
-                        return Admission(AdmitOutcome.SHED, (self._shed(req, victims, now_s),))
-                else:
-                    evicted.extend(victims)
+                    return Admission(AdmitOutcome.SHED, (self._shed(req, victims, now_s),))
+                evicted.extend(victims)
         if len(queue) - len(evicted) >= self.config.max_queue_depth:
             spare = [v for v in queue.eviction_candidates(req.priority, len(evicted) + 1) if v not in evicted]
             if not spare:
