@@ -82,13 +82,7 @@ def test_an_executor_on_the_unix_link_is_lost_as_soon_as_its_link_ends(tmp_path:
         assert lost_after < settings.executor_timeout_ms / 1000 / 2, lost_after
         assert not s.core.pool.in_flight("ex-1")
     finally:
-        dealer.close()
-        if s.links is not None:
-            s.links.close()
-        s.gw.close()
-        s.ex.close()
-        s.ctx.term()
-        s.bg.stop()
+        _close(s, dealer)
 
 
 def _request(rid: str) -> Any:
