@@ -51,10 +51,13 @@ class UnixLinks:
         self, events: dict[Any, int], on_gateway: Handle, on_executor: Handle, problem: Problem
     ) -> None:
         """Every ready fd of the poll's ``events`` (the ints: ZeroMQ sockets are the caller's),
-        handed to its router; each message read goes to its link's handler."""
-        for fd, flags in events.items():
-            if not isinstance(fd, int):
-                continue
+        handed to its router; each message read goes to its link's handler. Executors' fds first:
+        a batch's result frees its lane before a request read in the same turn is admitted, so that
+        request is not kept waiting by the result's processing (its queue time counts from its read)
+        and finds the lane free."""
+        ready = [(fd, flags) for fd, flags in events.items() if isinstance(fd, int)]
+        ready.sort(key=lambda item: self.gateway.owns(item[0]))  # False (executor) first; stable
+        for fd, flags in ready:
             router, handle = (
                 (self.gateway, on_gateway) if self.gateway.owns(fd) else (self.executor, on_executor)
             )
