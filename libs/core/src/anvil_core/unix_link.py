@@ -536,29 +536,41 @@ class AnswerSender:
         return True
 
     def _conn(self, identity: str) -> tuple[socket.socket, threading.Lock] | None:
+        """The connection to `identity`'s answer socket: made on first use (outside the lock, so
+        that a slow connect holds up no other gateway's answers), None while it cannot be."""
         with self._lock:
             conn = self._conns.get(identity)
             if conn is not None:
                 return conn
             if time.monotonic() < self._retry_at.get(identity, 0.0):
                 return None
-            path = answer_path(self.ipc_dir, identity)
-            if path is None:
-                return None
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(self.timeout_s)
-            try:
-                sock.connect(path)
-                if not same_user(sock):
-                    raise PermissionError(f"{path}: served by another user")
-                hello = b"".join(bytes(b) for b in encode([HELLO, self.identity]))
-                sock.sendall(hello)
-            except OSError:
-                sock.close()
+        path = answer_path(self.ipc_dir, identity)
+        if path is None:
+            return None
+        sock = self._connect(path)
+        with self._lock:
+            if sock is None:
                 self._retry_at[identity] = time.monotonic() + self.retry_s
                 return None
+            conn = self._conns.get(identity)
+            if conn is not None:  # another thread connected meanwhile: keep one connection
+                sock.close()
+                return conn
             conn = self._conns[identity] = (sock, threading.Lock())
             return conn
+
+    def _connect(self, path: str) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(path)
+            if not same_user(sock):
+                raise PermissionError(f"{path}: served by another user")
+            sock.sendall(b"".join(bytes(b) for b in encode([HELLO, self.identity])))
+        except OSError:
+            sock.close()
+            return None
+        return sock
 
     def _drop(self, identity: str, sock: socket.socket) -> None:
         with self._lock:
