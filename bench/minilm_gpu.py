@@ -211,6 +211,7 @@ def c1_hops(
     client's round trip (ms), and the scheduler's and executor's own hop means over the same requests."""
     before = scrape_hops(list(ports))
     with httpx.Client(base_url=url, timeout=30) as cli:
+        stats0 = _compute_stats(cli, name)
         meta = cli.get(f"/v2/models/{name}").json()
         inp = meta["inputs"][0]["name"]
         hops: dict[str, list[int]] = {}
@@ -227,7 +228,14 @@ def c1_hops(
                 if "=" in part:
                     k, v = part.split("=", 1)
                     hops.setdefault(k, []).append(int(v))
+        stats1 = _compute_stats(cli, name)
     out: dict[str, Any] = {"requests": n, "client_p50_ms": round(float(np.median(lat[n // 10 :])), 3)}
+    # the executor's own split of "compute" over the same batches (Triton statistics, means, µs):
+    # input = decode + tokenize, infer = the plan's run, output = outputs copied out
+    for part, (ns1, count1) in stats1.items():
+        ns0, count0 = stats0.get(part, (0, 0))
+        if count1 > count0:
+            out[f"{part}_mean_us"] = round((ns1 - ns0) / (count1 - count0) / 1000)
     out.update({f"{k}_p50_us": int(np.median(v[n // 10 :])) for k, v in hops.items()})
     # the scheduler's and executor's own hops over the same requests (means, µs): where "transit" goes
     after = scrape_hops(list(ports))
@@ -236,6 +244,18 @@ def c1_hops(
         if count > c0:
             out[f"{key}_mean_us"] = round((total - s0) / (count - c0))
     return out
+
+
+def _compute_stats(cli: httpx.Client, name: str) -> dict[str, tuple[int, int]]:
+    """(ns, count) of the model's compute_input / compute_infer / compute_output so far (the
+    gateway's Triton statistics); empty when the endpoint does not answer."""
+    try:
+        doc = cli.get(f"/v2/models/{name}/stats").json()
+        inf = doc["model_stats"][0]["inference_stats"]
+        parts = ("compute_input", "compute_infer", "compute_output")
+        return {p: (int(inf[p]["ns"]), int(inf[p]["count"])) for p in parts}
+    except (httpx.HTTPError, KeyError, IndexError, ValueError):
+        return {}
 
 
 def _hops_cell(row: dict[str, Any]) -> str:
