@@ -29,15 +29,25 @@ from minilm_gpu import load  # noqa: E402
 SERVICES = {"gateway": "anvil_gateway", "scheduler": "anvil_scheduler", "executor": "anvil_executor"}
 
 
+def _pgrep(*args: str) -> list[int]:
+    out = subprocess.run(["pgrep", *args], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
 def pids() -> dict[str, list[int]]:
-    """Every process of each service (a GPU host runs several executors, and gateway workers)."""
+    """Every process of each service (a GPU host runs several executors), and the gateway's HTTP
+    workers (spawned children of `python -m anvil_gateway`, which only supervises them)."""
     out = {}
     for name, module in SERVICES.items():
-        found = subprocess.run(
-            ["pgrep", "-f", "--", f"-m {module}"], capture_output=True, text=True
-        ).stdout.split()
-        if found:
-            out[name] = [int(pid) for pid in found]
+        found = _pgrep("-f", "--", f"-m {module}")
+        # the workers, not multiprocessing's resource tracker
+        children = (
+            [c for pid in found for c in _pgrep("-f", "-P", str(pid), "spawn_main")]
+            if name == "gateway"
+            else []
+        )
+        if found or children:
+            out[name] = children or found
     return out
 
 
