@@ -204,14 +204,21 @@ def scrape_hops(ports: list[int]) -> dict[str, list[float]]:
 
 
 def c1_hops(
-    url: str, name: str, texts: list[str], n: int = 300, ports: tuple[int, ...] = (8003, 8004)
+    url: str,
+    name: str,
+    texts: list[str],
+    n: int = 300,
+    ports: tuple[int, ...] = (8003, 8004),
+    split_compute: bool = True,
 ) -> dict[str, Any]:
     """Where a lone single-sentence request spends its time: n sequential KServe infer requests (one
     BYTES row) and the gateway's per-hop header (``x-anvil-hops-us``, µs); medians per hop and of the
-    client's round trip (ms), and the scheduler's and executor's own hop means over the same requests."""
+    client's round trip (ms), and the scheduler's and executor's own hop means over the same requests.
+    ``split_compute``: also the executor's compute_input / infer / output means from the gateway's
+    Triton statistics (only right with one gateway process: each HTTP worker keeps its own)."""
     before = scrape_hops(list(ports))
     with httpx.Client(base_url=url, timeout=30) as cli:
-        stats0 = _compute_stats(cli, name)
+        stats0 = _compute_stats(cli, name) if split_compute else {}
         meta = cli.get(f"/v2/models/{name}").json()
         inp = meta["inputs"][0]["name"]
         hops: dict[str, list[int]] = {}
@@ -228,7 +235,7 @@ def c1_hops(
                 if "=" in part:
                     k, v = part.split("=", 1)
                     hops.setdefault(k, []).append(int(v))
-        stats1 = _compute_stats(cli, name)
+        stats1 = _compute_stats(cli, name) if split_compute else {}
     out: dict[str, Any] = {"requests": n, "client_p50_ms": round(float(np.median(lat[n // 10 :])), 3)}
     # the executor's own split of "compute" over the same batches (Triton statistics, means, µs):
     # input = decode + tokenize, infer = the plan's run, output = outputs copied out
@@ -351,11 +358,12 @@ def main() -> None:
         rows.append(
             load(args.url, args.name, texts, 32, 16, args.seconds, procs=args.client_procs, fmt="float")
         )
-    res["c1_hops"] = c1_hops(args.url, args.name, texts)
+    res["c1_hops"] = c1_hops(args.url, args.name, texts, split_compute=res["gateway_workers"] == 1)
     print("c1 hops (KServe BYTES, one sentence):", res["c1_hops"], flush=True)
     inf_rows: list[dict[str, Any]] = []
     if args.no_peers:
         res["infinity"] = res["sentence_transformers"] = "not run (--no-peers)"
+        res["anvil"] = rows
         print(json.dumps(res, indent=2))
         print(
             "\n".join(
@@ -364,6 +372,7 @@ def main() -> None:
                 for r in rows
             )
         )
+        write(args.out_dir, res, rows, [], [], None, len(texts))
         return
     try:
         proc = start_infinity(args.model_dir, args.infinity_port, args.infinity_batch)
@@ -400,13 +409,27 @@ def main() -> None:
     res["anvil"], res["sentence_transformers"], res["st_best"] = rows, st_rows, best["what"]
     res["ratio_c16_vs_st_best"] = round(rows[0]["sentences_per_s"] / best["sentences_per_s"], 3)
     print(json.dumps(res, indent=2))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "minilm_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
+    write(args.out_dir, res, rows, inf_rows, st_rows, best, len(texts))
+
+
+def write(
+    out_dir: Path,
+    res: dict[str, Any],
+    rows: list[dict[str, Any]],
+    inf_rows: list[dict[str, Any]],
+    st_rows: list[dict[str, Any]],
+    best: dict[str, Any] | None,
+    sentences: int,
+) -> None:
+    """minilm_gpu.json and .md in `out_dir` (also for an Anvil-only run: no peers, no ratios)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "minilm_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
+    title = "vs sentence-transformers (same run)" if best else "(Anvil only: --no-peers, no ratios)"
     lines = [
-        "# MiniLM on the GPU through the stack vs sentence-transformers (same run)",
+        f"# MiniLM on the GPU through the stack {title}",
         "",
         f"Command: `{res['command']}` · commit {res['commit']} · {res['gpu']}",
-        f"· {CORPUS}, {len(texts)} sentences",
+        f"· {CORPUS}, {sentences} sentences",
         f"· plan {res['plan']} · gateway processes: {res['gateway_workers']}"
         f" · executors per GPU: {res.get('executors_per_gpu', 1)}",
         f"· client: {res['client']['generator']}, {res['client']['processes']} processes, "
@@ -424,10 +447,13 @@ def main() -> None:
             for r in rows + inf_rows + st_rows
         ),
         "",
-        f"Anvil c16 / best sentence-transformers ({best['what']}): {res['ratio_c16_vs_st_best']}x",
-        f"Anvil c16 / infinity-emb c16: {res.get('ratio_c16_vs_infinity', res['infinity'])}",
     ]
-    (args.out_dir / "minilm_gpu.md").write_text("\n".join(lines) + "\n")
+    if best is not None:
+        lines += [
+            f"Anvil c16 / best sentence-transformers ({best['what']}): {res['ratio_c16_vs_st_best']}x",
+            f"Anvil c16 / infinity-emb c16: {res.get('ratio_c16_vs_infinity', res['infinity'])}",
+        ]
+    (out_dir / "minilm_gpu.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
