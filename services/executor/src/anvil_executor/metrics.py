@@ -18,8 +18,8 @@ compute_us = Histogram(
 inflight = Gauge("anvil_executor_inflight_batches", "Batches received and not yet answered")
 answers = Counter(
     "anvil_executor_answers_total",
-    "Answers of batches whose requests name their gateway (direct answers), by the way they went: "
-    "direct (the gateway's answer socket) or scheduler (it could not go direct)",
+    "Answers of batches that name their requests' gateways (direct answers), by the way they went: "
+    "direct (the gateway's answer socket) or scheduler (no gateway named for it, or the write failed)",
     ["path"],
 )
 connected = Gauge("anvil_executor_scheduler_connected", "1 when a scheduler endpoint is known")
