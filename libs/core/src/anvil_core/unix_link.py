@@ -47,6 +47,7 @@ __all__ = [
     "UnixRouter",
     "answer_path",
     "encode",
+    "is_answer_identity",
     "is_unix_endpoint",
     "same_user",
     "unix_endpoint",
@@ -79,12 +80,17 @@ def unix_endpoint(ipc_dir: str, link: str) -> str:
 _IDENTITY = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
+def is_answer_identity(identity: str) -> bool:
+    """Whether a gateway identity may name an answer socket: 1-64 of ``[A-Za-z0-9._-]`` (nothing
+    that could name another path)."""
+    return _IDENTITY.fullmatch(identity) is not None
+
+
 def answer_path(ipc_dir: str, identity: str) -> str | None:
     """The answer socket of the gateway named `identity` in the link directory `ipc_dir` (direct
     answers: executors write a gateway's answers there, the scheduler only hears that they did), or
-    None for an identity that is not 1-64 of ``[A-Za-z0-9._-]`` (it could name another path) or a
-    path too long for a socket."""
-    if not _IDENTITY.fullmatch(identity):
+    None for an identity that ``is_answer_identity`` refuses or a path too long for a socket."""
+    if not is_answer_identity(identity):
         return None
     path = str(Path(ipc_dir) / f"answers-{identity}.usock")
     return path if len(path.encode()) <= _PATH_MAX else None
@@ -108,6 +114,20 @@ def encode(parts: Sequence[Any]) -> list[Any]:
     for v in views:
         head += _U32.pack(memoryview(v).nbytes)
     return [bytes(head), *views]
+
+
+def _write_some(sock: socket.socket, bufs: list[memoryview]) -> None:
+    """One ``sendmsg`` of (the first 512 of) `bufs`; what the socket took is removed from `bufs`
+    (the first one left may now be a tail of itself). Raises what ``sendmsg`` raises."""
+    sent = sock.sendmsg(bufs[:512])
+    while sent:
+        head = bufs[0]
+        if sent >= head.nbytes:
+            sent -= head.nbytes
+            bufs.pop(0)
+        else:
+            bufs[0] = head[sent:]
+            sent = 0
 
 
 class FrameReader:
@@ -224,19 +244,11 @@ class Conn:
     def flush(self) -> None:
         while self._out:
             try:
-                sent = self.sock.sendmsg(self._out[:512])
+                _write_some(self.sock, self._out)
             except BlockingIOError:
                 return
             except InterruptedError:
                 continue
-            while sent:
-                head = self._out[0]
-                if sent >= head.nbytes:
-                    sent -= head.nbytes
-                    self._out.pop(0)
-                else:
-                    self._out[0] = head[sent:]
-                    sent = 0
 
     def close(self) -> None:
         self.closed = True
@@ -520,14 +532,7 @@ class AnswerSender:
         with lock:
             try:
                 while bufs:
-                    sent = sock.sendmsg(bufs[:512])
-                    while sent:
-                        if sent >= bufs[0].nbytes:
-                            sent -= bufs[0].nbytes
-                            bufs.pop(0)
-                        else:
-                            bufs[0] = bufs[0][sent:]
-                            sent = 0
+                    _write_some(sock, bufs)
             except OSError:  # gone, not reading (timeout), or refused: maybe half-written
                 self._drop(identity, sock)
                 self.failed += 1

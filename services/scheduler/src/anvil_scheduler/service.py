@@ -18,7 +18,6 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +49,9 @@ from anvil_scheduler.core import (
     SchedulerConfig,
     SchedulerCore,
     Shed,
-    ShedReason,
 )
 from anvil_scheduler.settings import SchedulerSettings
+from anvil_scheduler.tickets import SHED_CODES, SHED_TEXT, Ticket, reply_to, ticket_of
 from anvil_scheduler.unix_links import UnixLinks
 from anvil_scheduler.unloaded import UnloadedView
 
@@ -60,24 +59,7 @@ __all__ = ["Scheduler"]
 
 _POLL_IN = int(zmq.POLLIN)  # a plain int: `&` on the IntFlag member costs ~1 µs (enum.Flag)
 log = get_logger("anvil.scheduler")
-_SHED_CODES = {ShedReason.DEADLINE: pb.ErrorCode.DEADLINE, ShedReason.OVERLOAD: pb.ErrorCode.OVERLOAD}
-_SHED_TEXT = {
-    ShedReason.DEADLINE: "shed: it cannot finish by its deadline even alone",
-    ShedReason.OVERLOAD: "shed under overload: lower priorities go first",
-}
 _DRAIN = 256  # messages taken from one socket per loop turn, so neither side starves
-
-
-@dataclass(slots=True)
-class Ticket:
-    """What the scheduler keeps of a request besides the core's record: where to answer, and the
-    frames to forward (owned here until the request is answered)."""
-
-    gateway: bytes
-    envelope: Any
-    frames: list[Any]
-    trace_id: str
-    traceparent: str = ""  # the gateway's dispatch span (W3C), when it traces
 
 
 def make_policy(s: SchedulerSettings) -> BatchingPolicy:
@@ -336,7 +318,7 @@ class Scheduler:
         r = shed.request
         m.shed.labels(model=r.model, reason=shed.reason.value, priority=str(r.priority)).inc()
         self._reply_error(
-            _ticket(r), r.request_id, r.model, _SHED_CODES[shed.reason], _SHED_TEXT[shed.reason]
+            ticket_of(r), r.request_id, r.model, SHED_CODES[shed.reason], SHED_TEXT[shed.reason]
         )
 
     # ---- executors ----------------------------------------------------------------------------
@@ -398,7 +380,7 @@ class Scheduler:
         queue_us: list[int] = []
         frames: list[Any] = []
         for r in batch.requests:
-            ticket = _ticket(r)
+            ticket = ticket_of(r)
             counts.append(1 + len(ticket.frames))
             queued_us = int((now - r.arrival_s) * 1e6)
             queue_us.append(queued_us)
@@ -407,11 +389,11 @@ class Scheduler:
             frames.extend(ticket.frames)
         msg = pb.BatchT(batchId=str(batch.batch_id), model=batch.model, frameCounts=counts, queueUs=queue_us)
         msg.sentUnixNs = time.time_ns()  # per-hop timing: the executor echoes it in every answer
-        reply_to = self._reply_to(batch)
-        if reply_to is not None:
-            msg.replyTo = list[str | None](reply_to)
+        names = self._reply_to(batch)
+        if names is not None:
+            msg.replyTo = list[str | None](names)
         if tracing.ON:
-            contexts = [_ticket(r).traceparent for r in batch.requests]
+            contexts = [ticket_of(r).traceparent for r in batch.requests]
             msg.traceparent = spans.record(batch, contexts, now, batch.executor_id)
         self._series(m.batches, batch.model).inc()
         self._series(m.batch_size, batch.model).observe(batch.size)
@@ -427,10 +409,7 @@ class Scheduler:
             return None
         if self.executors.get(batch.executor_id) not in self.links.executor.conns:
             return None  # an executor over ZeroMQ (maybe another host): it cannot reach the sockets
-        gateways = self.links.gateway.conns
-        names = [_ticket(r).gateway for r in batch.requests]
-        out = [g.decode() if g in gateways and len(g) <= 64 else "" for g in names]
-        return out if any(out) else None
+        return reply_to(batch.requests, self.links.gateway.conns)
 
     def _complete(self, eid: str, result: pb.BatchResultT, frames: list[Any], now: float) -> None:
         raw_id = result.batchId or ""
@@ -449,30 +428,34 @@ class Scheduler:
         if done.late:
             m.duplicates.labels(what="late_result").inc(len(done.late))
         answered = {r.request_id: r for r in done.answered}
+        rtt_us = (now - sent) * 1e6
         if answered:
-            self._series(m.batch_rtt_us, self._label(done.answered[0].model)).observe((now - sent) * 1e6)
+            self._series(m.batch_rtt_us, self._label(done.answered[0].model)).observe(rtt_us)
         replies: dict[bytes, list[list[Any]]] = {}  # gateway -> response groups, forwarded unchanged
-        for rid in result.deliveredIds or ():  # answered on their gateways' answer sockets already
+
+        def take(rid: str | None) -> Request | None:
+            """The batch's request `rid`, counted answered; None if it is none of them (or twice)."""
             r = answered.pop(rid or "", None)
             if r is not None:
                 self._series(m.requests, self._label(r.model), "answered").inc()
-                self._hop("executor_round_trip", r.priority).observe((now - sent) * 1e6)
+                self._hop("executor_round_trip", r.priority).observe(rtt_us)
+            return r
+
+        for rid in result.deliveredIds or ():  # answered on their gateways' answer sockets already
+            take(rid)
         try:
             for group in codec.split_groups(frames, result.frameCounts or ()):
                 resp = codec.read_response(group[0])  # verified before it is forwarded
                 codec.check_payloads(resp.outputs, group[1:], "output")
-                r = answered.pop(resp.requestId or "", None)
-                if r is not None:
-                    self._series(m.requests, self._label(r.model), "answered").inc()
-                    self._hop("executor_round_trip", r.priority).observe((now - sent) * 1e6)
-                    replies.setdefault(_ticket(r).gateway, []).append(group)
+                if (r := take(resp.requestId)) is not None:
+                    replies.setdefault(ticket_of(r).gateway, []).append(group)
         except codec.ProtocolError as exc:  # the batch's requests still get an answer below
             self.drops.drop(exc.reason, f"malformed batch result from {eid!r}: {exc}")
         for gateway, groups in replies.items():  # one message per gateway for the whole batch
             self._send_to(gateway, codec.bundle(groups, responses=True))
         for r in answered.values():
             self._reply_error(
-                _ticket(r),
+                ticket_of(r),
                 r.request_id,
                 r.model,
                 pb.ErrorCode.INTERNAL,
@@ -499,7 +482,7 @@ class Scheduler:
     def _release(self, rel: Release, code: int, reason: str) -> None:
         m.redispatched.inc(len(rel.requeued))
         for r in rel.failed:
-            self._reply_error(_ticket(r), r.request_id, r.model, code, reason)
+            self._reply_error(ticket_of(r), r.request_id, r.model, code, reason)
         for shed in rel.shed:
             self._answer_shed(shed)
 
@@ -581,7 +564,7 @@ class Scheduler:
             failed = self.core.remove_model(model, now)
             why = f"model {model!r} was undeployed while the request waited"
             for r in failed:
-                self._reply_error(_ticket(r), r.request_id, r.model, pb.ErrorCode.NOT_FOUND, why)
+                self._reply_error(ticket_of(r), r.request_id, r.model, pb.ErrorCode.NOT_FOUND, why)
             self._depth_labels = {k for k in self._depth_labels if k[0] != model}
             m.forget_model(model, self._priorities)
             self._label_cache.clear()  # its series are gone: the others are resolved again
@@ -605,12 +588,6 @@ class Scheduler:
         table = await self.registry.redis.hgetall(keys.profile_key(model, device))
         if table:
             self.bg.post(lambda: self.core.profiles.get(model, device).load_us(table))
-
-
-def _ticket(r: Request) -> Ticket:
-    ticket = r.payload
-    assert isinstance(ticket, Ticket), f"request {r.request_id} carries no ticket"
-    return ticket
 
 
 def _registered_models(reg: pb.RegisterT) -> dict[str, int]:
