@@ -64,7 +64,8 @@ class Pending:
     dispatched_unix_ns: int = 0  # per-hop timing: the scheduler's dispatch stamp (Batch.sent_unix_ns)
     received_unix_ns: int = 0  # and the executor's receipt, wall clock ns (echoed in every answer)
     reply_to: list[str] = field(default_factory=list)  # per request: its gateway (direct answers), or ""
-    answered_at: list[int] = field(default_factory=list)  # the request index of each answer group
+    # each answer's request index and frames ([envelope, *payloads]), in the BatchResult's order
+    answer_groups: list[tuple[int, list[Any]]] = field(default_factory=list)
 
 
 def run_batch(
@@ -241,16 +242,9 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
             )
             answers[i] = (env, payloads)
 
-    out: list[Any] = []
-    counts: list[int] = []
-    pending.answered_at = []
-    for i, answer in enumerate(answers):
-        if answer is not None:
-            out.append(answer[0])
-            out.extend(answer[1])
-            counts.append(1 + len(answer[1]))
-            pending.answered_at.append(i)
-    result.frameCounts = counts
+    pending.answer_groups = [(i, [a[0], *a[1]]) for i, a in enumerate(answers) if a is not None]
+    out = [frame for _, group in pending.answer_groups for frame in group]
+    result.frameCounts = [len(group) for _, group in pending.answer_groups]
     result.computeUs = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
     if tracing.ON:
         batch_spans.record(result.batchId or "", pending.traceparent, model.spec.name, requests,

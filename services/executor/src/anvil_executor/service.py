@@ -497,23 +497,23 @@ class Executor:
         set. Called where the batch ran (a compute lane, or the I/O loop for an inline batch)."""
         if self.answers is None or not pending.reply_to or not out:
             return out
-        groups = list(codec.split_groups(out, result.frameCounts or ()))
-        by_gateway: dict[str, list[int]] = {}  # gateway -> its groups
-        for g, i in enumerate(pending.answered_at):
+        groups = pending.answer_groups  # (request index, frames), the order of `out`
+        by_gateway: dict[str, list[int]] = {}  # gateway -> positions in groups
+        for g, (i, _) in enumerate(groups):
             gateway = pending.reply_to[i]
             if gateway and pending.requests[i] is not None:
                 by_gateway.setdefault(gateway, []).append(g)
         delivered: set[int] = set()
         ids: list[str] = []
         for gateway, mine in by_gateway.items():
-            if self.answers.send(gateway, codec.bundle([groups[g] for g in mine], responses=True)):
+            if self.answers.send(gateway, codec.bundle([groups[g][1] for g in mine], responses=True)):
                 delivered.update(mine)
-                ids += [pending.requests[pending.answered_at[g]].requestId for g in mine]
+                ids += [pending.requests[groups[g][0]].requestId for g in mine]
         m.answers.labels(path="direct").inc(len(delivered))
         m.answers.labels(path="scheduler").inc(len(groups) - len(delivered))
         if not delivered:
             return out
-        keep = [group for g, group in enumerate(groups) if g not in delivered]
+        keep = [group for g, (_, group) in enumerate(groups) if g not in delivered]
         result.frameCounts = [len(group) for group in keep]
         result.deliveredIds = list[str | None](ids)
         return [frame for group in keep for frame in group]

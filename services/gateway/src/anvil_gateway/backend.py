@@ -361,63 +361,18 @@ class UnixSchedulerLink(SchedulerLink):
             pass
 
 
-class _LinkReader(asyncio.Protocol):
-    """The receiving half of one connection of a ``UnixSchedulerLink``: each message is handed to
-    ``on_message`` (which never raises) in the read callback itself; a peer that breaks the wire
-    format is counted and disconnected. ``lost`` completes when the connection ends."""
-
-    def __init__(self, link: UnixSchedulerLink) -> None:
-        self.link = link
-        self.frames = FrameReader()
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.BaseTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            messages = self.frames.feed(data)
-        except LinkError as exc:
-            self._cut(exc)
-            return
-        for parts in messages:
-            self.link.on_message(parts)
-        if self.frames.broken is not None:  # after the messages that came before it
-            self._cut(self.frames.broken)
-
-    def _cut(self, exc: LinkError) -> None:
-        self.link.drops.drop("recv", f"unix link to the scheduler: {exc}")
-        if self.transport is not None:
-            self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None:
-            self.link.drops.drop("recv", f"unix link to the scheduler: {exc}")
-        if not self.lost.done():
-            self.lost.set_result(None)
-
-
-class _AnswerReader(asyncio.Protocol):
-    """One executor's connection to a gateway's answer socket: a peer of another user is cut at
-    once; the first message must be a hello naming the executor; every later one (an answer, or a
-    bundle of them) goes to ``on_message``, which verifies it. A broken format cuts the connection
-    (the executor sends what it could not deliver through the scheduler)."""
+class _FramedReader(asyncio.Protocol):
+    """A connection's bytes cut into messages in the read callback itself, each handed to ``_take``
+    (False: the connection was cut); a peer that breaks the wire format is cut after the messages
+    that came before the broken one (``_cut``: counted, connection closed)."""
 
     def __init__(self, link: UnixSchedulerLink) -> None:
         self.link = link
         self.frames = FrameReader()
         self.transport: asyncio.BaseTransport | None = None
-        self.peer: bytes | None = None  # the executor's identity, from its hello
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is None or not same_user(sock):
-            self.link.drops.drop("unexpected", "answer socket: refused a connection from another user")
-            transport.close()
-            return
-        self.link.answer_connects += 1
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -426,20 +381,71 @@ class _AnswerReader(asyncio.Protocol):
             self._cut(str(exc))
             return
         for parts in messages:
-            if self.peer is None:
-                if len(parts) != 2 or parts[0] != HELLO or not 0 < len(parts[1]) <= 255:
-                    self._cut("its first message is not a hello with an identity")
-                    return
-                self.peer = parts[1]
-                continue
-            self.link.on_message(parts)
-        if self.frames.broken is not None:
+            if not self._take(parts):
+                return
+        if self.frames.broken is not None:  # after the messages that came before it
             self._cut(str(self.frames.broken))
 
+    def _take(self, parts: list[bytes]) -> bool:
+        self.link.on_message(parts)  # never raises: it verifies, counts and drops
+        return True
+
     def _cut(self, why: str) -> None:
-        self.link.drops.drop("invalid", f"answer socket: connection of {self.peer!r} closed: {why}")
+        raise NotImplementedError
+
+    def _close(self, reason: str, detail: str) -> None:
+        self.link.drops.drop(reason, detail)
         if self.transport is not None:
             self.transport.close()
+
+
+class _LinkReader(_FramedReader):
+    """The receiving half of one connection of a ``UnixSchedulerLink``. ``lost`` completes when the
+    connection ends."""
+
+    def __init__(self, link: UnixSchedulerLink) -> None:
+        super().__init__(link)
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def _cut(self, why: str) -> None:
+        self._close("recv", f"unix link to the scheduler: {why}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self.link.drops.drop("recv", f"unix link to the scheduler: {exc}")
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+class _AnswerReader(_FramedReader):
+    """One executor's connection to a gateway's answer socket: a peer of another user is cut at
+    once; the first message must be a hello naming the executor; every later one (an answer, or a
+    bundle of them) goes to ``on_message``, which verifies it. A broken format cuts the connection
+    (the executor sends what it could not deliver through the scheduler)."""
+
+    def __init__(self, link: UnixSchedulerLink) -> None:
+        super().__init__(link)
+        self.peer: bytes | None = None  # the executor's identity, from its hello
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is None or not same_user(sock):
+            self._close("unexpected", "answer socket: refused a connection from another user")
+            return
+        self.link.answer_connects += 1
+
+    def _take(self, parts: list[bytes]) -> bool:
+        if self.peer is not None:
+            return super()._take(parts)
+        if len(parts) != 2 or parts[0] != HELLO or not 0 < len(parts[1]) <= 255:
+            self._cut("its first message is not a hello with an identity")
+            return False
+        self.peer = parts[1]
+        return True
+
+    def _cut(self, why: str) -> None:
+        self._close("invalid", f"answer socket: connection of {self.peer!r} closed: {why}")
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:
