@@ -75,3 +75,19 @@ def test_a_re_registration_with_more_lanes_spreads_its_in_flight_work() -> None:
     pool.register(ExecutorSpec("e0", "cpu", 32, frozenset({"m"}), credits=8, lanes=4))
     assert pool.idle_host("m") == "e0"  # two lanes still free
     assert len(pool.in_flight("e0")) == 2
+
+
+def test_ties_spread_over_executors_before_a_second_lane_of_one() -> None:
+    pool = ExecutorPool()
+    for eid in ("a", "b", "c"):
+        pool.register(ExecutorSpec(eid, "cpu", 32, frozenset({"m"}), credits=4, lanes=2))
+    placed = []
+    for bid in range(6):
+        place = pool.place("m", 8, 8, predict, 0.0, lead_s=0.0)
+        assert place is not None and place.start_s == 0.0, bid  # every one starts at once: a tie
+        placed.append(place.executor_id)
+        pool.assign(_batch(bid, place.executor_id), 0.0)
+    assert placed == ["a", "b", "c", "a", "b", "c"]  # one lane of each, then the second lanes
+    pool.complete(1, "b", 0.001)  # b has one batch left, a and c two: b is the only tie left
+    again = pool.place("m", 8, 8, predict, 0.001, lead_s=0.0)
+    assert again is not None and again.executor_id == "b"
