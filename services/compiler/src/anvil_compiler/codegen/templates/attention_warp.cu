@@ -1,7 +1,9 @@
-// ${KERNEL}: (activations ${ACT_T}, staged and computed in fp32) softmax(q k^T * scale, key-padding mask) v for one (head h, batch b) per block, one warp
-// per query row. The sequence's K and V (T x ${D} each) are staged once in shared memory, so each
-// key is read from global memory once per (b, h) instead of once per query row (the per-row kernel,
-// attention.cu, read them T times). K rows are padded to ${D} + 1 floats so the 32 lanes, each on
+// ${KERNEL}: (activations ${ACT_T}, staged and computed in fp32) softmax(q k^T * scale, key-padding
+// mask) v for one (head h, batch b) per blockIdx (x, y), one warp per query row; the rows of (b, h)
+// are spread over gridDim.z blocks (row i on block i / WARPS % gridDim.z), so a short batch still
+// fills the SMs. Each block stages the sequence's K and V (T x ${D} each) in shared memory, so each
+// key is read from global memory once per (b, h, block) instead of once per query row (the per-row
+// kernel, attention.cu, read them T times). K rows are padded to ${D} + 1 floats so the 32 lanes, each on
 // its own key, hit 32 different banks. Semantics as attention.cu: a padded key gets probability 0;
 // a row with no valid key gives zeros. Dynamic shared memory: ${SMEM_FLOATS} floats (sized for
 // MAX_T = ${MAX_T}). CPU twin: anvil_kernels.attention over the (B, H, T, D) views.
@@ -26,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
   __syncthreads();
   float* qw = qs + warp * D;
   float* pw = ps + warp * MAXT;
-  for (int i = warp; i < T; i += WARPS) {
+  for (int i = blockIdx.z * WARPS + warp; i < T; i += WARPS * gridDim.z) {
     const ${ACT_T}* qrow = q + ((long)b * T + i) * QS + ${Q_OFF} + h * D;
     for (int d = lane; d < D; d += 32) qw[d] = anvil_ld(qrow, d) * ${SCALE}f;
     __syncwarp();
