@@ -111,19 +111,31 @@ def embed_mlp_bytes(seed: int = 0, vocab: int = 300, hidden: int = 64) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
-def weight_bound_bytes(dim: int = 8192, layers: int = 4, seed: int = 0) -> bytes:
+def weight_bound_bytes(dim: int = 8192, layers: int = 4, seed: int = 0, distinct: int | None = None) -> bytes:
     """A weight-bound model (issue #16): ``layers`` linears of ``dim`` x ``dim`` with bias, ReLU
     between them, random weights (std 1/sqrt(dim)) from a fixed seed: y = L_n(relu(... L_1(x))).
     At 8192 x 8192 its fp32 weights are 1 GiB (256 MiB per layer; INT4 g128: 33 MiB per layer), so
-    at batch <= 16 every linear reads its weights once per batch and the time is the weight traffic."""
+    at batch <= 16 every linear reads its weights once per batch and the time is the weight traffic.
+
+    ``distinct`` (ALBERT-style sharing): layer i multiplies by weight matrix ``w{i % distinct}``, one
+    initializer read by several MatMuls, so a deep model stays one protobuf (< 2 GiB: at dim 8192 at
+    most 7 fp32 matrices); every layer keeps its own bias ``b{i}``. The RNG draws as without sharing
+    (w0, b0, w1, b1, ...) but skips the weights of layers >= ``distinct``, so the first ``distinct``
+    layers equal the unshared model's. None (the default): every layer its own weights, the bytes as
+    they always were."""
+    if distinct is not None and distinct < 1:
+        raise ValueError(f"distinct must be >= 1, got {distinct}")
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
     h = "x"
     for i in range(layers):
-        w = rng.standard_normal((dim, dim), dtype=np.float32) * np.float32(1 / np.sqrt(dim))
+        if distinct is None or i < distinct:
+            w = rng.standard_normal((dim, dim), dtype=np.float32) * np.float32(1 / np.sqrt(dim))
+            inits.append(numpy_helper.from_array(w, f"w{i}"))
         b = rng.standard_normal(dim, dtype=np.float32) * np.float32(0.02)
-        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
-        nodes.append(helper.make_node("MatMul", [h, f"w{i}"], [f"m{i}"], name=f"fc{i}"))
+        inits.append(numpy_helper.from_array(b, f"b{i}"))
+        wname = f"w{i}" if distinct is None else f"w{i % distinct}"
+        nodes.append(helper.make_node("MatMul", [h, wname], [f"m{i}"], name=f"fc{i}"))
         last = i == layers - 1
         out = "y" if last else f"a{i}"
         nodes.append(helper.make_node("Add", [f"m{i}", f"b{i}"], [out], name=f"fc{i}_bias"))
@@ -132,7 +144,7 @@ def weight_bound_bytes(dim: int = 8192, layers: int = 4, seed: int = 0) -> bytes
             h = f"h{i}"
     graph = helper.make_graph(
         nodes,
-        f"weight_bound_{dim}x{layers}",
+        f"weight_bound_{dim}x{layers}" + ("" if distinct is None else f"_d{distinct}"),
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", dim])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", dim])],
         inits,

@@ -38,8 +38,9 @@ __all__ = [
 
 # Part of every artifact key: bump when a change to passes, codegen or templates changes outputs.
 # 0.2: accuracy report and error budget; 0.3: GPU precision (fp16 kernels); 0.3.1: the GEMV-like W4A16
-# kernels' variants changed (4 chunks in flight: new kernel names in the artifact's fatbin)
-COMPILER_VERSION = "0.3.1+plan1"
+# kernels' variants changed (4 chunks in flight: new kernel names in the artifact's fatbin); 0.3.2: a
+# weight several linears read (a shared initializer) is quantized and stored once
+COMPILER_VERSION = "0.3.2+plan1"
 
 
 def model_digest(data: bytes) -> str:

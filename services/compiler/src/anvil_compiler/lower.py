@@ -127,19 +127,28 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
     precision = resolve_precision(g, opts)
     backends: dict[str, int] = {}
     w4a16_groups: set[int] = set()
+    # id of a weight array -> its weight index; the arrays stay alive in ``weights`` meanwhile.
+    # quantize_graph hands every linear that reads one constant the same arrays (ALBERT-style sharing)
+    placed: dict[int, int] = {}
+    refs = 0
     for k, n in enumerate(kernel_ops):
         roles = _roles(n)
         ins = {r: (index[i], g.types[i]) for r, i in zip(roles, n.inputs, strict=True)}
         wroles: dict[str, tuple[int, np.ndarray]] = {}
         for role, arr in weights.get(n.name, {}).items():
+            if id(arr) in placed:  # an array an earlier op reads too (a shared weight): stored once
+                wroles[role] = (placed[id(arr)], arr)
+                continue
             key = f"op{k}.{role}"
             wi = pg.WeightInfoT()
             wi.name, wi.dtype, wi.shape = key, DTYPES[str(arr.dtype)], list(arr.shape)
             wi.offset, wi.nbytes = woff, arr.nbytes
             woff += (arr.nbytes + ALIGN - 1) // ALIGN * ALIGN
+            placed[id(arr)] = len(winfos)
             wroles[role] = (len(winfos), arr)
             winfos.append(wi)
             wdata[key] = arr
+        refs += len(wroles)
         if (
             n.op == "embed_ln"
             and wroles["pos"][1].shape[0] not in (1,)
@@ -200,10 +209,18 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
         "gpu_precision": precision,
         "gpu_linear_backends": backends,
         "w4a16_groups": sorted(w4a16_groups),  # the W4A16 kernels the artifact's w4a16.fatbin holds
-        # packed nibbles + scales + zeros: the share of weight_bytes held in INT4
+        # packed nibbles + scales + zeros: the share of weight_bytes held in INT4 (shared ones once)
         "int4_weight_bytes": sum(
-            a.nbytes for w in weights.values() for r, a in w.items() if r in ("packed", "scales", "zeros")
+            {
+                id(a): a.nbytes
+                for w in weights.values()
+                for r, a in w.items()
+                if r in ("packed", "scales", "zeros")
+            }.values()
         ),
+        # weight tensors the plan stores, and the ops' reads of a tensor another op stored already
+        "weight_tensors": len(winfos),
+        "shared_weight_reads": refs - len(winfos),
     }
     return Lowered(bytes(b.Output()), wdata, sources, stats)
 

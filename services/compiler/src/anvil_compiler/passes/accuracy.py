@@ -203,14 +203,17 @@ class _Bench:
         self.masks = [next((f[x] for x in g.inputs if "mask" in x.lower()), None) for f in self.feeds]
         self.ref = [run_graph(g, f, {}) for f in self.feeds]  # every value, kept for resuming
         self.deq: dict[str, np.ndarray] = {}
+        done: dict[int, np.ndarray] = {}  # id of packed nibbles -> dequantized: a shared weight once
         for n in g.nodes:
             w = weights.get(n.name, {})
             if n.op == "linear" and "packed" in w:
-                k2, cols = w["packed"].shape
-                q = Int4Weight(
-                    w["packed"], w["scales"], w["zeros"], int(n.attrs["group"]), 2 * k2, cols, "fp16"
-                )
-                self.deq[n.name] = dequantize(q)  # (K, N) f32
+                if id(w["packed"]) not in done:
+                    k2, cols = w["packed"].shape
+                    q = Int4Weight(
+                        w["packed"], w["scales"], w["zeros"], int(n.attrs["group"]), 2 * k2, cols, "fp16"
+                    )
+                    done[id(w["packed"])] = dequantize(q)  # (K, N) f32
+                self.deq[n.name] = done[id(w["packed"])]
         self.tables = {
             n.attrs["table"]: weights[n.name]["table"].astype(np.float32)
             for n in g.nodes

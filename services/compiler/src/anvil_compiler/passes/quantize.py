@@ -1,6 +1,11 @@
 """Weight storage per fused op: INT4 for linears (`anvil_kernels.quantize`, round-to-nearest, or GPTQ
 with ``opts.gptq``, `passes/calibrate.py`), fp16 embedding tables, fp32 for everything else and
-for opted-out layers. Returns role -> array per op."""
+for opted-out layers. Returns role -> array per op.
+
+A weight several linears read (one initializer under several MatMuls: ALBERT-style sharing) is
+converted and quantized once: those linears get the same array objects, which `lower` stores once
+in the plan. GPTQ quantizes per linear (its error feedback depends on that linear's inputs), so
+under ``opts.gptq`` each use gets its own INT4 weight."""
 
 from __future__ import annotations
 
@@ -45,10 +50,11 @@ def quantize_graph(g: Graph, opts: CompileOptions) -> dict[str, OpWeights]:
 
         gptq = gptq_graph(g, opts, groups)
     weights: dict[str, OpWeights] = {}
+    shared: dict[object, object] = {}  # weight name (, group) -> its fp32 array or INT4 weight
     for n in g.nodes:
         w: OpWeights = {}
         if n.op == "linear":
-            _linear(g, n, opts, groups.get(n.name, 0), gptq.get(n.name), w)
+            _linear(g, n, opts, groups.get(n.name, 0), gptq.get(n.name), w, shared)
         elif n.op == "embed_ln":
             dt = np.float16 if opts.quantize and opts.embeddings_fp16 else np.float32
             w["table"] = np.ascontiguousarray(g.consts[n.attrs["table"]], dtype=dt)
@@ -60,12 +66,32 @@ def quantize_graph(g: Graph, opts: CompileOptions) -> dict[str, OpWeights]:
     return weights
 
 
-def _linear(g: Graph, n: Node, opts: CompileOptions, group: int, q: Int4Weight | None, w: OpWeights) -> None:
-    wt = _f32(g.consts[n.attrs["weight"]])  # (K, N)
+def _linear(
+    g: Graph,
+    n: Node,
+    opts: CompileOptions,
+    group: int,
+    q: Int4Weight | None,
+    w: OpWeights,
+    shared: dict[object, object] | None = None,
+) -> None:
+    """``shared``: what earlier linears made of their weights, reused by a linear reading the same
+    constant (same objects, so the plan stores them once)."""
+    shared = {} if shared is None else shared
+    name = n.attrs["weight"]
+    if name not in shared:
+        shared[name] = _f32(g.consts[name])  # (K, N)
+    wt = shared[name]
+    assert isinstance(wt, np.ndarray)
     n.attrs["group"] = group
     if group:
         if q is None:
-            q = quantize(wt, group_size=group, scale_dtype="fp16", clip_search=opts.clip_search)
+            if (name, group) not in shared:
+                shared[name, group] = quantize(
+                    wt, group_size=group, scale_dtype="fp16", clip_search=opts.clip_search
+                )
+            q = shared[name, group]  # type: ignore[assignment]
+        assert q is not None
         w["packed"], w["scales"], w["zeros"] = q.packed, q.scales, q.zeros
     else:
         w["weight"] = wt

@@ -20,6 +20,7 @@ a GPU but ``W4A16Linear`` (made by the runtime); the host-side planning is teste
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,14 +160,15 @@ def _int4(plan: Any, weights: list[np.ndarray], lin: LinearF16) -> Int4Weight:
 
 
 def linear_weights(
-    plan: Any, weights: list[np.ndarray], lin: LinearF16
+    plan: Any, weights: list[np.ndarray], lin: LinearF16, matrix: bool = True
 ) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None, np.ndarray | None]:
     """(W16 (K, N) fp16 for cuBLAS or None, W4A16 prepacked arrays or None, fp16 bias for the fused
-    W4A16 epilogue or None) of one linear; ``weights`` by plan weight index (host arrays)."""
+    W4A16 epilogue or None) of one linear; ``weights`` by plan weight index (host arrays).
+    ``matrix`` False: the bias alone (another linear made this one's shared W16 / prepack)."""
     dense = prepacked = bias16 = None
-    if lin.int4 is None:
+    if matrix and lin.int4 is None:
         dense = np.ascontiguousarray(weights[lin.step.weight], dtype=np.float16)
-    else:
+    elif matrix:
         q = _int4(plan, weights, lin)
         if lin.needs_dense:
             dense = dequantize(q).astype(np.float16)
@@ -177,6 +179,17 @@ def linear_weights(
     if lin.fused and lin.step.bias >= 0:  # the W4A16 kernel's or cuBLASLt's fused bias, in the output's dtype
         bias16 = np.ascontiguousarray(weights[lin.step.bias], dtype=np.float16)
     return dense, prepacked, bias16
+
+
+def _same_weights(layer: Any, activation: str) -> Any:
+    """A W4A16Linear reading ``layer``'s uploaded weights (and split-K workspace: the linears of a plan
+    run one after another on one stream) with ``activation`` fused: ``layer`` itself when that is its
+    activation, else a shallow copy with the activation swapped (the kernels take it per launch)."""
+    if layer.activation == activation:
+        return layer
+    twin = copy.copy(layer)
+    twin.activation, twin._act = activation, ACTIVATIONS[activation]
+    return twin
 
 
 Addr = Callable[[int], int]  # tensor or weight index -> device address (0 for -1)
@@ -228,6 +241,7 @@ class F16Linears:
         self._prepacked: dict[int, dict[str, np.ndarray]] = {}
         self._keys: dict[Any, int] = {}
         self._lt: Any = None
+        self.shares: dict[int, int] = {}  # op index -> the linear whose weights it reads (layout)
 
     def __contains__(self, op_index: int) -> bool:
         return op_index in self.lins
@@ -243,7 +257,11 @@ class F16Linears:
     def layout(self, host: list[np.ndarray]) -> WeightLayout:
         """The weight bank: every weight but the linears' (K, N) / INT4 ones as the plan has it, then
         per linear its fp16 (K, N) weight where cuBLAS runs it and the fp16 bias of a fused W4A16
-        epilogue. ``host``: the plan's weights by index."""
+        epilogue. ``host``: the plan's weights by index.
+
+        Linears that read the same plan weight (the compiler stores a shared initializer once) share
+        its fp16 copy and W4A16 prepack: the first such linear makes them, the others alias it
+        (``shares``), so the weights are converted, prepacked and uploaded once."""
         layout = WeightLayout()
         replaced: set[int] = set()
         for lin in self.lins.values():
@@ -251,8 +269,13 @@ class F16Linears:
         for i, arr in enumerate(host):
             if i not in replaced:
                 layout.add(("w", i), arr)
+        first: dict[tuple[Any, ...], int] = {}
         for i, lin in self.lins.items():
-            dense, packed, bias16 = linear_weights(self.plan, host, lin)
+            src = (lin.step.weight, lin.int4, lin.backend, lin.needs_dense, lin.max_rows, lin.w4a16_max_m)
+            owner = first.setdefault(src, i)
+            if owner != i:
+                self.shares[i] = owner
+            dense, packed, bias16 = linear_weights(self.plan, host, lin, matrix=owner == i)
             if dense is not None:
                 layout.add(("w16", i), dense)
             if bias16 is not None:
@@ -260,6 +283,9 @@ class F16Linears:
             if packed is not None:
                 self._prepacked[i] = packed
         self._keys = dict(layout.offsets)
+        for i, owner in self.shares.items():
+            if ("w16", owner) in self._keys:
+                self._keys[("w16", i)] = self._keys[("w16", owner)]
         return layout
 
     def bind(
@@ -277,6 +303,11 @@ class F16Linears:
                 m_max = max(1, min(lin.w4a16_max_m, lin.max_rows))
                 act = lin.act_name if lin.fused else "none"
                 self.layers[i] = W4A16Linear(w4a16_module, packed, m_max, dtype="fp16", activation=act)
+            for i, owner in self.shares.items():
+                if owner in self.layers:
+                    lin = self.lins[i]
+                    act = lin.act_name if lin.fused else "none"
+                    self.layers[i] = _same_weights(self.layers[owner], act)
         self._prepacked = {}  # uploaded: the host copies can go
 
     def _t(self, ix: int) -> int:
@@ -323,8 +354,10 @@ class F16Linears:
 
     @property
     def w4a16_bytes(self) -> int:
-        """Device bytes of the W4A16 layers' prepacked weights (outside the arena's weight bank)."""
-        return sum(int(layer.qweight.nbytes) + int(layer.sz.nbytes) for layer in self.layers.values())
+        """Device bytes of the W4A16 layers' prepacked weights (outside the arena's weight bank; a
+        shared weight once)."""
+        layers = {id(layer.qweight): layer for layer in self.layers.values()}
+        return sum(int(layer.qweight.nbytes) + int(layer.sz.nbytes) for layer in layers.values())
 
     def weight_offsets(self, n_weights: int) -> list[int]:
         """Per plan weight, its offset in the bank ``layout`` made (-1: replaced, not on the device)."""

@@ -43,6 +43,7 @@ class PlanModel(PlanIO):
             )
             view[...] = arr
             bank.append(view)
+        self._packed_w: dict[int, np.ndarray] = {}  # weight index -> its AVX-512 copy, once per weight
         self.ops = [self._prepare(op, bank) for op in p.ops]
         self.ws = Workspace()
         self.packed: PackedRunner | None = PackedRunner(self) if not packable(self) else None
@@ -56,7 +57,8 @@ class PlanModel(PlanIO):
 
     def _prepare(self, op: Any, bank: list[np.ndarray]) -> OpState:
         roles = [_s(r) for r in _l(op.weightRoles)]
-        w: dict[str, Any] = {r: bank[i] for r, i in zip(roles, _l(op.weights), strict=True)}
+        index = {r: int(i) for r, i in zip(roles, _l(op.weights), strict=True)}
+        w: dict[str, Any] = {r: bank[i] for r, i in index.items()}
         attrs = attrs_of(op)
         if "packed" in w:
             k2, n = w["packed"].shape
@@ -65,7 +67,10 @@ class PlanModel(PlanIO):
         if _s(op.kind) == "linear" and "weight" in w and gemm_f32_avx512.packable(w["weight"]):
             # the small-M GEMM reads this copy (no repack per call); sgemm, for large M, the bank's
             # (a second copy of each fp32 linear weight: 42 MB for all-MiniLM-L6-v2)
-            w["weight_packed"] = gemm_f32_avx512.pack(w["weight"])
+            # (ops reading one shared weight share its copy)
+            if index["weight"] not in self._packed_w:
+                self._packed_w[index["weight"]] = gemm_f32_avx512.pack(w["weight"])
+            w["weight_packed"] = self._packed_w[index["weight"]]
         if "table" in w and w["table"].dtype != np.float32:
             w["table"] = w["table"].astype(np.float32)  # anvil_kernels.embedding gathers fp32 rows
         ins = {_s(r): int(i) for r, i in zip(_l(op.inputRoles), _l(op.inputs), strict=True)}
