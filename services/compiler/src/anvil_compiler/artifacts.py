@@ -39,7 +39,8 @@ __all__ = [
 # Part of every artifact key: bump when a change to passes, codegen or templates changes outputs.
 # 0.2: accuracy report and error budget; 0.3: GPU precision (fp16 kernels); 0.3.1: the GEMV-like W4A16
 # kernels' variants changed (4 chunks in flight: new kernel names in the artifact's fatbin); 0.3.2: a
-# weight several linears read (a shared initializer) is quantized and stored once
+# weight several linears read (a shared initializer) is quantized and stored once, and the staged
+# attention spreads a short batch's query rows over more blocks
 COMPILER_VERSION = "0.3.2+plan1"
 
 

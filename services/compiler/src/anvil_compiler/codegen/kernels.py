@@ -32,12 +32,15 @@ ACT_CODES = {"none": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4, "si
 # for. 99 KB is the per-block opt-in limit of sm_86/sm_89 (sm_80 163 KB, sm_90 227 KB), so one
 # kernel runs on every arch the compiler targets; MiniLM at T = 128, D = 32 needs ~35 KB.
 ATTENTION_WARPS = 4
-# Query rows per warp in a block of the staged kernel: the rows of one (h, b) spread over
-# ceil(T / (ATTENTION_WARPS * this)) blocks, each staging the sequence's K and V itself. With one
-# block per (h, b), a lone sentence (B = 1) ran 12 blocks on 132 SMs, each warp through T / 4 rows
-# one after the other: at T = 64 the six attentions took 162 µs of the plan's 392 on the H200
-# (bench/results/gpu_op_profile_fp16.json), more than all 24 GEMMs.
+# A short batch's staged attention: the rows of one (h, b) spread over up to
+# ceil(T / (ATTENTION_WARPS * ATTENTION_ROWS_PER_WARP)) blocks, as many as it takes to launch
+# ATTENTION_MIN_BLOCKS working blocks (each stages the sequence's K and V itself). With one block per
+# (h, b), a lone sentence (B = 1) ran 12 blocks on 132 SMs, each warp through T / 4 rows one after the
+# other: at T = 64 the six attentions took 162 µs of the plan's 392 on the H200
+# (bench/results/gpu_op_profile_fp16.json). Splitting at every batch made B = 64, T = 48 8% slower
+# (the extra staging; gpu_op_profile_fp16_split.json), hence the bound: ~2 blocks per SM of an H200.
 ATTENTION_ROWS_PER_WARP = 4
+ATTENTION_MIN_BLOCKS = 256
 ATTENTION_SMEM_MAX_BYTES = 99 * 1024
 CTYPES = {
     "int64": "long long",
@@ -195,7 +198,7 @@ def emit_attention(op: OpView) -> KernelSpec:
     smem_floats = op.max_seq * (2 * d + 1) + warps * (d + op.max_seq)
     smem = smem_floats * 4
     if smem <= ATTENTION_SMEM_MAX_BYTES:  # K and V of a sequence fit in shared memory: blocks per (h, b)
-        subs.update(THREADS=32 * warps, SMEM_FLOATS=smem_floats)
+        subs.update(THREADS=32 * warps, SMEM_FLOATS=smem_floats, MIN_BLOCKS=ATTENTION_MIN_BLOCKS)
         name, src = _specialize("attention_warp", "attention_warp", subs)
         grid = ((Dim(int(a["heads"])), 1), (b, 1), (t, warps * ATTENTION_ROWS_PER_WARP))
         block = (32 * warps, 1, 1)

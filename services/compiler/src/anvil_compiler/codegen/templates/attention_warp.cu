@@ -1,9 +1,11 @@
 // ${KERNEL}: (activations ${ACT_T}, staged and computed in fp32) softmax(q k^T * scale, key-padding
-// mask) v for one (head h, batch b) per blockIdx (x, y), one warp per query row; the rows of (b, h)
-// are spread over gridDim.z blocks (row i on block i / WARPS % gridDim.z), so a short batch still
-// fills the SMs. Each block stages the sequence's K and V (T x ${D} each) in shared memory, so each
-// key is read from global memory once per (b, h, block) instead of once per query row (the per-row
-// kernel, attention.cu, read them T times). K rows are padded to ${D} + 1 floats so the 32 lanes, each on
+// mask) v for one (head h, batch b) per blockIdx (x, y), one warp per query row. A short batch
+// spreads the rows of (b, h) over ZS <= gridDim.z blocks (row i on block i / WARPS % ZS), ZS as many
+// as it takes to launch ${MIN_BLOCKS} working blocks; the z blocks past ZS return at once (a big
+// batch fills the SMs with its (h, b) blocks, and every split block stages K and V again). Each
+// block stages the sequence's K and V (T x ${D} each) in shared memory, so each key is read from
+// global memory once per (b, h, block) instead of once per query row (the per-row kernel,
+// attention.cu, read them T times). K rows are padded to ${D} + 1 floats so the 32 lanes, each on
 // its own key, hit 32 different banks. Semantics as attention.cu: a padded key gets probability 0;
 // a row with no valid key gives zeros. Dynamic shared memory: ${SMEM_FLOATS} floats (sized for
 // MAX_T = ${MAX_T}). CPU twin: anvil_kernels.attention over the (B, H, T, D) views.
@@ -18,6 +20,9 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
   float* qs = vs + MAXT * D;     // (WARPS, D): the warp's query row, pre-scaled
   float* ps = qs + WARPS * D;    // (WARPS, MAXT): the warp's scores, then probabilities
   const int h = blockIdx.x, b = blockIdx.y;
+  const int per_z = gridDim.x * gridDim.y;  // (h, b) blocks
+  const int zs = min((int)gridDim.z, max(1, (${MIN_BLOCKS} + per_z - 1) / per_z));
+  if (blockIdx.z >= zs) return;  // the whole block: before any barrier
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int idx = threadIdx.x; idx < T * D; idx += blockDim.x) {
     const int j = idx / D, d = idx - j * D;
@@ -28,7 +33,7 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
   __syncthreads();
   float* qw = qs + warp * D;
   float* pw = ps + warp * MAXT;
-  for (int i = blockIdx.z * WARPS + warp; i < T; i += WARPS * gridDim.z) {
+  for (int i = blockIdx.z * WARPS + warp; i < T; i += WARPS * zs) {
     const ${ACT_T}* qrow = q + ((long)b * T + i) * QS + ${Q_OFF} + h * D;
     for (int d = lane; d < D; d += 32) qw[d] = anvil_ld(qrow, d) * ${SCALE}f;
     __syncwarp();
