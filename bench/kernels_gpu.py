@@ -1,8 +1,9 @@
 """GPU benchmark of W4A16 (g128, bf16 activations) against its peers and the harness's own floor.
 
-For each (K, N) and M, in one run, timed the same way: Anvil's GEMV-like kernel, the Marlin-like
-"mtc" tiles (``w4a16_mtc.cu``) and the older "tc" tiles (``w4a16_tc.cu``, from M = 32 on, where
-they were measured; at smaller M the GEMV-like kernel beat them by 1.5x), each at its planned
+For each (K, N) and M, in one run, timed the same way: Anvil's GEMV-like kernel (its register ring,
+``w4a16.cu``, and up to M = GV_MAX_M its shared-memory ring configs ``GV_CONFIGS``, ``w4a16_gv.cu``),
+the Marlin-like "mtc" tiles (``w4a16_mtc.cu``) and the older "tc" tiles (``w4a16_tc.cu``, from
+M = 32 on, where they were measured; at smaller M the GEMV-like kernel beat them by 1.5x), each at its planned
 split, then a split sweep of the best tile; the dispatcher's choice (what ``W4A16Linear`` runs by
 default), cuBLAS bf16 (torch.matmul on the dequantized weights), PyTorch's
 INT4 tinygemm (``_weight_int4pack_mm``, same quantized weights), a tuned streaming read of the same
@@ -42,6 +43,7 @@ MINILM_MS = [16, 128, 512, 2048]
 COPIES = 6
 GROUP = 128
 SPLITS = (1, 2, 4, 8, 16, 32)
+GV_MAX_M = 32  # the gv configs (one strip per warp, 8- or 16-row tiles) are timed up to this M
 ERR_OK = 1e-2  # relative error bound of a bf16 output (gpu_check.DT_TOL); a kernel above it never wins
 
 _STREAM_SRC = r"""
@@ -166,6 +168,13 @@ def _configs_for(m: int, excluded: frozenset[str] = frozenset()) -> tuple[list[s
     return mtc, tc
 
 
+def _gv_configs_for(m: int, excluded: frozenset[str] = frozenset()) -> list[str]:
+    """The GEMV-like shared-memory ring configs timed at M = m (up to GV_MAX_M), none of ``excluded``."""
+    from anvil_kernels.cuda import GV_CONFIGS
+
+    return [c for c in GV_CONFIGS if c not in excluded] if m <= GV_MAX_M else []
+
+
 def random_weight(k: int, n: int, rng: np.random.Generator) -> Any:
     """An Int4Weight (K, N) of random nibbles, g = GROUP, bf16 scales in [0.002, 0.02] and integer
     zero points 0..15: the weights every W4A16 bench here times."""
@@ -267,6 +276,15 @@ def bench_shape(
             res["gemv_us"], res["gemv_err"] = anvil("gemv", None)
         else:  # measured 1.2-4x slower than the tiles there (bench/results/kernels_gpu.md)
             res["gemv_us"], res["gemv_err"] = float("nan"), float("nan")
+        # the GEMV-like family: the register ring ("gemv") and the shared-memory ring configs
+        gemv_like = {"gemv": ok(res["gemv_us"], res["gemv_err"]) if m <= 128 else float("inf")}
+        res["gv"] = {}
+        for cfg in _gv_configs_for(m, excluded):
+            t, e = anvil(cfg, None)
+            res["gv"][cfg] = {"us": round(t, 2), "err": e}
+            gemv_like[cfg] = ok(t, e)
+        gemv_best = min(gemv_like, key=lambda c_: gemv_like[c_])
+        res["gemv_best"] = {"cfg": gemv_best, "us": round(gemv_like[gemv_best], 2)}
         mtc_cfgs, tc_cfgs = _configs_for(m, excluded)
         tiles: dict[str, dict[str, Any]] = {}
         for cfg in mtc_cfgs + tc_cfgs:
@@ -301,10 +319,10 @@ def bench_shape(
             res["tinygemm_us"], res["tinygemm_err"] = float("nan"), float("nan")
         # a kernel whose output failed the error bound is never the measured best
         tc_us = ok(sweep[best_split], tiles[best_cfg]["err"])
-        gemv_us = ok(res["gemv_us"], res["gemv_err"]) if m <= 128 else float("inf")
+        gemv_us = gemv_like[gemv_best]
         best_int4 = min(gemv_us, tc_us)
         res["best_int4_us"] = best_int4  # inf: no INT4 kernel passed (no table entry then)
-        res["best_kernel"] = "gemv" if gemv_us <= tc_us else best_cfg
+        res["best_kernel"] = gemv_best if gemv_us <= tc_us else best_cfg
         res["bf16_faster"] = res["cublas_us"] < best_int4
         for key in ("gemv_us", "dispatch_us", "cublas_us", "tinygemm_us"):
             res[key] = round(res[key], 2)
@@ -312,6 +330,7 @@ def bench_shape(
         mb = res.get("mtc_best", {})
         print(
             f"K={k:6d} N={n:6d} M={m:4d} stream {stream:7.2f} | gemv {res['gemv_us']:8.2f} | "
+            f"gemv-like best {gemv_best} {res['gemv_best']['us']} | "
             f"mtc {mb.get('cfg')}/s{mb.get('split')} {mb.get('us')} | best tile {best_cfg}/s{best_split} "
             f"{sweep[best_split]:8.2f} | dispatch {res['dispatch_us']:8.2f} "
             f"({res['dispatch_choice']['kernel']}) | cuBLAS {res['cublas_us']:8.2f} | tinygemm "
@@ -332,12 +351,14 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
         "stream = a tuned streaming read of the same weight bytes (the floor of this harness). mtc = best "
         "Marlin-like tile at its planned split; tc (old) = best older tile (measured from M = 32); best = "
         "best tile after the split sweep; dispatch = what W4A16Linear runs by default (the rule: the "
-        "measured table is written next to this file). `-`: not measured.",
+        "measured table is written next to this file). gv best = the fastest GEMV-like kernel (gemv's "
+        "register ring or a shared-memory ring config of w4a16_gv.cu, timed up to M = "
+        f"{GV_MAX_M}). `-`: not measured.",
         "",
-        "| K x N | M | stream | gemv | mtc (cfg/split) | tc old (cfg/split) | best tile (cfg/split) | "
-        "dispatch (kernel) | cuBLAS bf16 | tinygemm | best INT4 / cuBLAS | best INT4 / stream "
-        "| rel err best |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| K x N | M | stream | gemv | gv best (cfg) | mtc (cfg/split) | tc old (cfg/split) | "
+        "best tile (cfg/split) | dispatch (kernel) | cuBLAS bf16 | tinygemm | best INT4 / cuBLAS | "
+        "best INT4 / stream | rel err best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(d: dict | None) -> str:
@@ -347,8 +368,10 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
         tb = r["tc_best"]
         best = r["best_int4_us"]
         err = (r["tc"] | r["mtc"]).get(tb["cfg"], {}).get("err", float("nan"))
+        gb = r.get("gemv_best")
+        gvb = "-" if not gb or gb["cfg"] == "gemv" else f"{gb['us']} ({gb['cfg']})"
         lines.append(
-            f"| {r['K']} x {r['N']} | {r['M']} | {r['stream_us']} | {r['gemv_us']} | "
+            f"| {r['K']} x {r['N']} | {r['M']} | {r['stream_us']} | {r['gemv_us']} | {gvb} | "
             f"{cell(r.get('mtc_best'))} | {cell(r.get('tc_old_best'))} | {cell(tb)} | {r['dispatch_us']} "
             f"({r['dispatch_choice']['kernel']}) | {r['cublas_us']} | {r['tinygemm_us']} | "
             f"{best / r['cublas_us']:.2f} | {best / r['stream_us']:.2f} | {err:.1e} |"
@@ -357,6 +380,8 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
 
 
 def _write(out_dir: Path, meta: dict, rows: list[dict], arch: str) -> None:
+    from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE
+
     (out_dir / "kernels_gpu.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     entries = [
         {
@@ -364,7 +389,7 @@ def _write(out_dir: Path, meta: dict, rows: list[dict], arch: str) -> None:
             "N": r["N"],
             "M": r["M"],
             "kernel": r["best_kernel"],
-            "split": None if r["best_kernel"] == "gemv" else r["tc_best"]["split"],
+            "split": None if r["best_kernel"] in GEMV_LIKE else r["tc_best"]["split"],
             "bf16_faster": r["bf16_faster"],
         }
         for r in rows
@@ -385,14 +410,16 @@ def main() -> None:
     ap.add_argument("--ms", default=None, help="e.g. 1,16,64")
     ap.add_argument("--no-minilm", action="store_true", help="skip the MiniLM shapes")
     ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--exclude-configs", default="", help="mtc/wg/tc tiles not to launch, e.g. wg64,wg128")
+    ap.add_argument(
+        "--exclude-configs", default="", help="mtc/wg/tc tiles or gv configs not to launch, e.g. wg64,gvb16"
+    )
     args = ap.parse_args()
     excluded = frozenset(c for c in args.exclude_configs.split(",") if c)
 
     import cupy as cp
     import torch
 
-    from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, build_fatbins, load_module
+    from anvil_kernels.cuda import GV_CONFIGS, MTC_CONFIGS, W4A16Params, build_fatbins, load_module
 
     torch.backends.cuda.matmul.allow_tf32 = False
     shapes = SHAPES
@@ -402,7 +429,9 @@ def main() -> None:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), mtc_configs=tuple(MTC_CONFIGS))
+    params = W4A16Params(
+        dtypes=("bf16",), groups=(GROUP,), mtc_configs=tuple(MTC_CONFIGS), gv_configs=tuple(GV_CONFIGS)
+    )
     module = load_module(args.fatbin or build_fatbins(params, ("compute_90a,code=sm_90a",)))
     helpers = _helpers_module()
     dev = torch.cuda.get_device_properties(0)

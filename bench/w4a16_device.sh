@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # W4A16 kernels on one H200, in one device call (about 6-7 minutes): build the kernels with nvcc,
-# test the wg (wgmma) tiles alone (a faulting one is left out of the bench), run
+# test the wg (wgmma) tiles and the gv (shared-memory ring GEMV) configs alone (a faulting or
+# hanging one is left out of the bench), run
 # bench/kernels_gpu.py (while the full test fatbin builds), then the GPU tests of libs/kernels,
 # then print a compact summary against issue #17's targets. Needs python3 with numpy, numba, cupy,
 # torch and pytest, and nvcc; no network, no wheels. Results in $OUT (default /tmp/out):
@@ -8,7 +9,7 @@
 # Usage, from anywhere in the repo:  OUT=/some/dir bash bench/w4a16_device.sh
 # Narrower runs: BENCH_ARGS (more kernels_gpu.py arguments, e.g. "--shapes 8192x8192 --ms 64,256
 # --no-minilm"), TEST_CONFIGS (a Python tuple of the mtc/wg configs the test build holds; default
-# all), TEST_K (pytest -k expression).
+# all), TEST_GV (likewise the gv configs; default all), TEST_K (pytest -k expression).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
@@ -27,17 +28,19 @@ command -v nvcc >/dev/null || { echo "nvcc not on PATH"; exit 1; }
 build() {  # build DIR PARAMS_EXPR JOBS: fatbins for sm_90a only (the wg kernels' wgmma needs it; one
   # pass), JOBS nvcc processes in parallel; prints the fatbins joined by ':' (what load_module and
   # the tests take)
-  python3 -c "import os; from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, build_fatbins
+  python3 -c "import os; from anvil_kernels.cuda import GV_CONFIGS, MTC_CONFIGS, W4A16Params, build_fatbins
 print(os.pathsep.join(map(str, build_fatbins($2, ('compute_90a,code=sm_90a',), '$1', jobs=$3))))"
 }
 TEST_CONFIGS=${TEST_CONFIGS:-tuple(MTC_CONFIGS)}
+TEST_GV=${TEST_GV:-tuple(GV_CONFIGS)}
 NCPU=$(nproc)
 
 echo "== build (bench kernels: bf16, g128) =="
-BENCH_FATBIN=$(build "$BUILD/bench" 'W4A16Params(dtypes=("bf16",), groups=(128,), mtc_configs=tuple(MTC_CONFIGS))' "$NCPU")
+BENCH_FATBIN=$(build "$BUILD/bench" \
+  'W4A16Params(dtypes=("bf16",), groups=(128,), mtc_configs=tuple(MTC_CONFIGS), gv_configs=tuple(GV_CONFIGS))' "$NCPU")
 echo "   $((SECONDS - T0)) s"
 # every variant, for the tests, while the bench runs (the bench uses the GPU and one core)
-build "$BUILD/all" "W4A16Params(mtc_configs=$TEST_CONFIGS)" "$((NCPU > 2 ? NCPU - 1 : 1))" \
+build "$BUILD/all" "W4A16Params(mtc_configs=$TEST_CONFIGS, gv_configs=$TEST_GV)" "$((NCPU > 2 ? NCPU - 1 : 1))" \
   > "$OUT/build_all.txt" 2>&1 &
 BUILD_PID=$!
 
@@ -45,6 +48,7 @@ BUILD_PID=$!
 # context, and in the bench it would end every measurement after it. One shape, every M of the test.
 echo "== wg smoke (test_mtc_matches_twin, wg tiles, bf16 g128) =="
 WG_RC=0
+EXCLUDE=""  # configs the bench leaves out (--exclude-configs, given once)
 ANVIL_W4A16_FATBIN="$BENCH_FATBIN" timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu \
   -k "test_mtc_matches_twin and wg and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_mtc.py \
   > "$OUT/wg_smoke.txt" 2>&1 || WG_RC=$?
@@ -52,7 +56,30 @@ tail -3 "$OUT/wg_smoke.txt"
 if [ "$WG_RC" != 0 ]; then
   WG=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(','.join(c for c, v in MTC_CONFIGS.items() if v.wg))")
   echo "   wg smoke FAILED (rc=$WG_RC): the bench leaves out $WG"
-  BENCH_ARGS="${BENCH_ARGS:-} --exclude-configs $WG"
+  EXCLUDE="$EXCLUDE,$WG"
+fi
+
+# The gv configs likewise (their cp.async.bulk / mbarrier ring is new: a fault ends the context, a
+# wrong mbarrier phase would spin forever): one test per config at bf16 g128, under a timeout.
+echo "== gv smoke (test_gv_matches_twin, bf16 g128) =="
+GV_RC=0
+ANVIL_W4A16_FATBIN="$BENCH_FATBIN" timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu \
+  -k "test_gv_matches_twin and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_gv.py \
+  > "$OUT/gv_smoke.txt" 2>&1 || GV_RC=$?
+tail -3 "$OUT/gv_smoke.txt"
+if [ "$GV_RC" != 0 ]; then
+  # rc 1 (tests failed): the failed configs; a timeout, a crash or nothing parsed: every gv config
+  GV=$(python3 -c "
+import re, sys
+from anvil_kernels.cuda import GV_CONFIGS
+failed = set(re.findall(r'FAILED \S+?\[[^\]]*?\b(gv[a-z0-9]+)\b', open(sys.argv[1]).read()))
+print(','.join(c for c in GV_CONFIGS if c in failed or sys.argv[2] != '1' or not failed))
+" "$OUT/gv_smoke.txt" "$GV_RC")
+  echo "   gv smoke FAILED (rc=$GV_RC): the bench leaves out $GV"
+  EXCLUDE="$EXCLUDE,$GV"
+fi
+if [ -n "$EXCLUDE" ]; then
+  BENCH_ARGS="${BENCH_ARGS:-} --exclude-configs ${EXCLUDE#,}"
 fi
 
 echo "== bench/kernels_gpu.py =="
@@ -70,7 +97,8 @@ TEST_RC=0
 if [ "$BUILD_RC" = 0 ]; then
   # the new kernel's tests first, so that a cut-off run still reports them
   ANVIL_W4A16_FATBIN=$(tail -1 "$OUT/build_all.txt") timeout 190 python3 -m pytest -q -p no:cacheprovider \
-    -m gpu --maxfail=20 -rs ${TEST_K:+-k "$TEST_K"} libs/kernels/tests/test_cuda_w4a16_mtc.py libs/kernels/tests/test_cuda_w4a16.py \
+    -m gpu --maxfail=20 -rs ${TEST_K:+-k "$TEST_K"} libs/kernels/tests/test_cuda_w4a16_gv.py \
+    libs/kernels/tests/test_cuda_w4a16_mtc.py libs/kernels/tests/test_cuda_w4a16.py \
     libs/kernels/tests/test_cuda_w4a16_tc.py > "$OUT/gpu_tests.txt" 2>&1 || TEST_RC=$?
   tail -25 "$OUT/gpu_tests.txt"
 else
@@ -86,7 +114,7 @@ d = json.load(open(sys.argv[1]))
 rows = d["rows"]
 print(f"{d['meta']['device']}  commit {d['meta']['commit']}  empty kernel {d['meta']['empty_us']} us  "
       f"bench wall {d['meta'].get('wall_s')} s")
-print(f"{'K x N':>13} {'M':>4} {'stream':>7} {'gemv':>7} {'mtc best':>19} {'tc old':>19} {'best tile':>19} "
+print(f"{'K x N':>13} {'M':>4} {'stream':>7} {'gemv':>7} {'gemv-like best':>14} {'mtc best':>19} {'tc old':>19} {'best tile':>19} "
       f"{'cuBLAS':>7} {'tinygemm':>8} {'INT4/cuBLAS':>11}")
 def cell(t):
     return f"{t['us']:>8} {t['cfg']:>7}/{t['split']!s:<3}" if t else f"{'-':>19}"
@@ -95,7 +123,9 @@ for r in rows:
     ratio = r["best_int4_us"] / r["cublas_us"]
     if not ratio <= 1.0:
         slower.append(f"{r['K']}x{r['N']} M={r['M']} ({ratio:.2f})")
-    print(f"{r['K']:>6}x{r['N']:<6} {r['M']:>4} {r['stream_us']:>7} {r['gemv_us']:>7} {cell(r.get('mtc_best'))} "
+    gb = r.get("gemv_best") or {"us": "-", "cfg": "-"}
+    print(f"{r['K']:>6}x{r['N']:<6} {r['M']:>4} {r['stream_us']:>7} {r['gemv_us']:>7} {gb['us']:>7}/{gb['cfg']:<6} "
+          f"{cell(r.get('mtc_best'))} "
           f"{cell(r.get('tc_old_best'))} {cell(r['tc_best'])} {r['cublas_us']:>7} {r['tinygemm_us']:>8} "
           f"{ratio:>11.2f}")
 at = {(r["K"], r["N"], r["M"]): r for r in rows}
@@ -113,5 +143,5 @@ for (k, n) in ((8192, 8192), (4096, 14336), (14336, 4096)):
     print("  ".join(t))
 print("INT4 slower than cuBLAS bf16 (the table marks bf16_faster) at:", ", ".join(slower) or "none")
 EOF
-echo "wg smoke rc=$WG_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
+echo "wg smoke rc=$WG_RC  gv smoke rc=$GV_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
 [ "$BENCH_RC" = 0 ] && [ "$TEST_RC" = 0 ]

@@ -27,10 +27,10 @@ def module() -> object:
     """The W4A16 kernels: ``ANVIL_W4A16_FATBIN`` (prebuilt fatbins, os.pathsep-separated, e.g. by
     bench/w4a16_device.sh), else every variant built once per session with nvcc (in parallel)."""
     pytest.importorskip("cupy")
-    from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, build_fatbins, load_module
+    from anvil_kernels.cuda import GV_CONFIGS, MTC_CONFIGS, W4A16Params, build_fatbins, load_module
 
     env = os.environ.get("ANVIL_W4A16_FATBIN")
-    params = W4A16Params(mtc_configs=tuple(MTC_CONFIGS))
+    params = W4A16Params(mtc_configs=tuple(MTC_CONFIGS), gv_configs=tuple(GV_CONFIGS))
     # sm_90a: the wg kernels' wgmma exists only there (an H100/H200 runs sm_90a code)
     return load_module(env if env else build_fatbins(params, ("compute_90a,code=sm_90a",)))
 

@@ -114,6 +114,8 @@ def _kernel_weight(w: Int4Weight, sa: bool, dt: str) -> np.ndarray:
         ("wg128", 130, 256, 144, 128, 1, "fp16"),
         ("wg128w", 40, 256, 288, 128, 2, "bf16"),
         ("wg128w", 257, 256, 160, 256, 1, "bf16"),  # three M tiles
+        ("wg64d", 70, 1024, 288, 128, 1, "bf16"),  # 16 chunks through an 8-stage ring
+        ("wg128wd", 40, 768, 160, 64, 2, "fp16"),  # 6 chunks a split: fewer than the ring holds
     ],
 )
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
@@ -347,7 +349,7 @@ def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: i
     w = random_weight(rng, k, n, 128, "bf16")
     packed = prepack(w) | prepack_mtc(w)
     cases = (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256))
-    wg = (("wg64", 64), ("wg64n", 64), ("wg128", 128), ("wg128w", 256))
+    wg = (("wg64", 64), ("wg64n", 64), ("wg128", 128), ("wg128w", 256), ("wg64d", 64), ("wg128wd", 256))
     for cfg, m in (*cases, *wg):
         layer = W4A16Linear(module, packed, m, kernel=cfg)
         x_d, x = to_dev(rng.standard_normal((m, k)).astype(np.float32), "bf16")

@@ -13,12 +13,14 @@ Host side (no GPU needed):
     w4a16_source(params) -> str               CUDA source with the requested instantiations
     build_fatbin(params, archs, out_dir)      nvcc -> a fatbin (sm_90a + sm_90 by default)
     plan_launch(m, n, k, g, ...)              launch geometry of the GEMV-like kernel
+    plan_gv(m, n, k, g, cfg, ...)             the same for its shared-memory ring configs (w4a16_gv)
 
 The CuPy launcher (``W4A16Linear``) and the compiler seam (``OPS``) are in ``w4a16_linear.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -31,6 +33,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from anvil_kernels.cuda.w4a16_gv import GV_CONFIGS, gv_instantiations
 from anvil_kernels.cuda.w4a16_mtc import mtc_instantiation
 from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS, tc_instantiation
 from anvil_kernels.format import Int4Weight, f32_to_bf16_bits, pack_nibbles, unpack_nibbles
@@ -45,6 +48,7 @@ _SRC_PATH = Path(__file__).with_name("w4a16.cu")
 _TC_SRC_PATH = Path(__file__).with_name("w4a16_tc.cu")
 _MTC_SRC_PATH = Path(__file__).with_name("w4a16_mtc.cu")
 _WG_SRC_PATH = Path(__file__).with_name("w4a16_wg.cu")
+_GV_SRC_PATH = Path(__file__).with_name("w4a16_gv.cu")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,9 @@ class W4A16Params:
     # Marlin-like tiles (w4a16_mtc.cu), for every dtype x group; opt-in (tuple(MTC_CONFIGS): all),
     # so that a build that names only the kernels it needs (the compiler's) does not grow
     mtc_configs: tuple[str, ...] = ()
+    # GEMV-like kernels with a shared-memory ring (w4a16_gv.cu), for every dtype x group; opt-in
+    # like the mtc tiles (tuple(GV_CONFIGS): all)
+    gv_configs: tuple[str, ...] = ()
 
     def all_variants(self) -> list[Variant]:
         if self.variants:
@@ -103,13 +110,13 @@ class W4A16Params:
 
 
 def w4a16_source(params: W4A16Params | None = None) -> str:
-    """The CUDA source: w4a16.cu, w4a16_tc.cu and w4a16_mtc.cu plus one extern "C" kernel per
-    variant."""
+    """The CUDA source: w4a16.cu, w4a16_tc.cu, w4a16_mtc.cu, w4a16_wg.cu and w4a16_gv.cu plus one
+    extern "C" kernel per variant."""
     return "\n".join([*_sources(), *_instantiations(params)]) + "\n"
 
 
 def _sources() -> list[str]:
-    return [p.read_text() for p in (_SRC_PATH, _TC_SRC_PATH, _MTC_SRC_PATH, _WG_SRC_PATH)]
+    return [p.read_text() for p in (_SRC_PATH, _TC_SRC_PATH, _MTC_SRC_PATH, _WG_SRC_PATH, _GV_SRC_PATH)]
 
 
 def _instantiations(params: W4A16Params | None) -> list[str]:
@@ -130,6 +137,8 @@ def _costed_instantiations(params: W4A16Params | None) -> list[tuple[str, float]
             for cfg in params.mtc_configs:
                 line = mtc_instantiation(_DT_CODE[dt], dt, cfg, g // 64)
                 out.append((line, _MTC_COMPILE_S.get(cfg, 10.0)))
+            for cfg in params.gv_configs:
+                out += [(line, 1.5) for line in gv_instantiations(_DT_CODE[dt], dt, cfg, g // 64)]
     return out
 
 
@@ -297,6 +306,7 @@ class LaunchPlan:
     block: int
     smem: int
     evict_first: bool
+    kernel: str = "gemv"  # "gemv" (w4a16.cu's register ring) or a GV_CONFIGS name (w4a16_gv.cu)
 
 
 def tile_for(m: int, n: int) -> tuple[int, int]:
@@ -357,3 +367,35 @@ def plan_launch(
 def bf16_bits(a: NDArray[np.floating]) -> NDArray[np.uint16]:
     """float -> bf16 bit patterns (round to nearest even), for building kernel inputs."""
     return f32_to_bf16_bits(np.asarray(a, dtype=np.float32))
+
+
+def plan_gv(
+    m: int,
+    n: int,
+    k: int,
+    g: int,
+    cfg_name: str,
+    *,
+    sm_count: int = 132,
+    mt: int | None = None,
+    sn: int | None = None,
+    sk: int | None = None,
+) -> LaunchPlan:
+    """``plan_launch``'s geometry for gv config ``cfg_name`` (one strip per warp, the config's
+    warps per SM, M tiles of at most 8 * mt_max rows) with its shared memory (ring + reduction).
+    Unless sk is given, the split is halved while the launch has more warps than the SMs hold at
+    once (``GvConfig.resident_warps``): plan_launch's doubling can overshoot its target to ~1.7
+    waves (4096 x 14336 at 32 warps per SM: 7,168 warps for 4,224 places), where the H200 sweeps of
+    the register-ring kernel found one full wave faster than overshooting it (plan_launch's 0.85)."""
+    if cfg_name not in GV_CONFIGS:
+        raise ValueError(f"unknown gv config {cfg_name!r}; known: {sorted(GV_CONFIGS)}")
+    c = GV_CONFIGS[cfg_name]
+    mt = min(mt or tile_for(m, n)[0], c.mt_max)
+    cpg = g // 64
+    p = plan_launch(m, n, k, g, sm_count=sm_count, mt=mt, ns=1, sn=sn, sk=sk, warps_per_sm=c.warps_per_sm)
+    while sk is None and p.sk > 1:
+        warps = p.grid[0] * p.grid[1] * p.sn * p.sk
+        if warps <= sm_count * c.resident_warps(cpg, p.sn * p.sk, p.mt):
+            break
+        p = plan_launch(m, n, k, g, sm_count=sm_count, mt=mt, ns=1, sn=p.sn, sk=p.sk // 2)
+    return dataclasses.replace(p, smem=c.smem(cpg, p.sn * p.sk, p.mt), kernel=cfg_name)

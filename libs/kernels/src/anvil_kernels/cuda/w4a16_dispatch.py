@@ -24,11 +24,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from anvil_kernels.cuda.w4a16_gv import GV_CONFIGS
 from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS
 from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS
 
 GEMV = "gemv"
-KERNELS: tuple[str, ...] = (GEMV, *TC_CONFIGS, *MTC_CONFIGS)
+# the GEMV-like kernels (no split: split-K is inside the block): w4a16.cu's register ring and the
+# shared-memory ring configs of w4a16_gv.cu (the measured table may pick one; the rule never does)
+GEMV_LIKE: tuple[str, ...] = (GEMV, *GV_CONFIGS)
+KERNELS: tuple[str, ...] = (*GEMV_LIKE, *TC_CONFIGS, *MTC_CONFIGS)
 
 # (largest M, kernel) in increasing M; the last row covers every larger M.
 RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "mtc32"), (64, "mtc64"), (1 << 30, "mtc128w"))
@@ -36,7 +40,7 @@ RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "mtc32"), (64, "mtc64"), (
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """kernel: "gemv", a TC_CONFIGS or an MTC_CONFIGS name; split: split-K factor for tc/mtc
+    """kernel: "gemv", a GV_CONFIGS, a TC_CONFIGS or an MTC_CONFIGS name; split: split-K factor for tc/mtc
     (None: planned at load from the GPU's SM count); source: "table" or "rule"; bf16_faster: the
     table measured cuBLAS bf16 faster than every INT4 kernel at this shape (the plan may prefer
     dense weights)."""
@@ -49,7 +53,7 @@ class KernelChoice:
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
-        if self.split is not None and (self.kernel == GEMV or self.split < 1):
+        if self.split is not None and (self.kernel in GEMV_LIKE or self.split < 1):
             raise ValueError(f"split={self.split} needs a tc kernel and must be >= 1")
 
     def as_dict(self) -> dict[str, Any]:

@@ -28,9 +28,11 @@ from anvil_kernels.cuda.w4a16 import (
     LaunchPlan,
     Variant,
     default_gd,
+    plan_gv,
     plan_launch,
 )
-from anvil_kernels.cuda.w4a16_dispatch import GEMV, DispatchTable, KernelChoice, choose
+from anvil_kernels.cuda.w4a16_dispatch import GEMV, GEMV_LIKE, DispatchTable, KernelChoice, choose
+from anvil_kernels.cuda.w4a16_gv import GV_CONFIGS, gv_kernel_name
 from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS, mtc_from_prepack, mtc_kernel_name, plan_mtc
 from anvil_kernels.cuda.w4a16_tc import TcPlan, plan_tc, tc_kernel_name
 
@@ -145,18 +147,18 @@ class W4A16Linear:
     def set_kernel(
         self, kernel: str | None = None, split: int | None = None, overrides: Mapping[str, int] | None = None
     ) -> None:
-        """Force one kernel ("gemv", a TC_CONFIGS or an MTC_CONFIGS name) and split, or the GEMV kernel with a
-        launch geometry (overrides: mt, ns, sn, sk), for every M; all None: back to the
-        dispatcher (tuning and tests).
+        """Force one kernel ("gemv", a GV_CONFIGS, a TC_CONFIGS or an MTC_CONFIGS name) and split, or a
+        GEMV-like kernel with a launch geometry (overrides: mt, ns, sn, sk; ns only for "gemv"; no
+        kernel: "gemv"), for every M; all None: back to the dispatcher (tuning and tests).
         Regrows the workspace where needed; a CUDA graph captured before must be captured again."""
         import cupy
 
         if split is not None and kernel is None:
             raise ValueError("split needs a tc kernel")
         self._overrides = dict(overrides or {})
-        if self._overrides and kernel not in (None, GEMV):
-            raise ValueError("overrides (mt, ns, sn, sk) are the GEMV kernel's geometry")
-        if self._overrides:
+        if self._overrides and kernel not in (None, *GEMV_LIKE):
+            raise ValueError("overrides (mt, ns, sn, sk) are the GEMV-like kernels' geometry")
+        if self._overrides and kernel is None:
             kernel = GEMV
         self._force = None if kernel is None else KernelChoice(kernel, split, source="forced")
         self._launches.clear()
@@ -195,6 +197,10 @@ class W4A16Linear:
         if ch.kernel == GEMV:
             ov = self._overrides
             return plan_launch(m, self.n, self.k, self.group_size, sm_count=self._sm_count, **ov)
+        if ch.kernel in GV_CONFIGS:
+            return plan_gv(
+                m, self.n, self.k, self.group_size, ch.kernel, sm_count=self._sm_count, **self._overrides
+            )
         if ch.kernel in MTC_CONFIGS:
             g, sms = self.group_size, self._sm_count
             return plan_mtc(m, self.n, self.k, g, ch.kernel, sm_count=sms, split=ch.split)
@@ -212,14 +218,18 @@ class W4A16Linear:
         ch = self.choice(m)
         plan = self._plan(m, ch)
         cpg = self.group_size // 64
-        if isinstance(plan, LaunchPlan):
+        if isinstance(plan, LaunchPlan) and plan.kernel in GV_CONFIGS:
+            name = gv_kernel_name(self.dtype, plan.kernel, plan.mt, cpg)
+        elif isinstance(plan, LaunchPlan):
             name = Variant(self.dtype, plan.mt, plan.ns, cpg, default_gd(plan.mt, plan.ns, cpg)).name
         elif plan.cfg in MTC_CONFIGS:
             name = mtc_kernel_name(self.dtype, plan.cfg, cpg)
         else:
             name = tc_kernel_name(self.dtype, plan.cfg, cpg)
         fn = self._module.get_function(name)
-        if plan.smem > 48 * 1024:
+        # the opt-in is the kernel's (shared by every layer and M), and a gv kernel's shared memory
+        # grows with its plan's split-K: only ever raise it
+        if plan.smem > 48 * 1024 and int(fn.max_dynamic_shared_size_bytes) < plan.smem:
             fn.max_dynamic_shared_size_bytes = plan.smem
         launch = _Launch(ch, plan, fn)
         self._launches[m] = launch

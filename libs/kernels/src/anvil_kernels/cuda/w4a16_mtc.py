@@ -93,6 +93,11 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # the unrolled epilogue takes most registers (at 128 it spills)
     "wg128": MtcConfig(mt=16, ns=1, wm=1, wn=8, st=5, regs=254, sa=True, minb=1, wg=True),  # 128 x 128
     "wg128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=5, regs=255, sa=True, minb=1, wg=True),  # 128 x 256
+    # deeper rings of the same tiles (issue #17, built, not yet measured): one block of 8 warps per
+    # SM keeps st - 2 chunks of copies in flight, 51 KiB (wg64) / 77 KiB (wg128w) at st = 5;
+    # 102 / 128 KiB here (136 / 175 KiB of shared memory)
+    "wg64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=157, sa=True, minb=1, wg=True),  # 64 x 256
+    "wg128wd": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=7, regs=255, sa=True, minb=1, wg=True),  # 128 x 256
 }
 
 

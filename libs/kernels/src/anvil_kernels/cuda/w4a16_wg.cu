@@ -138,6 +138,31 @@ struct Wgmma {
     }
 };
 
+// One half of a chunk's wgmma work, H = 0 (k16 steps 0-1: A registers a[0..1], dequantized from the
+// words w.x, w.y, which this half first loads from the stage, sW[j * 32] for strip j) or H = 1
+// (steps 2-3: a[2..3] from w.z, w.w): dequantize the half into its registers, then one wgmma group
+// over the two steps (B at 256-byte steps of the stage's x from sx). The caller waits, before it,
+// for the group that last read those registers (wg_wait<1>).
+template <int H, int DT, int MT, int NS>
+__device__ __forceinline__ void wg_half(float (&acc)[NS][MT][4], uint32_t (&a)[4][NS][4], uint4 (&w)[NS],
+                                        const uint4* sW, const MtcScales<DT, NS>& sc, uint32_t one,
+                                        uint32_t sx) {
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+        if constexpr (H == 0) w[j] = sW[j * 32];  // interleaved with the dequantization, as ptxas had it
+        sc.template dequant<true>(a[2 * H][j], H == 0 ? w[j].x : w[j].z, j, one);
+        sc.template dequant<true>(a[2 * H + 1][j], H == 0 ? w[j].y : w[j].w, j, one);
+    }
+    wg_fence();
+#pragma unroll
+    for (int s = 2 * H; s < 2 * H + 2; ++s)
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+            Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
+                                   wg_desc(sx + s * 256, 128, 1024));
+    wg_commit();
+}
+
 // blockDim.x = 32*WN (WN a multiple of 4); dynamic shared memory ST * STAGE bytes.
 template <int DT, int MT, int NS, int WN, int ST, int CPG>
 __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
@@ -191,37 +216,12 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
         rd = rd == ST - 1 ? 0 : rd + 1;
         wr = wr == ST - 1 ? 0 : wr + 1;
         if (i % CPG == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, g8, flags);
-        const uint4* sW = reinterpret_cast<const uint4*>(st);
-        uint4 w[NS];
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-            w[j] = sW[(wn * NS + j) * 32 + lane];
-            sc.template dequant<true>(a[0][j], w[j].x, j, one);
-            sc.template dequant<true>(a[1][j], w[j].y, j, one);
-        }
+        const uint4* sW = reinterpret_cast<const uint4*>(st) + wn * NS * 32 + lane;  // this warp's strips
         const uint32_t sx = st_s + T::W_BYTES + T::SZ_BYTES;
-        wg_fence();
-#pragma unroll
-        for (int s = 0; s < 2; ++s)
-#pragma unroll
-            for (int j = 0; j < NS; ++j)
-                Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
-                                       wg_desc(sx + s * 256, 128, 1024));
-        wg_commit();
+        uint4 w[NS];
+        wg_half<0>(acc, a, w, sW, sc, one, sx);
         wg_wait<1>();  // steps 2-3 of chunk i - 1 retired: a[2..3] free
-#pragma unroll
-        for (int j = 0; j < NS; ++j) {
-            sc.template dequant<true>(a[2][j], w[j].z, j, one);
-            sc.template dequant<true>(a[3][j], w[j].w, j, one);
-        }
-        wg_fence();
-#pragma unroll
-        for (int s = 2; s < 4; ++s)
-#pragma unroll
-            for (int j = 0; j < NS; ++j)
-                Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
-                                       wg_desc(sx + s * 256, 128, 1024));
-        wg_commit();
+        wg_half<1>(acc, a, w, sW, sc, one, sx);
     }
     wg_wait<0>();
 #pragma unroll
