@@ -9,11 +9,23 @@ under ``opts.gptq`` each use gets its own INT4 weight."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from anvil_compiler.ir import Graph, Node
 from anvil_compiler.options import CompileOptions
 from anvil_kernels import Int4Weight, quantize
+
+
+@dataclass(slots=True)
+class _Shared:
+    """What earlier linears made of their weights, by constant name: its fp32 array, and its INT4
+    weight per group size (a linear reading the same constant reuses them: same objects)."""
+
+    f32: dict[str, np.ndarray] = field(default_factory=dict)
+    int4: dict[tuple[str, int], Int4Weight] = field(default_factory=dict)
+
 
 __all__ = ["OpWeights", "fp32_linear", "quantize_graph"]
 
@@ -50,7 +62,7 @@ def quantize_graph(g: Graph, opts: CompileOptions) -> dict[str, OpWeights]:
 
         gptq = gptq_graph(g, opts, groups)
     weights: dict[str, OpWeights] = {}
-    shared: dict[object, object] = {}  # weight name (, group) -> its fp32 array or INT4 weight
+    shared = _Shared()
     for n in g.nodes:
         w: OpWeights = {}
         if n.op == "linear":
@@ -73,25 +85,23 @@ def _linear(
     group: int,
     q: Int4Weight | None,
     w: OpWeights,
-    shared: dict[object, object] | None = None,
+    shared: _Shared | None = None,
 ) -> None:
     """``shared``: what earlier linears made of their weights, reused by a linear reading the same
     constant (same objects, so the plan stores them once)."""
-    shared = {} if shared is None else shared
+    shared = _Shared() if shared is None else shared
     name = n.attrs["weight"]
-    if name not in shared:
-        shared[name] = _f32(g.consts[name])  # (K, N)
-    wt = shared[name]
-    assert isinstance(wt, np.ndarray)
+    if name not in shared.f32:
+        shared.f32[name] = _f32(g.consts[name])  # (K, N)
+    wt = shared.f32[name]
     n.attrs["group"] = group
     if group:
         if q is None:
-            if (name, group) not in shared:
-                shared[name, group] = quantize(
+            if (name, group) not in shared.int4:
+                shared.int4[name, group] = quantize(
                     wt, group_size=group, scale_dtype="fp16", clip_search=opts.clip_search
                 )
-            q = shared[name, group]  # type: ignore[assignment]
-        assert q is not None
+            q = shared.int4[name, group]
         w["packed"], w["scales"], w["zeros"] = q.packed, q.scales, q.zeros
     else:
         w["weight"] = wt

@@ -21,7 +21,9 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
   float* ps = qs + WARPS * D;    // (WARPS, MAXT): the warp's scores, then probabilities
   const int h = blockIdx.x, b = blockIdx.y;
   const int per_z = gridDim.x * gridDim.y;  // (h, b) blocks
-  const int zs = min((int)gridDim.z, max(1, (${MIN_BLOCKS} + per_z - 1) / per_z));
+  int zs = (${MIN_BLOCKS} + per_z - 1) / per_z;  // in [1, gridDim.z]
+  if (zs > (int)gridDim.z) zs = gridDim.z;
+  if (zs < 1) zs = 1;
   if (blockIdx.z >= zs) return;  // the whole block: before any barrier
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int idx = threadIdx.x; idx < T * D; idx += blockDim.x) {
