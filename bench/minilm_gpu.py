@@ -203,6 +203,28 @@ def scrape_hops(ports: list[int]) -> dict[str, list[float]]:
     return out
 
 
+PHASE_METRIC = re.compile(
+    r'^anvil_executor_gpu_(phase_us|runs)_total\{model="([^"]+)"(?:,phase="(\w+)")?\} (\S+)$'
+)
+EXECUTOR_PORTS = tuple(8004 + 100 * k for k in range(16))  # executor k of `anvil up` (metrics port + 100 k)
+
+
+def scrape_phases(model: str, ports: tuple[int, ...] = EXECUTOR_PORTS) -> dict[str, float]:
+    """{"runs": n, "<phase>": µs} of ``model``'s GPU plan runs so far, over every executor that answers
+    (anvil_executor_gpu_phase_us_total / _runs_total: stage, launch, wait, fetch)."""
+    out: dict[str, float] = {}
+    for port in ports:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        for line in text.splitlines():
+            if (mm := PHASE_METRIC.match(line)) and mm[2] == model:
+                key = "runs" if mm[1] == "runs" else mm[3]
+                out[key] = out.get(key, 0.0) + float(mm[4])
+    return out
+
+
 def c1_hops(
     url: str,
     name: str,
@@ -217,6 +239,7 @@ def c1_hops(
     ``split_compute``: also the executor's compute_input / infer / output means from the gateway's
     Triton statistics (only right with one gateway process: each HTTP worker keeps its own)."""
     before = scrape_hops(list(ports))
+    phases0 = scrape_phases(name)
     with httpx.Client(base_url=url, timeout=30) as cli:
         stats0 = _compute_stats(cli, name) if split_compute else {}
         meta = cli.get(f"/v2/models/{name}").json()
@@ -243,6 +266,13 @@ def c1_hops(
         ns0, count0 = stats0.get(part, (0, 0))
         if count1 > count0:
             out[f"{part}_mean_us"] = round((ns1 - ns0) / (count1 - count0) / 1000)
+    # the GPU plan's runs split by host phase (means per run, µs): stage, launch, wait (the GPU), fetch
+    phases1 = scrape_phases(name)
+    runs = phases1.get("runs", 0.0) - phases0.get("runs", 0.0)
+    if runs > 0:
+        out["gpu_runs"] = int(runs)
+        for phase in ("stage", "launch", "wait", "fetch"):
+            out[f"gpu_{phase}_mean_us"] = round((phases1.get(phase, 0.0) - phases0.get(phase, 0.0)) / runs, 1)
     out.update({f"{k}_p50_us": int(np.median(v[n // 10 :])) for k, v in hops.items()})
     # the scheduler's and executor's own hops over the same requests (means, µs): where "transit" goes
     after = scrape_hops(list(ports))

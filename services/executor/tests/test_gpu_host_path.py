@@ -186,3 +186,31 @@ def test_trace_returns_every_op_output_at_the_bucket_shape(tmp_path: Path, fake:
     for (name, kind, arr), op in zip(got, plan.plan.ops, strict=True):
         assert (name, kind) == (_s(op.name), _s(op.kind)) and arr.dtype == np.float32
         assert arr.shape == plan.shape(int(op.outputs[0]), b, t)
+
+
+def test_runs_and_their_phase_times_are_counted_and_exported_per_model(tmp_path: Path, fake: Any) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from anvil_executor import metrics
+    from anvil_executor.plan_runtime.gpu_model import PHASES, GpuPlanModel
+    from anvil_executor.plan_runtime.lanes import LanedPlan, use_lane
+
+    plan, weights, source = _lowered(tmp_path, "mlp", False, "fp16")
+    lanes = [GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0) for _ in range(2)]
+    laned = LanedPlan(lanes)
+    laned.run(_requests("mlp"))  # warm-up: forgotten below, as the executor does after loading
+    laned.reset_padding()
+    assert laned.runs == 0 and laned.phase_ns == [0] * len(PHASES)
+    laned.run(_requests("mlp"))
+    with use_lane(1):
+        laned.run(_requests("mlp"))
+    assert [lane.runs for lane in lanes] == [1, 1]  # one chunk each: the two requests fit one bucket
+    assert laned.runs == 2 and all(ns > 0 for ns in laned.phase_ns)
+    assert laned.phase_ns == [a + b for a, b in zip(lanes[0].phase_ns, lanes[1].phase_ns, strict=True)]
+    registry = CollectorRegistry()
+    registry.register(metrics._GpuPhases(lambda: {"mlp": laned, "cpu-model": object()}))
+    text = generate_latest(registry).decode()
+    assert 'anvil_executor_gpu_runs_total{model="mlp"} 2.0' in text
+    for phase, ns in zip(PHASES, laned.phase_ns, strict=True):
+        assert f'anvil_executor_gpu_phase_us_total{{model="mlp",phase="{phase}"}} {ns / 1000}' in text
+    assert "cpu-model" not in text  # a plan without phase times is left out

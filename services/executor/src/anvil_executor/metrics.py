@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -77,3 +78,51 @@ def hop(name: str, priority: int) -> Any:
     if series is None:
         series = _hop_series[(name, priority)] = hop_us.labels(hop=name, priority=priority_label(priority))
     return series
+
+
+class _GpuPhases:
+    """A collector of the GPU plans' host time per run phase (plan_runtime/gpu_model.PHASES: stage,
+    launch, wait, fetch), read from the models at scrape time: where a batch's `compute_infer` goes
+    besides the model's own Python. Exported as anvil_executor_gpu_phase_us_total{model, phase} and
+    anvil_executor_gpu_runs_total{model} (runs: chunks, one graph launch each); served batches only."""
+
+    def __init__(self, plans: Callable[[], Mapping[str, Any]]) -> None:
+        self._plans = plans
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        from anvil_executor.plan_runtime.gpu_model import PHASES
+
+        us = CounterMetricFamily(
+            "anvil_executor_gpu_phase_us",
+            "Host time of the GPU plans' runs per phase (stage, launch, wait, fetch), µs",
+            labels=["model", "phase"],
+        )
+        runs = CounterMetricFamily(
+            "anvil_executor_gpu_runs", "GPU plan runs (graph launches)", labels=["model"]
+        )
+        for name, plan in list(self._plans().items()):
+            phase_ns = list(getattr(plan, "phase_ns", ()))
+            if len(phase_ns) != len(PHASES):
+                continue
+            for phase, ns in zip(PHASES, phase_ns, strict=True):
+                us.add_metric([name, phase], ns / 1000)
+            runs.add_metric([name], int(getattr(plan, "runs", 0)))
+        yield us
+        yield runs
+
+
+_gpu_phases_registered = False
+
+
+def register_gpu_phases(plans: Callable[[], Mapping[str, Any]]) -> None:
+    """Export the GPU plans' phase times (``plans``: the executor's GPU plans by model name, read
+    at each scrape). Once per process."""
+    global _gpu_phases_registered
+    if _gpu_phases_registered:
+        return
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(_GpuPhases(plans))
+    _gpu_phases_registered = True

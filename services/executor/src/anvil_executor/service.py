@@ -114,6 +114,8 @@ class Executor:
         self._beat_seq = 0
         self.shm: Any = None
         self._plans: dict[str, Any] = {}  # model -> its GpuPlanModel (GPU metrics)
+        if self.device.is_cuda:  # the plans' run phases, read at each scrape
+            m.register_gpu_phases(lambda: self._plans)
         self.drops = DropLog(log, "executor")
         self.registry = Registry(
             settings.redis_url,

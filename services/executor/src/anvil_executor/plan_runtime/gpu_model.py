@@ -44,10 +44,14 @@ from anvil_executor.plan_runtime.launch import Launch, resolve_launches
 from anvil_executor.plan_runtime.plan import DTYPES, LoadedPlan, _s, load_plan
 from anvil_executor.plan_runtime.precision import device_dtypes, f16_kernels, resolve_precision
 
-__all__ = ["GpuPlanModel", "load_module"]
+__all__ = ["PHASES", "GpuPlanModel", "load_module"]
 
 log = get_logger("anvil.executor.gpu")
 H2D, D2H = 1, 2  # cudaMemcpyKind
+# A run's host time, in order: requests unpacked into the pinned slots, the graph launched (or the
+# ops enqueued), the wait for the GPU (copies in, kernels, copies out), the outputs read from the
+# pinned slots (fp16 -> fp32 where the plan is fp16). `runs` and `phase_ns` add them up per model.
+PHASES = ("stage", "launch", "wait", "fetch")
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's scratch, handed to it so a captured GEMM allocates nothing
 NVRTC_OPTIONS = ("-std=c++17", "--use_fast_math")
 W4A16_FATBIN = "w4a16.fatbin"  # the compiler's build_w4a16: an fp16 plan's INT4 kernels
@@ -189,6 +193,8 @@ class GpuPlanModel(PlanIO):
         self.load_s = time.perf_counter() - t0
         self.padded_cells = 0  # (row, token) cells run, padding included
         self.used_cells = 0  # of those, cells that carried a request's data
+        self.runs = 0  # chunks run (one graph launch, or one eager enqueue, each)
+        self.phase_ns = [0] * len(PHASES)  # per PHASES: host ns spent there over those runs
         log.info(
             "model on the GPU",
             extra={
@@ -378,20 +384,31 @@ class GpuPlanModel(PlanIO):
         return resolve_launches(p, self._act, self._wts, b, t, self._woffs, self._kernels, skip)
 
     def _run_chunk(self, reqs: list[RequestInputs], lens: list[int], t: int) -> dict[str, np.ndarray]:
+        t0 = time.perf_counter_ns()
         bb, bt = self._stage(reqs, lens, t)
         with self._cp.cuda.Device(self.device_id), self.stream:
+            t1 = time.perf_counter_ns()
             graph = self._graphs.get((bb, bt))
             if graph is not None:
                 graph.launch(self.stream)
             else:
                 self._enqueue(bb, bt)
+            t2 = time.perf_counter_ns()
             if self._done is not None:
                 self._done.record(self.stream)
                 self._done.synchronize()
             else:
                 self.stream.synchronize()
+        t3 = time.perf_counter_ns()
         # an fp16 plan's fp16 outputs go back to the spec's fp32 here (a pooled output is fp32 already)
-        return {name: _as_f32(self._pinned(name, bb, bt)) for name, _, _, _ in self.outputs}
+        out = {name: _as_f32(self._pinned(name, bb, bt)) for name, _, _, _ in self.outputs}
+        ph = self.phase_ns
+        ph[0] += t1 - t0
+        ph[1] += t2 - t1
+        ph[2] += t3 - t2
+        ph[3] += time.perf_counter_ns() - t3
+        self.runs += 1
+        return out
 
     def _stage(self, reqs: list[RequestInputs], lens: list[int], t: int) -> tuple[int, int]:
         """The chunk's bucket; every request's rows unpacked into the pinned input slots at its shape."""
@@ -426,8 +443,10 @@ class GpuPlanModel(PlanIO):
         return len(self._graphs)
 
     def reset_padding(self) -> None:
-        """Padding is reported for served batches, not warm-up."""
+        """Padding and the runs' phase times are reported for served batches, not warm-up."""
         self.padded_cells = self.used_cells = 0
+        self.runs = 0
+        self.phase_ns = [0] * len(PHASES)
 
     @property
     def padding_waste(self) -> float:

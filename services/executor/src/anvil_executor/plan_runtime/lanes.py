@@ -124,7 +124,19 @@ class LanedPlan(PlanIO):
 
     def reset_padding(self) -> None:
         for lane in self.lanes:
-            lane.padded_cells = lane.used_cells = 0  # type: ignore[attr-defined]
+            reset = getattr(lane, "reset_padding", None)
+            if reset is not None:
+                reset()
+
+    @property
+    def runs(self) -> int:
+        return sum(int(getattr(lane, "runs", 0)) for lane in self.lanes)
+
+    @property
+    def phase_ns(self) -> list[int]:
+        """The lanes' phase times added up (gpu_model.PHASES)."""
+        per_lane = [list(getattr(lane, "phase_ns", ())) for lane in self.lanes]
+        return [sum(col) for col in zip(*per_lane, strict=True)] if all(per_lane) else []
 
     @property
     def padding_waste(self) -> float:
