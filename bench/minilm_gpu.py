@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,18 +189,23 @@ def start_infinity(model_dir: Path, port: int, batch: int, timeout_s: float = 24
 HOP_METRIC = re.compile(r'^(anvil_\w+_hop_us)_(sum|count)\{hop="(\w+)",priority="(\d)"\} (\S+)$')
 
 
-def scrape_hops(ports: list[int]) -> dict[str, list[float]]:
-    """{"<metric>/<hop>/p<priority>": [sum µs, count]} from the services' per-hop histograms."""
-    out: dict[str, list[float]] = {}
+def _metric_lines(ports: Iterable[int]) -> Iterator[str]:
+    """Every line of each service's /metrics on ``ports`` (those that answer)."""
     for port in ports:
         try:
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         except httpx.HTTPError:
             continue
-        for line in text.splitlines():
-            if mm := HOP_METRIC.match(line):
-                key = f"{mm[1]}/{mm[3]}/p{mm[4]}"
-                out.setdefault(key, [0.0, 0.0])[0 if mm[2] == "sum" else 1] += float(mm[5])
+        yield from text.splitlines()
+
+
+def scrape_hops(ports: list[int]) -> dict[str, list[float]]:
+    """{"<metric>/<hop>/p<priority>": [sum µs, count]} from the services' per-hop histograms."""
+    out: dict[str, list[float]] = {}
+    for line in _metric_lines(ports):
+        if mm := HOP_METRIC.match(line):
+            key = f"{mm[1]}/{mm[3]}/p{mm[4]}"
+            out.setdefault(key, [0.0, 0.0])[0 if mm[2] == "sum" else 1] += float(mm[5])
     return out
 
 
@@ -213,15 +219,10 @@ def scrape_phases(model: str, ports: tuple[int, ...] = EXECUTOR_PORTS) -> dict[s
     """{"runs": n, "<phase>": µs} of ``model``'s GPU plan runs so far, over every executor that answers
     (anvil_executor_gpu_phase_us_total / _runs_total: stage, launch, wait, fetch)."""
     out: dict[str, float] = {}
-    for port in ports:
-        try:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-        except httpx.HTTPError:
-            continue
-        for line in text.splitlines():
-            if (mm := PHASE_METRIC.match(line)) and mm[2] == model:
-                key = "runs" if mm[1] == "runs" else mm[3]
-                out[key] = out.get(key, 0.0) + float(mm[4])
+    for line in _metric_lines(ports):
+        if (mm := PHASE_METRIC.match(line)) and mm[2] == model:
+            key = "runs" if mm[1] == "runs" else mm[3]
+            out[key] = out.get(key, 0.0) + float(mm[4])
     return out
 
 

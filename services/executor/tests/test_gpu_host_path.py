@@ -18,8 +18,6 @@ from anvil_compiler.frontends.hf import bundle_from_dir
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.pipeline import compile_graph, import_model
 from anvil_core.proto_gen import plan_generated as pg
-from anvil_executor.plan_runtime import cublas_raw, cublaslt_raw
-from anvil_executor.plan_runtime.cuda_arena import counter
 from anvil_executor.plan_runtime.plan import LoadedPlan, _s, attrs_of
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,21 +25,6 @@ sys.path.insert(0, str(Path(__file__).parents[2] / "compiler" / "tests"))
 import fake_cupy
 from onnx_models import mlp_bytes
 from tiny_bert import make_tiny_bert
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
-    from anvil_executor.plan_runtime import gpu_model
-
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.make_module())
-    lib = fake_cupy.FakeCublas()
-    monkeypatch.setattr(cublas_raw, "load_cublas", lambda: lib)
-    monkeypatch.setattr(cublaslt_raw, "load_cublaslt", lambda: lib)
-    monkeypatch.setattr(counter, "_installed", False)
-    monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_module", None)
-    monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_f16_module", None)
-    fake_cupy.LAUNCHES.calls.clear()
-    return lib
 
 
 def _lowered(tmp_path: Path, kind: str, quantize: bool, precision: str) -> tuple[LoadedPlan, Any, str]:

@@ -10,14 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from anvil_compiler.codegen.build import full_source
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.pipeline import compile_graph, import_model
 from anvil_core.proto_gen import plan_generated as pg
-from anvil_executor.plan_runtime import cublas_raw, cublaslt_raw
-from anvil_executor.plan_runtime.cuda_arena import counter
 from anvil_executor.plan_runtime.plan import LoadedPlan
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -26,21 +23,6 @@ import fake_cupy
 from onnx_models import weight_bound_bytes
 
 DIM, LAYERS, DISTINCT = 256, 8, 2
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Any:
-    from anvil_executor.plan_runtime import gpu_model
-
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.make_module())
-    lib = fake_cupy.FakeCublas()
-    monkeypatch.setattr(cublas_raw, "load_cublas", lambda: lib)
-    monkeypatch.setattr(cublaslt_raw, "load_cublaslt", lambda: lib)
-    monkeypatch.setattr(counter, "_installed", False)
-    monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_module", None)
-    monkeypatch.setattr(gpu_model.GpuPlanModel, "_epilogue_f16_module", None)
-    fake_cupy.LAUNCHES.calls.clear()
-    return lib
 
 
 def _model(quantize: bool, distinct: int | None) -> Any:
