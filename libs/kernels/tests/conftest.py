@@ -14,6 +14,27 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+PTXAS_ENTRY = re.compile(
+    r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) bytes spill stores, "
+    r"(\d+) bytes spill loads\s*ptxas info\s*: Used (\d+) registers",
+    re.S,
+)
+
+
+@pytest.fixture
+def ptxas_registers() -> Callable[[str], dict[str, int]]:
+    """A reader of `nvcc -Xptxas -v` output: kernel name -> registers, failing on any kernel with a
+    stack frame or spills (the ptxas tests of the tc, mtc and gv kernels)."""
+
+    def read(stderr: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, stack, st, ld, regs in PTXAS_ENTRY.findall(stderr):
+            assert (int(stack), int(st), int(ld)) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
+            out[name] = int(regs)
+        return out
+
+    return read
+
 
 @pytest.fixture
 def rng() -> np.random.Generator:

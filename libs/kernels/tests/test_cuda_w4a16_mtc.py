@@ -235,24 +235,17 @@ def _ptxas(tmp_path: Path, dtype: str) -> tuple[str, list[Path]]:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.timeout(900)  # 13 nvcc runs (9 mtc: 107 s alone on the shared 2-vCPU machine), more when busy
-def test_mtc_ptxas_report_and_sass(tmp_path: Path) -> None:
+def test_mtc_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[str], dict[str, int]]) -> None:
     """Every mtc config compiles for sm_90 with no spills and no stack, within the registers its
     MtcConfig states (the split planner's occupancy estimate uses them); with cuobjdump on PATH,
     the SASS has the tensor-core, ldmatrix and cp.async instructions and no local memory."""
     stderr, cubins = _ptxas(tmp_path, "bf16")
-    report = re.findall(
-        r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) bytes spill stores, "
-        r"(\d+) bytes spill loads\s*ptxas info\s*: Used (\d+) registers",
-        stderr,
-        re.S,
-    )
     seen = set()
-    for name, stack, st, ld, regs in report:
+    for name, regs in ptxas_registers(stderr).items():
         hit = re.match(r"w4a16((?:mtc|wg)\w+?)_bf16_c2$", name)
         assert hit is not None, name
         seen.add(name)
-        assert (int(stack), int(st), int(ld)) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
-        assert int(regs) <= MTC_CONFIGS[hit.group(1)].regs, f"{name}: {regs} registers"
+        assert regs <= MTC_CONFIGS[hit.group(1)].regs, f"{name}: {regs} registers"
     assert len(seen) == len(MTC_CONFIGS), stderr
     # e.g. C7513: wgmmas serialized because their input registers are redefined while they may run
     assert "Potential Performance Loss" not in stderr, stderr
