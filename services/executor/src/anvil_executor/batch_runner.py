@@ -21,7 +21,7 @@ from anvil_executor import metrics as m
 from anvil_executor.device import is_device_fault
 from anvil_executor.models import Model, RequestInputs
 
-__all__ = ["Pending", "ShmResolver", "finish_batch", "prepare_batch", "run_batch"]
+__all__ = ["Pending", "ShmResolver", "account_batch", "finish_batch", "prepare_batch", "run_batch"]
 
 # Resolves a Tensor whose bytes live in shared memory (frame = -1) into a HostTensor view.
 ShmResolver = Callable[[pb.TensorT], HostTensor]
@@ -66,6 +66,7 @@ class Pending:
     reply_to: list[str] = field(default_factory=list)  # per request: its gateway (direct answers), or ""
     # each answer's request index and frames ([envelope, *payloads]), in the BatchResult's order
     answer_groups: list[tuple[int, list[Any]]] = field(default_factory=list)
+    stamps: list[int] = field(default_factory=list)  # finish_batch's perf ns (spans), for account_batch
 
 
 def run_batch(
@@ -85,7 +86,10 @@ def run_batch(
     copy-out, `queued_us` waited in the executor before it started) and its place in the batch; a
     traced batch also gets its spans (batch_spans.py).
     """
-    return finish_batch(prepare_batch(models, batch, frames, executor_id, device, shm, queued_us=queued_us))
+    pending = prepare_batch(models, batch, frames, executor_id, device, shm, queued_us=queued_us)
+    result, out = finish_batch(pending)
+    account_batch(pending, result)
+    return result, out
 
 
 def prepare_batch(
@@ -246,12 +250,24 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
     out = [frame for _, group in pending.answer_groups for frame in group]
     result.frameCounts = [len(group) for _, group in pending.answer_groups]
     result.computeUs = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
-    if tracing.ON:
-        batch_spans.record(result.batchId or "", pending.traceparent, model.spec.name, requests,
-                           len(runnable), stamps, result.executorId or "", result.device or "")  # fmt: skip
-    for i, _ in runnable:  # the hop "compute", once per request that ran, by its priority
-        m.hop("compute", int(requests[i].priority)).observe(result.computeUs)
+    pending.stamps = stamps
     return result, out
+
+
+def account_batch(pending: Pending, result: pb.BatchResultT) -> None:
+    """A finished batch's spans (when tracing) and its requests' hop "compute", once per request that
+    ran, by its priority. Called after its answers went out: nobody waits on this (a batch of 32
+    requests observed 32 histograms before its answers left)."""
+    model = pending.model
+    if model is None or not pending.stamps:  # not run (no model, or its error): nothing to account
+        return
+    requests, runnable = pending.requests, pending.runnable
+    if tracing.ON:
+        batch_id, where = result.batchId or "", (result.executorId or "", result.device or "")
+        stamps, n = pending.stamps, len(runnable)
+        batch_spans.record(batch_id, pending.traceparent, model.spec.name, requests, n, stamps, *where)
+    for i, _ in runnable:
+        m.hop("compute", int(requests[i].priority)).observe(result.computeUs)
 
 
 def _error(req: Any, code: int, reason: str) -> bytes:

@@ -44,7 +44,7 @@ from anvil_core.unix_link import AnswerSender, UnixDealer, is_unix_endpoint, uni
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
-from anvil_executor.batch_runner import Pending, ShmResolver, finish_batch, prepare_batch
+from anvil_executor.batch_runner import Pending, ShmResolver, account_batch, finish_batch, prepare_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.loader import ModelLoader
 from anvil_executor.models import Model, load_builtin, minilm
@@ -483,14 +483,16 @@ class Executor:
             result = pb.BatchResultT(batchId=bid, executorId=self.s.service_id, error=failure)
             out = []
         took_s = time.perf_counter() - t0
+        if self.answers is not None:  # the answers first: the gateways wait on them, not on metrics
+            out = self._deliver(pending, result, out)
+        parts = codec.pack(result, out)
         if model in self.models:  # what decides whether its next lone batch runs inline
             self._compute_s[model] = took_s
         outcome = "error" if result.error is not None else "success"
         m.batches.labels(model=model, outcome=outcome).inc()
         m.compute_us.labels(model=model).observe(took_s * 1e6)
-        if self.answers is not None:
-            out = self._deliver(pending, result, out)
-        return codec.pack(result, out), fault
+        account_batch(pending, result)
+        return parts, fault
 
     def _deliver(self, pending: Pending, result: pb.BatchResultT, out: list[Any]) -> list[Any]:
         """Direct answers: each answer whose request names its gateway (``Batch.reply_to``) written

@@ -382,9 +382,7 @@ class Scheduler:
         for r in batch.requests:
             ticket = ticket_of(r)
             counts.append(1 + len(ticket.frames))
-            queued_us = int((now - r.arrival_s) * 1e6)
-            queue_us.append(queued_us)
-            self._hop("queue", r.priority).observe(queued_us)
+            queue_us.append(int((now - r.arrival_s) * 1e6))
             frames.append(ticket.envelope)
             frames.extend(ticket.frames)
         msg = pb.BatchT(batchId=str(batch.batch_id), model=batch.model, frameCounts=counts, queueUs=queue_us)
@@ -395,12 +393,15 @@ class Scheduler:
         if tracing.ON:
             contexts = [ticket_of(r).traceparent for r in batch.requests]
             msg.traceparent = spans.record(batch, contexts, now, batch.executor_id)
-        self._series(m.batches, batch.model).inc()
-        self._series(m.batch_size, batch.model).observe(batch.size)
         self.sent_at[batch.batch_id] = now
         ident = self.executors.get(batch.executor_id)
         if ident is None or not self._send_executor(ident, codec.pack(msg, frames)):
             self._lose(batch.executor_id, "send failed", now)
+        # accounted once the batch is on its way: the executor starts while these run
+        for r, queued_us in zip(batch.requests, queue_us, strict=True):
+            self._hop("queue", r.priority).observe(queued_us)
+        self._series(m.batches, batch.model).inc()
+        self._series(m.batch_size, batch.model).observe(batch.size)
 
     def _reply_to(self, batch: Any) -> list[str] | None:
         """Per request, its gateway's identity where the executor can answer that gateway itself
