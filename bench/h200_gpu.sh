@@ -2,7 +2,8 @@
 # One device call on a GPU host (see docs/executor_gpu.md): `make test-gpu`, then the whole stack with
 # its executor on cuda:0 serving compiled models (bench/gpu_stack.py). Python packages the image
 # lacks travel as wheels in .whl/ (bench/h200_env.sh installs them), the fp16 MiniLM in
-# .carry/minilm, perf_analyzer in .pa/ (none committed); results go to $OUT.
+# .carry/minilm, perf_analyzer in .pa/ (none committed); results go to $OUT. OP_PROFILE=1 also times
+# the fp16 MiniLM plan alone per shape (bench/gpu_op_profile.py, OP_SHAPES) between the tests and the stack.
 source "$(dirname "$0")/h200_env.sh"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== make test-gpu =="
@@ -13,6 +14,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   else
     make test-gpu GPU_PY=python3 2>&1 | tee "$OUT/gpu_tests.txt" | tail -40
   fi
+fi
+if [ "${OP_PROFILE:-0}" = 1 ] && [ -d .carry/minilm ]; then  # the MiniLM plan alone: graph and kernels per shape
+  echo "== bench/gpu_op_profile.py =="
+  timeout 150 python3 bench/gpu_op_profile.py --model-dir .carry/minilm --variants fp16 \
+    --shapes "${OP_SHAPES:-1x16,1x64,16x32,64x48}" --out "$OUT/gpu_op_profile.json" 2>&1 | grep -E "B=|wrote|Error"
 fi
 [ "${SKIP_STACK:-0}" = 1 ] && exit 0
 echo "== stack on cuda:0 =="
