@@ -25,6 +25,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -407,8 +408,7 @@ class Executor:
                 if self._inline(pending):
                     self.inline_batches += 1
                     m.hop("queued", rank).observe(0)
-                    parts, fault = self._execute(pending)
-                    self._send(parts)  # its answer first, then the loop exits on the fault
+                    fault = self._execute(pending, self._send)  # its answer first, then the loop exits
                     if fault is not None:
                         self.fault = fault
                     return
@@ -441,8 +441,7 @@ class Executor:
             while (item := self.work.get()) is not None:
                 if self.work.last_wait_us >= 0:  # received -> taken here (a prepared one: its prep queue's)
                     item.queued_us = self.work.last_wait_us
-                parts, fault = self._execute(item)
-                done_tx.send_multipart(parts, copy=False)
+                fault = self._execute(item, lambda parts: done_tx.send_multipart(parts, copy=False))
                 if fault is not None:  # the context is unusable: stop computing, the I/O loop exits
                     self.fault = fault
                     return
@@ -465,10 +464,11 @@ class Executor:
             result = pb.BatchResultT(batchId=batch.batchId, executorId=self.s.service_id, error=failure)
             return Pending(result, None)
 
-    def _execute(self, pending: Pending) -> tuple[list[Any], BaseException | None]:
-        """Run one decoded batch: the BatchResult's parts to send, and the device fault that ends
-        the process, if one happened. Never raises: a failure is every request's answer. Called by
-        the compute thread, and by the I/O loop for a lone batch of a fast model (`_inline`)."""
+    def _execute(self, pending: Pending, send: Callable[[list[Any]], Any]) -> BaseException | None:
+        """Run one decoded batch and ``send`` its BatchResult's parts (after any direct answers),
+        then account for it (metrics, spans: nobody waits on those); returns the device fault that
+        ends the process, if one happened. Never raises: a failure is every request's answer. Called
+        by the compute thread, and by the I/O loop for a lone batch of a fast model (`_inline`)."""
         t0 = time.perf_counter() - pending.busy_s  # the compute metric keeps the decode and prepare
         name = pending.model.spec.name if pending.model else ""
         model = name if name in self.models else "_unknown"  # bounded labels
@@ -483,16 +483,16 @@ class Executor:
             result = pb.BatchResultT(batchId=bid, executorId=self.s.service_id, error=failure)
             out = []
         took_s = time.perf_counter() - t0
+        if model in self.models:  # what decides whether its next lone batch runs inline: set before
+            self._compute_s[model] = took_s  # the answer leaves, so the next batch sees it
         if self.answers is not None:  # the answers first: the gateways wait on them, not on metrics
             out = self._deliver(pending, result, out)
-        parts = codec.pack(result, out)
-        if model in self.models:  # what decides whether its next lone batch runs inline
-            self._compute_s[model] = took_s
+        send(codec.pack(result, out))
         outcome = "error" if result.error is not None else "success"
         m.batches.labels(model=model, outcome=outcome).inc()
         m.compute_us.labels(model=model).observe(took_s * 1e6)
         account_batch(pending, result)
-        return parts, fault
+        return fault
 
     def _deliver(self, pending: Pending, result: pb.BatchResultT, out: list[Any]) -> list[Any]:
         """Direct answers: each answer whose request names its gateway (``Batch.reply_to``) written

@@ -10,6 +10,7 @@ out is written in full and must not alias an input. Nothing is allocated per cal
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -138,6 +139,21 @@ class W4A16Linear:
         self.set_kernel(kernel, split, overrides)
         if not keep_host:
             self._packed = None
+
+    def with_activation(self, activation: str) -> W4A16Linear:
+        """This layer with ``activation`` fused instead: ``self`` when it already is, else a layer
+        over the same uploaded weights, workspace and kernel choice (the activation is a launch
+        argument), for a plan whose linears share a weight but not their activation. Its launch
+        cache is its own; the two must run one after the other (one stream), as a plan's linears do."""
+        if activation == self.activation:
+            return self
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+        twin = copy.copy(self)
+        twin.activation, twin._act = activation, ACTIVATIONS[activation]
+        twin._launches = dict(self._launches)
+        twin._overrides = dict(self._overrides)
+        return twin
 
     @property
     def device_bytes(self) -> int:

@@ -17,6 +17,10 @@ from anvil_compiler.ir import Graph, Node
 from anvil_compiler.options import CompileOptions
 from anvil_kernels import Int4Weight, quantize
 
+__all__ = ["OpWeights", "fp32_linear", "quantize_graph"]
+
+OpWeights = dict[str, np.ndarray]
+
 
 @dataclass(slots=True)
 class _Shared:
@@ -25,11 +29,6 @@ class _Shared:
 
     f32: dict[str, np.ndarray] = field(default_factory=dict)
     int4: dict[tuple[str, int], Int4Weight] = field(default_factory=dict)
-
-
-__all__ = ["OpWeights", "fp32_linear", "quantize_graph"]
-
-OpWeights = dict[str, np.ndarray]
 
 
 def _group(k: int, want: int) -> int:

@@ -20,7 +20,6 @@ a GPU but ``W4A16Linear`` (made by the runtime); the host-side planning is teste
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ __all__ = [
     "LinearF16",
     "epilogue_f16_launch",
     "f16_linears",
+    "linear_bias16",
     "linear_weights",
 ]
 
@@ -160,36 +160,28 @@ def _int4(plan: Any, weights: list[np.ndarray], lin: LinearF16) -> Int4Weight:
 
 
 def linear_weights(
-    plan: Any, weights: list[np.ndarray], lin: LinearF16, matrix: bool = True
-) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None, np.ndarray | None]:
-    """(W16 (K, N) fp16 for cuBLAS or None, W4A16 prepacked arrays or None, fp16 bias for the fused
-    W4A16 epilogue or None) of one linear; ``weights`` by plan weight index (host arrays).
-    ``matrix`` False: the bias alone (another linear made this one's shared W16 / prepack)."""
-    dense = prepacked = bias16 = None
-    if matrix and lin.int4 is None:
-        dense = np.ascontiguousarray(weights[lin.step.weight], dtype=np.float16)
-    elif matrix:
-        q = _int4(plan, weights, lin)
-        if lin.needs_dense:
-            dense = dequantize(q).astype(np.float16)
-        if lin.backend == "w4a16":
-            from anvil_kernels.cuda import prepack
+    plan: Any, weights: list[np.ndarray], lin: LinearF16
+) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
+    """(W16 (K, N) fp16 for cuBLAS or None, W4A16 prepacked arrays or None) of one linear;
+    ``weights`` by plan weight index (host arrays)."""
+    if lin.int4 is None:
+        return np.ascontiguousarray(weights[lin.step.weight], dtype=np.float16), None
+    q = _int4(plan, weights, lin)
+    dense = dequantize(q).astype(np.float16) if lin.needs_dense else None
+    prepacked = None
+    if lin.backend == "w4a16":
+        from anvil_kernels.cuda import prepack
 
-            prepacked = prepack(q)
-    if lin.fused and lin.step.bias >= 0:  # the W4A16 kernel's or cuBLASLt's fused bias, in the output's dtype
-        bias16 = np.ascontiguousarray(weights[lin.step.bias], dtype=np.float16)
-    return dense, prepacked, bias16
+        prepacked = prepack(q)
+    return dense, prepacked
 
 
-def _same_weights(layer: Any, activation: str) -> Any:
-    """A W4A16Linear reading ``layer``'s uploaded weights (and split-K workspace: the linears of a plan
-    run one after another on one stream) with ``activation`` fused: ``layer`` itself when that is its
-    activation, else a shallow copy with the activation swapped (the kernels take it per launch)."""
-    if layer.activation == activation:
-        return layer
-    twin = copy.copy(layer)
-    twin.activation, twin._act = activation, ACTIVATIONS[activation]
-    return twin
+def linear_bias16(weights: list[np.ndarray], lin: LinearF16) -> np.ndarray | None:
+    """The fp16 bias of a linear whose bias the W4A16 kernel or cuBLASLt fuses (in the output's
+    dtype), else None."""
+    if lin.fused and lin.step.bias >= 0:
+        return np.ascontiguousarray(weights[lin.step.bias], dtype=np.float16)
+    return None
 
 
 Addr = Callable[[int], int]  # tensor or weight index -> device address (0 for -1)
@@ -275,7 +267,8 @@ class F16Linears:
             owner = first.setdefault(src, i)
             if owner != i:
                 self.shares[i] = owner
-            dense, packed, bias16 = linear_weights(self.plan, host, lin, matrix=owner == i)
+            dense, packed = linear_weights(self.plan, host, lin) if owner == i else (None, None)
+            bias16 = linear_bias16(host, lin)
             if dense is not None:
                 layout.add(("w16", i), dense)
             if bias16 is not None:
@@ -307,7 +300,7 @@ class F16Linears:
                 if owner in self.layers:
                     lin = self.lins[i]
                     act = lin.act_name if lin.fused else "none"
-                    self.layers[i] = _same_weights(self.layers[owner], act)
+                    self.layers[i] = self.layers[owner].with_activation(act)
         self._prepacked = {}  # uploaded: the host copies can go
 
     def _t(self, ix: int) -> int:
