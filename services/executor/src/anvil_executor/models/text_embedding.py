@@ -26,12 +26,18 @@ import numpy as np
 
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
+from anvil_executor.models.wordpiece import FastWordPiece
 
 __all__ = ["Encoder", "PackedEncoder", "TextEmbeddingModel", "Tokenized"]
 
 Encoder = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (ids, mask, types) -> (B, D)
 PackedEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (ids (N,), cu (S+1,)) -> (S, D)
 BUCKETS = (16, 32, 64, 128, 256)
+# Batches of at most this many rows are tokenized in Python (models/wordpiece.py) where the text
+# allows; larger ones by tokenizers' parallel batch call. One corpus-v2 sentence: ~18 vs ~107 µs;
+# 64 rows: 1.3 vs 4.5 ms on the 2-CPU build machine, but holding the GIL, which the executor's other
+# threads need (bench/tokenize_fast.py measures both per batch size).
+FAST_ROWS = 8
 
 
 @dataclass(slots=True)
@@ -72,6 +78,9 @@ class TextEmbeddingModel(Model):
         # the same ids without the character offsets (unused here): 17-18% less tokenizer time on
         # corpus-v2 (tokenizers 0.23, 64-1000 sentences a call); older tokenizers lack it
         self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        # rows of a small batch (printable ASCII, a BERT WordPiece tokenizer.json): the same ids in
+        # Python, ~6x faster than tokenizers' call for one sentence (models/wordpiece.py)
+        self.fast = FastWordPiece.from_tokenizer_json(tokenizer_json, max_tokens)
         self.encoder = encoder
         self.packed = packed
         # tokens per packed encoder call (the plan's max_batch x max_seq): a chunk never exceeds it
@@ -101,10 +110,9 @@ class TextEmbeddingModel(Model):
             for req in batch
             for t in req["TEXT"].reshape(-1)
         ]
-        encodings = self._encode_batch(texts)
+        ids = self._ids(texts)
         longest = self.buckets[-1]  # rows longer than every bucket are cut there
-        counts = np.fromiter((len(e) for e in encodings), np.int32, count=len(encodings))  # tokens per row
-        ids = [e.ids for e in encodings]
+        counts = np.fromiter((len(r) for r in ids), np.int32, count=len(ids))  # tokens per row
         if len(counts) and int(counts.max()) > longest:
             ids = [r[:longest] for r in ids]
             np.minimum(counts, longest, out=counts)
@@ -112,6 +120,20 @@ class TextEmbeddingModel(Model):
         np.cumsum(counts, out=cu[1:])
         flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=int(cu[-1]))
         return Tokenized(flat, cu, counts, [req["TEXT"].shape[0] for req in batch])
+
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        """Each row's token ids: a small batch's printable-ASCII rows through the Python WordPiece
+        (no Rust call's fixed cost), every other row through tokenizers' batch call (parallel, without
+        the GIL: what a big batch needs)."""
+        fast = self.fast
+        if fast is None or len(texts) > FAST_ROWS:
+            return [e.ids for e in self._encode_batch(texts)]
+        ids: list[list[int] | None] = [fast.encode(t) for t in texts]
+        rest = [i for i, r in enumerate(ids) if r is None]
+        if rest:
+            for i, e in zip(rest, self._encode_batch([texts[i] for i in rest]), strict=True):
+                ids[i] = e.ids
+        return ids  # type: ignore[return-value]  # every None was filled
 
     def run_prepared(self, prepared: Tokenized) -> list[RequestOutputs]:
         counts = prepared.counts
