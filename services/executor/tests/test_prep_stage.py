@@ -117,3 +117,41 @@ def test_next_batch_is_prepared_while_the_previous_computes(redis_url: str, tmp_
         loop.join(10)
         router.close()
         ctx.term()
+
+
+class _Clock:
+    """A perf_counter_ns that only the model moves: prepare takes 5 ms, the run 1 ms."""
+
+    def __init__(self) -> None:
+        self.ns = 10**9
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+def test_a_lone_batch_prepared_where_it_runs_counts_prepare_as_input_not_infer(monkeypatch: Any) -> None:
+    """A lone batch is decoded without `prepare` (service.py: inline, or straight to compute); its
+    prepare (a text model's tokenization) then runs in finish_batch and is the batch's input time,
+    as it is for a batch prepared on the prep thread, not part of the model's infer time."""
+    from anvil_executor import batch_runner
+
+    clock = _Clock()
+    monkeypatch.setattr(batch_runner.time, "perf_counter_ns", clock)
+    model = Prepper()
+    prepare, run_prepared = model.prepare, model.run_prepared
+
+    def slow_prepare(batch: list[RequestInputs]) -> Any:
+        clock.ns += 5_000_000
+        return prepare(batch)
+
+    def slow_run(prepared: Any) -> list[RequestOutputs]:
+        clock.ns += 1_000_000
+        return run_prepared(prepared)
+
+    model.prepare, model.run_prepared = slow_prepare, slow_run  # type: ignore[method-assign]
+    batch, frames = codec.unpack(batch_frames("9", ["a"], model="prepper"))
+    pending = prepare_batch({"prepper": model}, batch, frames, "ex", "cpu")  # lone: not prepared
+    result, frames_out = finish_batch(pending)
+    assert result.error is None and model.prepared_on == ["MainThread"]
+    answer = codec.read_response(frames_out[0])
+    assert (answer.computeInputUs, answer.computeInferUs) == (5000, 1000)

@@ -192,6 +192,15 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
         pending.queue_us,
     )
     stamps = [*pending.copy_in_ns]  # copy-in; then run start, run end, copy-out end (perf ns)
+    prepare_ns = 0  # a lone batch's prepare (tokenization) when it ran here: input time, not infer
+    if runnable and pending.prepared is _UNPREPARED and model.prepares:
+        t_prep = time.perf_counter_ns()
+        try:
+            pending.prepared = model.prepare([inputs for _, inputs in runnable])
+        except Exception as exc:  # a model bug: the whole batch hears it, as in prepare_batch
+            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model.spec.name!r} failed: {exc}")
+            return result, []
+        prepare_ns = time.perf_counter_ns() - t_prep
     if runnable:
         stamps.append(time.perf_counter_ns())
         try:
@@ -222,7 +231,7 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
         stamps.append(time.perf_counter_ns())
         timing = codec.BatchTiming(
             size=size,
-            input_us=(stamps[1] - stamps[0]) // 1000,
+            input_us=(stamps[1] - stamps[0] + prepare_ns) // 1000,
             infer_us=(stamps[3] - stamps[2]) // 1000,
             output_us=(stamps[4] - stamps[3]) // 1000,
             exec_queue_us=pending.queued_us,
