@@ -3,7 +3,8 @@
 TEXT (BYTES, one string per row) -> EMBEDDING (FP32, dim per row) and TOKENS (INT32 per row, for
 OpenAI-style usage). Every row of the batch is tokenized together (HF tokenizers' Rust
 ``encode_batch_fast`` where the installed tokenizers has it, else ``encode_batch``: parallel, without
-the GIL; truncation at `max_tokens`), then:
+the GIL; truncation at `max_tokens`; a batch of at most FAST_ROWS rows has its printable-ASCII rows
+tokenized by the Python WordPiece of models/wordpiece.py instead, same ids), then:
 
 - with a ``packed`` encoder (the CPU plan runtime): the rows' tokens go back to back, in chunks of
   at most `encoder_rows` rows and `packed_tokens` tokens, and the encoder runs on the tokens alone
