@@ -57,13 +57,19 @@ extern "C" __global__ void anvil_f16_epilogue_ln_warp(const unsigned int* tmp, c
   const int half_n = n >> 1;
   const long base = row * half_n;  // in pairs
   float v[2 * ANVIL_F16_LN_PAIRS];
+  // gamma and beta are read with the row, before the reductions: a small batch's epilogue is a chain
+  // of memory round trips (row in, statistics, gamma/beta in, row out), and this drops one of them
+  float ga[2 * ANVIL_F16_LN_PAIRS], be[2 * ANVIL_F16_LN_PAIRS];
   float sum = 0.f;
 #pragma unroll
   for (int k = 0; k < ANVIL_F16_LN_PAIRS; ++k) {
     const int p = lane + 32 * k;  // pair index: elements 2p, 2p + 1
     float a = 0.f, b = 0.f;
+    ga[2 * k] = ga[2 * k + 1] = be[2 * k] = be[2 * k + 1] = 0.f;
     if (p < half_n) {
       anvil_h2x2(tmp[base + p], a, b);
+      ga[2 * k] = gamma[2 * p]; ga[2 * k + 1] = gamma[2 * p + 1];
+      be[2 * k] = beta[2 * p]; be[2 * k + 1] = beta[2 * p + 1];
       if (bias) { a += bias[2 * p]; b += bias[2 * p + 1]; }
       a = anvil_act(a, act); b = anvil_act(b, act);
       if (res) { float ra, rb; anvil_h2x2(res[base + p], ra, rb); a += ra; b += rb; }
@@ -87,8 +93,8 @@ extern "C" __global__ void anvil_f16_epilogue_ln_warp(const unsigned int* tmp, c
   for (int k = 0; k < ANVIL_F16_LN_PAIRS; ++k) {
     const int p = lane + 32 * k;
     if (p < half_n) {
-      const float a = (v[2 * k] - mean) * inv * gamma[2 * p] + beta[2 * p];
-      const float b = (v[2 * k + 1] - mean) * inv * gamma[2 * p + 1] + beta[2 * p + 1];
+      const float a = (v[2 * k] - mean) * inv * ga[2 * k] + be[2 * k];
+      const float b = (v[2 * k + 1] - mean) * inv * ga[2 * k + 1] + be[2 * k + 1];
       out[base + p] = anvil_f2x2(a, b);
     }
   }
