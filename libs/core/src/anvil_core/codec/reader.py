@@ -16,6 +16,7 @@ Anything else raises `ProtocolError` naming the field and the constraint; nothin
 
 from __future__ import annotations
 
+import itertools
 import struct
 from typing import Any
 
@@ -73,6 +74,21 @@ def _table(cur: _Cursor, pos: int, desc: TableDesc) -> Any:
     if unpack is None:
         unpack = _SLOTS[n] = struct.Struct(f"<{n}H").unpack_from
     offs = unpack(buf, vt + 4)
+    readers = _READERS.get(id(desc))
+    if readers is None:
+        readers = _READERS[id(desc)] = {}
+    read = readers.get((t_len, offs))
+    if read is None and len(readers) < READERS_PER_TABLE:
+        read = readers[(t_len, offs)] = _compile(desc, t_len, offs)
+    if read is not None:
+        return read(cur, pos, buf)
+    return _fields(cur, pos, buf, desc, t_len, offs)
+
+
+def _fields(cur: _Cursor, pos: int, buf: Any, desc: TableDesc, t_len: int, offs: tuple[int, ...]) -> Any:
+    """The table's fields one by one from its vtable's offsets: what ``_compile``'s functions do
+    (their reference in the tests), and the path of a table type past READERS_PER_TABLE layouts."""
+    n = len(offs)
     out: dict[str, Any] = {}
     for f in desc.fields:
         o = offs[f.slot] if f.slot < n else 0
@@ -170,3 +186,102 @@ def _members(f: Field) -> str:
 
 def _bounds(f: Field) -> str:
     return f"{'' if f.lo is None else f.lo}..{'' if f.hi is None else f.hi}"
+
+
+# Compiled readers: per table type, one function per vtable layout seen ((table size, field
+# offsets): the writer gives every message of a type the same layout but for which references are
+# present), generated once. A crafted peer can make at most this many per table type; beyond them
+# its tables take the generic path (`_fields`), same checks.
+READERS_PER_TABLE = 32
+_READERS: dict[int, dict[tuple[int, tuple[int, ...]], Any]] = {}
+
+
+def _compile(desc: TableDesc, t_len: int, offs: tuple[int, ...]) -> Any:
+    """A function (cur, pos, buf) -> object that decodes and verifies one table of ``desc`` whose
+    vtable holds ``offs`` and whose size is ``t_len`` exactly as ``_fields`` does, field by field in
+    the same order with the same checks and messages, as straight-line Python: every present inline
+    value (scalars and reference offsets) in one ``unpack_from``, then per field its check or its
+    child. The caller has checked the table and vtable against the buffer (``_table``)."""
+    n = len(offs)
+    ns: dict[str, Any] = {
+        "_fail": _fail, "_members": _members, "_bounds": _bounds, "_string": _string,
+        "_table": _table, "_vector": _vector, "CLS": desc.cls, "_new": object.__new__,
+    }  # fmt: skip
+    body: list[str] = []
+    values: list[str] = []  # the dict display's items, in field order
+    local: dict[str, str] = {}  # attr -> the expression holding its value (a union reads its type's)
+    inline: list[tuple[int, str, str]] = []  # (offset, struct format, local) of every value read
+    for i, f in enumerate(desc.fields):
+        ns[f"F{i}"] = f
+        o = offs[f.slot] if f.slot < n else 0
+        if not o:
+            if f.absent is not None:
+                body.append(f"    raise _fail(F{i}, F{i}.absent)")
+                break  # nothing after it runs
+            ns[f"D{i}"] = f.default
+            local[f.attr] = f"D{i}"
+            values.append(f"{f.attr!r}: D{i}")
+            continue
+        if o + f.size > t_len:
+            why = f"at table byte {o} overruns the {t_len}-byte table"
+            body.append(f"    raise _fail(F{i}, {why!r}, 'undecodable')")
+            break
+        v = f"v{i}"
+        if f.kind == Kind.SCALAR:
+            inline.append((o, f.fmt, v))
+            if f.allowed is not None:
+                ns[f"A{i}"] = f.allowed
+                body.append(f"    if {v} not in A{i}:")
+                body.append(f"        raise _fail(F{i}, f'is {{{v}}}; it must be one of {{_members(F{i})}}')")
+            elif f.lo is not None or f.hi is not None:
+                conds = [f"{v} < {f.lo!r}"] if f.lo is not None else []
+                conds += [f"{v} > {f.hi!r}"] if f.hi is not None else []
+                body.append(f"    if {' or '.join(conds)}:")
+                body.append(f"        raise _fail(F{i}, f'is {{{v}}}; it must be in {{_bounds(F{i})}}')")
+            local[f.attr] = v
+            values.append(f"{f.attr!r}: {v}")
+            continue
+        inline.append((o, "I", v))
+        at = f"pos + {o} + {v}"
+        if f.kind == Kind.STRING:  # _string inline where every check passes; else it names the failure
+            cap = f" and n <= {f.max_len}" if f.max_len is not None else ""
+            body += [
+                f"    a = {at}",
+                "    n = _U32(buf, a)[0] if a + 4 <= end else -1",
+                f"    if n >= {1 if f.nonempty else 0}{cap} and a + 4 + n < end and buf[a + 4 + n] == 0:",
+                "        cur.budget -= 1",
+                "        try:",
+                f"            c{i} = str(buf[a + 4 : a + 4 + n], 'utf-8')",
+                "        except UnicodeDecodeError:",
+                f"            c{i} = _string(cur, a, F{i})",
+                "    else:",
+                f"        c{i} = _string(cur, a, F{i})",
+            ]
+        elif f.kind == Kind.TABLE:
+            body.append(f"    c{i} = _table(cur, {at}, F{i}.table)")
+        elif f.kind == Kind.UNION:
+            body.append(f"    m{i} = F{i}.union.get({local[f.attr + 'Type']})")
+            body.append(f"    c{i} = None if m{i} is None else _table(cur, {at}, m{i})")
+        else:
+            body.append(f"    c{i} = _vector(cur, {at}, F{i})")
+        local[f.attr] = f"c{i}"
+        values.append(f"{f.attr!r}: c{i}")
+    else:  # every field decoded: build the object
+        body += ["    obj = _new(CLS)", f"    obj.__dict__ = {{{', '.join(values)}}}", "    return obj"]
+    inline.sort()
+    if any(a[0] + struct.calcsize("<" + a[1]) > b[0] for a, b in itertools.pairwise(inline)):
+        # fields that overlap (legal in a crafted vtable, never written so): read one by one
+        return lambda cur, pos, buf: _fields(cur, pos, buf, desc, t_len, offs)
+    head = ["def read(cur, pos, buf):", "    end = cur.end"]
+    ns["_U32"] = _U32
+    if inline:
+        fmt, cur_at, names = "<", inline[0][0], []
+        for o, ch, name in inline:
+            fmt += "x" * (o - cur_at) + ch
+            cur_at = o + struct.calcsize("<" + ch)
+            names.append(name)
+        ns["UNPACK"] = struct.Struct(fmt).unpack_from
+        head.append(f"    {', '.join(names)}, = UNPACK(buf, pos + {inline[0][0]})")
+    src = "\n".join(head + body)
+    exec(compile(src, f"<anvil codec reader {desc.short}>", "exec"), ns)
+    return ns["read"]

@@ -17,6 +17,7 @@ tests check that, and that the reader returns what was written.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from anvil_core.codec.schema import Field, Kind, TableDesc
@@ -72,6 +73,16 @@ def _pad(buf: bytearray, align: int, phase: int = 0) -> None:
 
 
 def _table(buf: bytearray, obj: Any, desc: TableDesc) -> int:
+    """Lay out ``obj``'s table (vtable, table, then its children) at the end of ``buf``; its position."""
+    write = _WRITERS.get(id(desc))
+    if write is None:
+        write = _WRITERS[id(desc)] = _compile(desc)
+    return write(buf, obj)
+
+
+def _table_generic(buf: bytearray, obj: Any, desc: TableDesc) -> int:
+    """What ``_compile``'s functions do, field by field from the layout: their reference (tests
+    compare the bytes of both)."""
     lay = _LAYOUTS.get(id(desc))
     if lay is None:
         lay = _LAYOUTS[id(desc)] = _Layout(desc)
@@ -145,3 +156,77 @@ def _child(buf: bytearray, f: Field, value: Any, values: dict[str, Any]) -> int:
             child = _table(buf, item, f.table)
         _U32.pack_into(buf, at, child - at)
     return pos
+
+
+_WRITERS: dict[int, Callable[[bytearray, Any], int]] = {}
+
+
+def _compile(desc: TableDesc) -> Callable[[bytearray, Any], int]:
+    """A function that writes one table of ``desc`` exactly as ``_table_generic`` does (same bytes),
+    as straight-line Python generated once per table type: the vtable, the padding before the table
+    and the table itself (soffset, every scalar, zeroed references) in one ``struct.pack`` (one
+    precompiled format per padding length), then each present child and its reference. The generic
+    path costs a dict lookup, a call and a `pack_into` per field (~20 µs per envelope)."""
+    lay = _LAYOUTS.get(id(desc))
+    if lay is None:
+        lay = _LAYOUTS[id(desc)] = _Layout(desc)
+    ns: dict[str, Any] = {"_U32": _U32, "_child": _child}
+    lines = ["def write(buf, obj):", "    d = obj.__dict__"]
+    ref_var: dict[int, str] = {}  # slot -> local holding the child value
+    for i, (f, _off) in enumerate(lay.refs):
+        ref_var[f.slot] = f"r{i}"
+        lines.append(f"    r{i} = d.get({f.attr!r})")
+    # the table's fields in offset order: scalars by value, references as 0 (patched below)
+    fields = sorted(desc.fields, key=lambda f: lay.offsets[f.slot])
+    fmt, cur, args = "i", 4, ["pos - vt_pos"]
+    for j, f in enumerate(fields):
+        off = lay.offsets[f.slot]
+        fmt += "x" * (off - cur)
+        if f.kind == Kind.SCALAR:
+            fmt += f.fmt
+            ns[f"D{j}"] = f.default
+            lines.append(f"    s{j} = d.get({f.attr!r})")
+            lines.append(f"    if s{j} is None:")
+            lines.append(f"        s{j} = D{j}")
+            args.append(f"s{j}")
+        else:
+            fmt += "I"
+            args.append("0")
+        cur = off + f.size
+    fmt += "x" * (lay.size - cur)
+    vt_args = [str(lay.vt_len), str(lay.size)]
+    for slot in range(desc.n_slots):
+        off = lay.offsets[slot]
+        var = ref_var.get(slot)
+        vt_args.append(f"({off} if {var} is not None else 0)" if var is not None else str(off))
+    vt_fmt = f"{2 + desc.n_slots}H"
+    ns["PACKS"] = tuple(struct.Struct(f"<{vt_fmt}{'x' * gap}{fmt}").pack for gap in range(lay.align))
+    lines += [
+        "    if len(buf) & 1:",
+        "        buf += b'\\0'",
+        "    vt_pos = len(buf)",
+        f"    gap = -(vt_pos + {lay.vt_len}) % {lay.align}",
+        f"    pos = vt_pos + {lay.vt_len} + gap",
+        f"    buf += PACKS[gap]({', '.join(vt_args + args)})",
+    ]
+    ns["_LEN"] = _U32.pack
+    for i, (f, off) in enumerate(lay.refs):
+        ns[f"F{i}"] = f
+        lines += [f"    if r{i} is not None:", f"        at = pos + {off}"]
+        if f.kind == Kind.STRING:  # _string inline: 4-aligned length, bytes, NUL
+            lines += [
+                f"        raw = r{i}.encode() if type(r{i}) is str else bytes(r{i})",
+                "        gap = -len(buf) % 4",
+                "        if gap:",
+                "            buf += bytes(gap)",
+                "        _U32.pack_into(buf, at, len(buf) - at)",
+                "        buf += _LEN(len(raw))",
+                "        buf += raw",
+                "        buf += b'\\0'",
+            ]
+        else:
+            lines.append(f"        _U32.pack_into(buf, at, _child(buf, F{i}, r{i}, d) - at)")
+    lines.append("    return pos")
+    exec(compile("\n".join(lines), f"<anvil codec writer {desc.short}>", "exec"), ns)
+    fn: Callable[[bytearray, Any], int] = ns["write"]
+    return fn
