@@ -197,3 +197,23 @@ def test_runs_and_their_phase_times_are_counted_and_exported_per_model(tmp_path:
     for phase, ns in zip(PHASES, laned.phase_ns, strict=True):
         assert f'anvil_executor_gpu_phase_us_total{{model="mlp",phase="{phase}"}} {ns / 1000}' in text
     assert "cpu-model" not in text  # a plan without phase times is left out
+
+
+def test_a_batch_staged_where_a_bigger_one_ran_sees_zeros_not_its_rows(tmp_path: Path, fake: Any) -> None:
+    """The pinned input slots are made once per bucket and reused: a batch staged into the bucket a
+    fuller one used before sees its own tokens and zeros after them (the padding), nothing left over."""
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, "bert", False, "fp16")
+    gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0)
+
+    def req(n: int, token: int) -> dict[str, np.ndarray]:
+        return {"input_ids": np.full((1, n), token, np.int64), "attention_mask": np.ones((1, n), np.int64)}
+
+    gpu.run([req(9, 7), req(9, 7), req(9, 7)])
+    bucket = gpu._stage([req(9, 11), req(3, 11), req(3, 11)], [9, 3, 3], 9)  # the same bucket
+    assert bucket == gpu.buckets.pick(3, 9)
+    ids = gpu._pinned("input_ids", *bucket)
+    assert ids is gpu._pinned("input_ids", *bucket)  # one array per bucket, reused
+    assert (ids[0, :9] == 11).all() and (ids[1:3, :3] == 11).all()
+    assert not ids[0, 9:].any() and not ids[1:3, 3:].any() and not ids[3:].any()  # no 7 left anywhere

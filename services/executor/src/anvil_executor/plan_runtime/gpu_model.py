@@ -181,6 +181,9 @@ class GpuPlanModel(PlanIO):
             self._fns = self._functions(module, p, self._kernels)
             self._slots, pinned_bytes = self._layout_pinned()
             self.pinned = PinnedBank(pinned_bytes)
+            # (name, b, t) -> its slot as an array: made once per bucket (a shape from the plan's
+            # dimension expressions, a view, a reshape: ~5 µs each, three or more per batch)
+            self._views: dict[tuple[str, int, int], np.ndarray] = {}
             # Buckets: pad T only where a mask marks the padding; otherwise T is run as it comes.
             self.pad_seq = bool(self.mask_inputs) or not self.seq_inputs
             self.buckets = Buckets.for_plan(self.max_batch, self.max_seq if self.pad_seq else 1)
@@ -333,8 +336,13 @@ class GpuPlanModel(PlanIO):
 
     # ---- run ---------------------------------------------------------------------------------
     def _pinned(self, name: str, b: int, t: int) -> np.ndarray:
-        off, tensor = self._slots[name]
-        return self.pinned.view(off, self.plan.shape(tensor, b, t), self._dtypes[tensor])
+        """The pinned slot of input or output ``name`` at bucket (b, t): the same array every call."""
+        view = self._views.get((name, b, t))
+        if view is None:
+            off, tensor = self._slots[name]
+            view = self.pinned.view(off, self.plan.shape(tensor, b, t), self._dtypes[tensor])
+            self._views[(name, b, t)] = view
+        return view
 
     def _enqueue(self, b: int, t: int) -> None:
         """Copies in, every kernel, copies out, on the model's stream (the caller made it current)."""
