@@ -39,3 +39,26 @@ def test_prepared_ids_are_the_tokenizers_own(tmp_path: Path, fast: bool) -> None
     assert got.counts.tolist() == [len(w) for w in want]
     assert [got.flat[got.cu[r] : got.cu[r + 1]].tolist() for r in range(len(TEXTS))] == want
     assert max(got.counts) == 64  # the long row was cut at the longest bucket
+
+
+def test_a_lone_row_reaches_the_encoder_unpadded_and_embeds_as_in_a_batch(tmp_path: Path) -> None:
+    """One row goes to the encoder as it is, (1, n) with an all-ones mask (the encoder pads to its
+    own shapes); in a batch the same row is padded to its length bucket. An encoder that reads only
+    the masked tokens gives the row the same vector either way."""
+    hf = make_tiny_bert(tmp_path / "hf")
+    seen: list[tuple[int, ...]] = []
+
+    def encoder(ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> np.ndarray:
+        seen.append(ids.shape)
+        assert mask.shape == ids.shape == types.shape and not types.any()
+        summed = (ids * mask).sum(axis=1, keepdims=True).astype(np.float32)  # padding-blind
+        return np.repeat(summed, 8, axis=1) + mask.sum(axis=1, keepdims=True)
+
+    model = TextEmbeddingModel("t", hf / "tokenizer.json", encoder, 8, 64, max_tokens=64, buckets=(16, 32))
+    text = np.array([b"the red model serves text"], dtype=object)
+    alone = model.run([{"TEXT": text}])[0]["EMBEDDING"]
+    n = int(model.run([{"TEXT": text}])[0]["TOKENS"][0])
+    assert seen[-1] == (1, n)  # unpadded
+    both = model.run([{"TEXT": text}, {"TEXT": np.array([b"the cat"], dtype=object)}])
+    assert seen[-1] == (2, 16)  # a batch: padded to the bucket of its longest row
+    np.testing.assert_array_equal(alone, both[0]["EMBEDDING"])

@@ -170,6 +170,11 @@ class TextEmbeddingModel(Model):
     def _run_padded(self, prepared: Tokenized) -> np.ndarray:
         """Rows sorted by length, cut into chunks (padded_chunks) each padded to its own longest row."""
         counts, flat, cu = prepared.counts, prepared.flat, prepared.cu
+        if len(counts) == 1 and len(flat):  # a lone row (c1's case): as it is, no gather, no padding
+            ids = flat[None, :]  # (1, n); the encoder pads to its own shapes (a GPU plan: its bucket)
+            ones = np.ones(ids.shape, np.int64)
+            out = self.encoder(ids, ones, np.zeros(ids.shape, np.int64))
+            return np.array(out, np.float32)  # its own array, as the chunked path's (1, D)
         order = np.argsort(counts, kind="stable")  # short rows together: little padding per chunk
         vectors = np.empty((len(counts), self.dim), np.float32)  # (rows, D)
         for start, end in padded_chunks(counts[order], self.encoder_rows, self.bucket):
