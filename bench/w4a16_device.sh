@@ -5,7 +5,8 @@
 # bench/kernels_gpu.py (while the full test fatbin builds), then the GPU tests of libs/kernels,
 # then print a compact summary against issue #17's targets. Needs python3 with numpy, numba, cupy,
 # torch and pytest, and nvcc; no network, no wheels. Results in $OUT (default /tmp/out):
-#   kernels_gpu.{json,md}, w4a16_dispatch.json (measured dispatch table), bench.txt, gpu_tests.txt
+#   kernels_gpu.{json,md}, w4a16_dispatch.json (measured dispatch table), bench.txt, gpu_tests.txt,
+#   logs.txt (the wg/gv smoke tests' and the test build's output)
 # Usage, from anywhere in the repo:  OUT=/some/dir bash bench/w4a16_device.sh
 # Narrower runs: BENCH_ARGS (more kernels_gpu.py arguments, e.g. "--shapes 8192x8192 --ms 64,256
 # --no-minilm"), TEST_CONFIGS (a Python tuple of the mtc/wg configs the test build holds; default
@@ -144,4 +145,9 @@ for (k, n) in ((8192, 8192), (4096, 14336), (14336, 4096)):
 print("INT4 slower than cuBLAS bf16 (the table marks bf16_faster) at:", ", ".join(slower) or "none")
 EOF
 echo "wg smoke rc=$WG_RC  gv smoke rc=$GV_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
+# a device call brings back at most 8 files: the three smaller logs as one (logs.txt), so that the
+# results (kernels_gpu.{json,md}, w4a16_dispatch.json) and the bench and test logs always fit
+for f in wg_smoke gv_smoke build_all; do
+  [ -f "$OUT/$f.txt" ] && { echo "== $f.txt"; cat "$OUT/$f.txt"; rm -f "$OUT/$f.txt"; }
+done > "$OUT/logs.txt"
 [ "$BENCH_RC" = 0 ] && [ "$TEST_RC" = 0 ]
