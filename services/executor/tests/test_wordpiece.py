@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import string
 import sys
 from pathlib import Path
 
 import pytest
 
-from anvil_executor.models.wordpiece import FastWordPiece
+from anvil_executor.models.wordpiece import MAX_CHARS, MAX_NEW_WORD, FastWordPiece
 
 ROOT = Path(__file__).resolve().parents[3]
 WORDS = ["the", "model", "serves", "text", "quickly", "unbelievable", "tokenization", "running", "runner"]
@@ -67,24 +68,32 @@ def test_ids_match_tokenizers_on_printable_ascii(tmp_path: Path, lowercase: bool
     path, hf = _trained(tmp_path, lowercase)
     fast = FastWordPiece.from_tokenizer_json(path, max_tokens=32)
     assert fast is not None
-    declined = 0
+    declined = []
     for text in _strings(2000):
         got = fast.encode(text)
-        if got is None:  # only for an added token's text
-            declined += 1
-            assert any(s.lower() in text.lower() for s in SPECIALS)
+        if got is None:  # an added token's text, or past the bounds on the Python work
+            declined.append(text)
             continue
         assert got == hf.encode(text).ids, text  # type: ignore[attr-defined]
-    assert declined == 2  # "hello [MASK] there", "[cls] lower"
+    assert "hello [MASK] there" in declined and "[cls] lower" in declined
+    assert "unbelievablyunbelievable" * 5 in declined  # an unseen word of 120 characters
+    for text in declined:
+        words = re.findall(r"[A-Za-z0-9]+", text)
+        assert any(s.lower() in text.lower() for s in SPECIALS) or max(map(len, words)) > MAX_NEW_WORD
     assert any(len(hf.encode(t).ids) == 32 for t in _strings(50))  # type: ignore[attr-defined]  # truncation hit
 
 
-def test_declines_text_outside_printable_ascii(tmp_path: Path) -> None:
-    path, _ = _trained(tmp_path)
+def test_declines_text_outside_printable_ascii_or_past_its_bounds(tmp_path: Path) -> None:
+    path, hf = _trained(tmp_path)
     fast = FastWordPiece.from_tokenizer_json(path, max_tokens=32)
     assert fast is not None
     for text in ["naïve", "tab\there", "line\nbreak", "東京", "nul\x00", "del\x7f"]:
         assert fast.encode(text) is None
+    assert fast.encode("the model " * (MAX_CHARS // 10 + 1)) is None  # too long a text
+    assert fast.encode("the " + "ab" * MAX_NEW_WORD) is None  # an unseen word too long
+    # past the truncation point nothing is split, so a long word there changes nothing
+    text = "the model " * 40 + "ab" * MAX_NEW_WORD
+    assert fast.encode(text) == hf.encode(text).ids  # type: ignore[attr-defined]
 
 
 def test_other_pipelines_get_no_fast_path(tmp_path: Path) -> None:

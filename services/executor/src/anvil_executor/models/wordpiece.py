@@ -16,9 +16,11 @@ every character. For a string of printable ASCII only (0x20-0x7E) the BERT pipel
   `max_tokens` (the content cut to `max_tokens - 2`).
 
 Anything else goes to Hugging Face: non-ASCII or control characters, text containing an added token's
-content (tokenizers matches `[MASK]` and the like in the raw text), and a tokenizer.json whose
-pipeline is not this one (`from_tokenizer_json` returns None). ~18 µs for the same sentence (6x);
-`services/executor/tests/test_wordpiece.py` compares it with tokenizers on random strings.
+content (tokenizers matches `[MASK]` and the like in the raw text), text longer than MAX_CHARS or with
+an unseen word longer than MAX_NEW_WORD (bounds on the Python work a client's text can cause), and a
+tokenizer.json whose pipeline is not this one (`from_tokenizer_json` returns None). ~18 µs for the
+same sentence (6x); `services/executor/tests/test_wordpiece.py` compares it with tokenizers on random
+strings.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ _PRINTABLE = re.compile(r"[\x20-\x7e]*\Z")
 _WORDS = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
 _WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
 CACHE_WORDS = 65_536  # words kept with their pieces (then new words are split each time, not kept)
+# Bounds on what this path takes (anything past them goes to tokenizers, in Rust and without the GIL):
+# the greedy match costs up to n²/2 lookups for an unseen word of n characters, so a client's text of
+# crafted words could hold the executor's GIL for long. A corpus-v2 sentence is ~200 characters.
+MAX_CHARS = 1024  # characters of one text
+MAX_NEW_WORD = 32  # characters of a word not in the cache
 
 
 class FastWordPiece:
@@ -98,7 +105,7 @@ class FastWordPiece:
     def encode(self, text: str) -> list[int] | None:
         """The ids Hugging Face tokenizers gives ``text`` (special tokens added, truncated), or None
         where the text is not for this path."""
-        if not _PRINTABLE.match(text):
+        if len(text) > MAX_CHARS or not _PRINTABLE.match(text):
             return None
         low = text.lower() if self.lowercase else text
         if self._added:  # tokenizers matches added tokens in the text first (case-blind here)
@@ -107,14 +114,19 @@ class FastWordPiece:
                 return None
         out = [self.cls_id]
         cache = self._cache
+        full = self.max_tokens - 1  # [CLS] and the content tokenizers keeps after truncation
         for word in self._words.findall(low):
             ids = cache.get(word)
             if ids is None:
+                if len(word) > MAX_NEW_WORD:
+                    return None
                 ids = self._pieces(word)
                 if len(cache) < CACHE_WORDS:
                     cache[word] = ids
             out += ids
-        if len(out) > self.max_tokens - 1:
+            if len(out) >= full:  # the rest would be cut: not split at all
+                break
+        if len(out) > full:
             del out[self.max_tokens - 1 :]
         out.append(self.sep_id)
         return out
