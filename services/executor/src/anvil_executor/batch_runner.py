@@ -170,10 +170,7 @@ def prepare_batch(
     pending.requests, pending.answers, pending.runnable = requests, answers, runnable
     pending.priority = min((int(requests[i].priority) for i, _ in runnable), default=0)
     if prepare and runnable:
-        try:
-            pending.prepared = model.prepare([inputs for _, inputs in runnable])
-        except Exception as exc:  # a model bug: the whole batch hears it, as a failure of run would
-            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model_name!r} failed: {exc}")
+        _prepare(pending, model)
     pending.busy_s = time.perf_counter() - t0
     pending.copy_in_ns = (t0_ns, time.perf_counter_ns())
     return pending
@@ -195,10 +192,7 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
     prepare_ns = 0  # a lone batch's prepare (tokenization) when it ran here: input time, not infer
     if runnable and pending.prepared is _UNPREPARED and model.prepares:
         t_prep = time.perf_counter_ns()
-        try:
-            pending.prepared = model.prepare([inputs for _, inputs in runnable])
-        except Exception as exc:  # a model bug: the whole batch hears it, as in prepare_batch
-            result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model.spec.name!r} failed: {exc}")
+        if not _prepare(pending, model):
             return result, []
         prepare_ns = time.perf_counter_ns() - t_prep
     if runnable:
@@ -261,6 +255,17 @@ def finish_batch(pending: Pending) -> tuple[pb.BatchResultT, list[Any]]:
     result.computeUs = int((time.perf_counter() - t0 + pending.busy_s) * 1e6)
     pending.stamps = stamps
     return result, out
+
+
+def _prepare(pending: Pending, model: Model) -> bool:
+    """The model's `prepare` of the batch's runnable requests into ``pending.prepared``; a model bug
+    is the whole batch's error (as a failure of run would be) and False."""
+    try:
+        pending.prepared = model.prepare([inputs for _, inputs in pending.runnable])
+        return True
+    except Exception as exc:
+        pending.result.error = codec.error(pb.ErrorCode.INTERNAL, f"model {model.spec.name!r} failed: {exc}")
+        return False
 
 
 def account_batch(pending: Pending, result: pb.BatchResultT) -> None:
