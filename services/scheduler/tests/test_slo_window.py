@@ -7,6 +7,7 @@ import math
 import random
 
 import pytest
+
 from anvil_scheduler.core import SLOTracker
 
 

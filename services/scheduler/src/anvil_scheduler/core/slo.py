@@ -24,7 +24,7 @@ class _Latencies:
     """One priority's answers with a result in the window: answer times and latencies, oldest first,
     in two float64 arrays used as a queue (amortised O(1) `push`, the trim and p99 in C)."""
 
-    __slots__ = ("at", "lat", "head", "tail")
+    __slots__ = ("at", "head", "lat", "tail")
 
     def __init__(self, capacity: int = 1024) -> None:
         self.at = np.empty(capacity)
