@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from anvil_kernels.cuda import DispatchTable, packaged_table
-from anvil_kernels.cuda.w4a16_dispatch import TABLES
+from anvil_kernels.cuda.w4a16_dispatch import TABLES, choose, format_rows, parse_rows, table_from_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -56,3 +56,38 @@ def test_measured_h200_rows_for_the_minilm_and_large_shapes() -> None:
     assert table.int4_max_rows(16, 1536, 384) == 0
     assert table.int4_max_rows(16, 384, 1536) == 16  # W4A16 3.7 vs cuBLAS 4.4
     assert table.int4_max_rows(16, 8192, 8192) == 16
+
+
+def test_recorded_rows_round_trip_and_drive_choose() -> None:
+    rows = {"sm_90": [(1, "gvb8w"), (4, "gemv"), (16, "gemv")], "sm_89": [(16, "gemv")]}
+    text = format_rows(rows)
+    assert text == "sm_89:16=gemv;sm_90:1=gvb8w,4=gemv,16=gemv"
+    back = parse_rows(text)
+    assert back == {a: tuple(r) for a, r in rows.items()}
+    table = table_from_rows("sm_90", {(8192, 8192): back["sm_90"]})
+    assert [choose(m, 8192, 8192, 128, table).kernel for m in (1, 2, 4, 5, 16)] == [
+        "gvb8w", "gemv", "gemv", "gemv", "gemv",
+    ]  # fmt: skip
+    assert choose(1, 8192, 8192, 128, table).source == "table"
+    assert choose(32, 8192, 8192, 128, table).source == "rule"  # above the recorded rows
+    assert choose(1, 4096, 4096, 128, table).source == "rule"  # another shape
+    assert parse_rows("") == {}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sm_90:1=mtc64",  # not GEMV-like: the executor's W4A16 build holds no tiles
+        "sm_90:4=gemv,1=gvb8w",  # M not increasing
+        "sm_90:0=gemv",
+        "sm_90:x=gemv",
+        "sm_90:1gemv",
+        "sm90:1=gemv",
+        "sm_9a:1=gemv",
+        "sm_90:1=gemv;sm_90:4=gemv",  # an arch twice
+        "sm_90:1=gemv\n",
+    ],
+)
+def test_recorded_rows_are_checked_not_trusted(text: str) -> None:
+    with pytest.raises(ValueError, match="w4a16 rows"):
+        parse_rows(text)

@@ -172,8 +172,9 @@ def test_fp16_mlp_matches_the_fp32_cpu_plan(tmp_path: Path, quantize: bool, act:
 def test_fp16_int4_linears_follow_the_measured_dispatch_table(tmp_path: Path) -> None:
     """MiniLM's linear shapes as an INT4 MLP (384 -> 1536 -> 384): where the table kept with the kernels
     for this GPU's arch measured cuBLAS faster (384 x 1536 on the H200) the plan says
-    cublas_f16_dequant and the executor runs it so; 1536 x 384 keeps W4A16 up to its rows."""
-    from anvil_kernels.cuda import packaged_table
+    cublas_f16_dequant and the executor runs it so; 1536 x 384 keeps W4A16 up to its rows, each M on
+    the kernel the table measured fastest (gvb8w on the H200: the ring GEMV in the artifact's fatbin)."""
+    from anvil_kernels.cuda import choose, packaged_table
 
     art = _onnx(tmp_path, mlp_bytes(d_in=384, hidden=1536, d_out=384), True, max_batch=16)
     table = packaged_table(_arch())
@@ -181,9 +182,15 @@ def test_fp16_int4_linears_follow_the_measured_dispatch_table(tmp_path: Path) ->
     # rows the W4A16 kernels may take by the table (16 by the rule where the arch was not measured)
     rows = {kn: 16 if table is None else table.int4_max_rows(16, kn[1], kn[0]) for kn in shapes}
     gpu = _gpu(art, nan_fill=True)
-    backends = [r["backend"] for r in gpu.linear_report()]
+    report = gpu.linear_report()
+    backends = [r["backend"] for r in report]
     want = ["w4a16" if rows[kn] else "cublas_f16_dequant" for kn in shapes]
-    assert backends == want, gpu.linear_report()
+    assert backends == want, report
+    for (k, n), r in zip(shapes, report, strict=True):  # the table's kernel at each bucket's rows
+        for kernel, (lo, hi) in r["rows"].items():
+            if kernel.startswith("w4a16_"):
+                picked = {choose(m, n, k, 128, table).kernel for m in (lo, hi)}
+                assert {kernel.removeprefix("w4a16_").removesuffix("+epilogue")} == picked, report
     reqs = [{"x": np.random.default_rng(4).standard_normal((n, 384)).astype(np.float32)} for n in (1, 5, 16)]
     _check(gpu.run(reqs), PlanModel.load(art).run(reqs))
 

@@ -193,3 +193,67 @@ def test_fp16_epilogue_choice() -> None:
         epilogue_f16_launch(_step(1536, False, out=3), _addr, _addr, 1 << 28, m=5)[0] == "anvil_f16_epilogue"
     )
     assert epilogue_f16_launch(_step(20, False), _addr, _addr, 1 << 28, m=5)[0] == "anvil_f16_epilogue"
+
+
+class _FakeW4A16Linear:
+    """Stands in for anvil_kernels.cuda.W4A16Linear: records its table, and fails as get_function does
+    when the table names a kernel the module lacks (``module``: the kernel names it holds)."""
+
+    def __init__(self, module: set[str], packed: Any, m_max: int, **kw: Any) -> None:
+        from anvil_kernels.cuda.w4a16_dispatch import choose
+
+        self.table, self.m_max = kw.get("table"), m_max
+        for m in range(1, m_max + 1):
+            kernel = choose(m, 8192, 8192, 128, self.table).kernel
+            if kernel not in module:
+                raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: {kernel}")
+
+    def choice(self, m: int) -> Any:
+        from anvil_kernels.cuda.w4a16_dispatch import choose
+
+        return choose(m, 8192, 8192, 128, self.table)
+
+
+def test_w4a16_layers_run_the_plans_measured_kernels_for_their_arch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import anvil_kernels.cuda as kcuda
+    from anvil_executor.plan_runtime.gpu_linear import LinearF16
+
+    monkeypatch.setattr(kcuda, "W4A16Linear", _FakeW4A16Linear)
+    step = GemmStep(
+        op_index=0,
+        x=0,
+        out=1,
+        residual=-1,
+        weight=-1,
+        bias=-1,
+        gamma=-1,
+        beta=-1,
+        k=8192,
+        n=8192,
+        act=0,
+        eps=0.0,
+    )
+    rows = (("sm_90", ((1, "gvb8w"), (4, "gemv"), (16, "gemv"))),)
+    lin = LinearF16(step, "w4a16", 16, "none", group=128, int4=(0, 1, 2), max_rows=64, w4a16_rows=rows)
+    layer = F16Linears._w4a16_layer(lin, {}, {"gemv", "gvb8w"}, "sm_90")
+    assert [layer.choice(m).kernel for m in (1, 2, 16)] == ["gvb8w", "gemv", "gemv"]
+    assert layer.m_max == 16 and layer.choice(1).source == "table"
+    other = F16Linears._w4a16_layer(lin, {}, {"gemv"}, "sm_89")  # no rows for this arch: the rule
+    assert other.table is None and other.choice(1).kernel == "gemv"
+    lacking = F16Linears._w4a16_layer(lin, {}, {"gemv"}, "sm_90")  # the fatbin lacks gvb8w: the rule
+    assert lacking.table is None and lacking.choice(1).kernel == "gemv"
+
+
+def test_a_plans_w4a16_rows_are_checked(tmp_path: Path) -> None:
+    from anvil_executor.plan_runtime.gpu_linear import f16_linears
+    from anvil_executor.plan_runtime.plan import pg
+
+    p, _ = _host(_mlp(tmp_path, True))
+    op = next(op for op in p.ops if _s(op.kind) == "linear")
+    assert attrs_of(op)["gpu_backend"] == "w4a16" and "w4a16_kernels" not in attrs_of(op)  # unmeasured
+    assert all(lin.w4a16_rows == () for lin in f16_linears(p, 8, 1, True).values())
+    bad = pg.AttrT()
+    bad.key, bad.sval = "w4a16_kernels", "sm_90:1=mtc64"
+    op.attrs = [*(op.attrs or []), bad]
+    with pytest.raises(ValueError, match=r"op .*w4a16 rows: bad row"):
+        f16_linears(p, 8, 1, True)

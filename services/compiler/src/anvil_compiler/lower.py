@@ -9,7 +9,7 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
-from anvil_compiler.codegen.gpu_backend import linear_backend, resolve_precision
+from anvil_compiler.codegen.gpu_backend import gv_configs_of, linear_backend, resolve_precision
 from anvil_compiler.codegen.kernels import Arg, KernelSpec, OpView, emit
 from anvil_compiler.errors import CompileError
 from anvil_compiler.ir import Dim, Graph, Node, TensorType
@@ -127,6 +127,7 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
     precision = resolve_precision(g, opts)
     backends: dict[str, int] = {}
     w4a16_groups: set[int] = set()
+    w4a16_kernels: list[str] = []  # the linears' measured per-M kernel rows (gpu_backend.py)
     # id of a weight array -> its weight index; the arrays stay alive in ``weights`` meanwhile.
     # quantize_graph hands every linear that reads one constant the same arrays (ALBERT-style sharing)
     placed: dict[int, int] = {}
@@ -173,6 +174,8 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
             backends[gpu["gpu_backend"]] = backends.get(gpu["gpu_backend"], 0) + 1
             if gpu["gpu_backend"] == "w4a16":
                 w4a16_groups.add(int(n.attrs["group"]))
+                if "w4a16_kernels" in gpu:
+                    w4a16_kernels.append(gpu["w4a16_kernels"])
         elif precision == "fp16":  # same launch, activations fp16 (plan_common.cuh's anvil_ld / anvil_st)
             f16 = emit(replace(view, f16=True))
             assert (f16.grid, f16.block, f16.args, f16.smem_bytes) == (
@@ -209,6 +212,7 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
         "gpu_precision": precision,
         "gpu_linear_backends": backends,
         "w4a16_groups": sorted(w4a16_groups),  # the W4A16 kernels the artifact's w4a16.fatbin holds
+        "w4a16_gv_configs": gv_configs_of(w4a16_kernels),  # and the measured tables' ring GEMVs
         # packed nibbles + scales + zeros: the share of weight_bytes held in INT4 (shared ones once)
         "int4_weight_bytes": sum(
             {

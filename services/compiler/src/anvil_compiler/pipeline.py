@@ -82,7 +82,12 @@ def compile_model(
     progress("codegen", 70)
     kernels = build_kernels(lowered.sources, opts.archs, out_dir) if build else {}
     if build:
-        w4a16, why = build_w4a16(lowered.stats.get("w4a16_groups", []), opts.archs, out_dir)
+        w4a16, why = build_w4a16(
+            lowered.stats.get("w4a16_groups", []),
+            opts.archs,
+            out_dir,
+            gv_configs=lowered.stats.get("w4a16_gv_configs", []),
+        )
         kernels.update(w4a16)
         if why:
             lowered.stats["w4a16_module"] = f"not built: {why}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -142,3 +142,42 @@ def choose(m: int, n: int, k: int, g: int, table: DispatchTable | None = None) -
         if m <= m_max:
             return KernelChoice(kernel)
     raise AssertionError("RULE's last row covers every M")
+
+
+def format_rows(per_arch: dict[str, list[tuple[int, str]]]) -> str:
+    """Measured (M, kernel) rows per arch as one line, ``"sm_90:1=gvb8w,4=gemv;sm_100:..."``: a plan's
+    ``w4a16_kernels`` attr (the compiler's gpu_backend.py), read back by ``parse_rows``."""
+    return ";".join(f"{a}:" + ",".join(f"{m}={k}" for m, k in rows) for a, rows in sorted(per_arch.items()))
+
+
+def parse_rows(text: str) -> dict[str, tuple[tuple[int, str], ...]]:
+    """The inverse of ``format_rows``; ValueError on anything else (a plan is checked, not
+    trusted): arches ``sm_<digits>``, M positive and increasing, kernels GEMV-like."""
+    out: dict[str, tuple[tuple[int, str], ...]] = {}
+    for part in filter(None, text.split(";")):
+        arch, sep, rows_text = part.partition(":")
+        if not sep or not arch.startswith("sm_") or not arch[3:].isdigit() or arch in out:
+            raise ValueError(f"w4a16 rows: bad arch in {part!r}")
+        rows: list[tuple[int, str]] = []
+        for item in rows_text.split(","):
+            m_text, sep, kernel = item.partition("=")
+            if not sep or not m_text.isdigit() or kernel not in GEMV_LIKE:
+                raise ValueError(f"w4a16 rows: bad row {item!r} (M=kernel, a GEMV-like kernel)")
+            m = int(m_text)
+            if m < 1 or (rows and m <= rows[-1][0]):
+                raise ValueError(f"w4a16 rows: M must be positive and increasing in {part!r}")
+            rows.append((m, kernel))
+        out[arch] = tuple(rows)
+    return out
+
+
+def table_from_rows(arch: str, shapes: Mapping[tuple[int, int], Sequence[tuple[int, str]]]) -> DispatchTable:
+    """A DispatchTable of recorded rows (``parse_rows``' rows of one arch, per (K, N)): what a plan
+    chose at compile time, handed to ``W4A16Linear(table=...)`` at load."""
+    return DispatchTable(
+        arch,
+        {
+            kn: tuple((m, KernelChoice(kernel, source="table")) for m, kernel in rows)
+            for kn, rows in shapes.items()
+        },
+    )

@@ -18,6 +18,14 @@ linear shape the measured table kept with the kernels (``anvil_kernels.cuda.pack
 of the plan's archs that has one) lowers that: where cuBLAS on dense weights measured faster at the
 smallest M (MiniLM's 384x1152 and 384x1536: 2.9 vs 4.0 us at M = 16), the linear runs
 ``cublas_f16_dequant`` for every M; ``w4a16_from`` in the op's attrs names the table or "rule".
+
+Which W4A16 kernel runs each M up to ``w4a16_max_m`` is the measured table's too: ``w4a16_kernels``
+records, per arch whose table measured the shape, the table's rows up to that M
+(``"sm_90:1=gvb8w,4=gemv,16=gemv"``: ``anvil_kernels.cuda.w4a16_dispatch.format_rows``). The
+GEMV-like shared-memory-ring kernels (``GV_CONFIGS``) those rows name are compiled into the
+artifact's ``w4a16.fatbin`` (``w4a16_gv_configs`` in the stats), and the executor hands the rows of
+its device's arch to the kernels' dispatcher (``W4A16Linear(table=...)``); a shape or arch no table
+measured runs the rule.
 """
 
 from __future__ import annotations
@@ -28,9 +36,16 @@ import numpy as np
 
 from anvil_compiler.ir import Graph
 from anvil_compiler.options import CompileOptions
-from anvil_kernels.cuda import packaged_table
+from anvil_kernels.cuda import GV_CONFIGS, packaged_table
+from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE, format_rows, parse_rows
 
-__all__ = ["W4A16_GROUPS", "W4A16_MAX_M", "linear_backend", "resolve_precision"]
+__all__ = [
+    "W4A16_GROUPS",
+    "W4A16_MAX_M",
+    "gv_configs_of",
+    "linear_backend",
+    "resolve_precision",
+]
 
 W4A16_MAX_M = 16
 W4A16_GROUPS = (64, 128, 256)  # anvil_kernels.cuda.w4a16.SUPPORTED_GROUPS (kept import-free of cupy)
@@ -67,4 +82,32 @@ def linear_backend(
         rows, source = measured[arch], f"table {arch}"
     if rows == 0:
         return {"gpu_backend": "cublas_f16_dequant", "w4a16_from": source}
-    return {"gpu_backend": "w4a16", "w4a16_max_m": rows, "w4a16_from": source}
+    attrs: dict[str, Any] = {"gpu_backend": "w4a16", "w4a16_max_m": rows, "w4a16_from": source}
+    kernels = {arch: _table_rows(arch, k, n, rows) for arch in sorted(measured)}
+    if any(kernels.values()):
+        attrs["w4a16_kernels"] = format_rows({a: r for a, r in kernels.items() if r})
+    return attrs
+
+
+def _table_rows(arch: str, k: int, n: int, rows: int) -> list[tuple[int, str]]:
+    """The measured (M, kernel) rows of ``arch``'s table for (K, N) that decide M = 1..rows: each
+    covers the Ms above the previous row's up to its own, so the rows up to the first at or past
+    ``rows``. Empty where one would name a kernel that is not GEMV-like (the executor's W4A16 build
+    holds no tensor-core tiles; the rule decides there)."""
+    table = packaged_table(arch)
+    assert table is not None
+    out: list[tuple[int, str]] = []
+    for m, choice in table.entries.get((k, n), ()):
+        if choice.kernel not in GEMV_LIKE:
+            return []
+        out.append((m, choice.kernel))
+        if m >= rows:
+            break
+    return out
+
+
+def gv_configs_of(texts: list[str]) -> list[str]:
+    """The shared-memory-ring GEMV configs (GV_CONFIGS) that any of the linears' ``w4a16_kernels``
+    names: what the artifact's ``w4a16.fatbin`` must hold besides the rule's kernels."""
+    named = {k for t in texts for rows in parse_rows(t).values() for _, k in rows}
+    return sorted(named & set(GV_CONFIGS))

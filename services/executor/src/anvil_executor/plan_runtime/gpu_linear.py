@@ -3,8 +3,10 @@ one at each row count, the weights each backend reads, and the fp16 epilogue.
 
     fp32 weights  (gpu_backend cublas_f16)   tmp (M, N) fp16 = x (M, K) fp16 @ W16 (K, N)   cuBLAS,
                                                                                       fp32 accumulation
-    INT4 weights  (gpu_backend w4a16)        M <= w4a16_max_m: the W4A16 GEMV-like kernel
-                                             (anvil_kernels.cuda.W4A16Linear) on the prepacked INT4
+    INT4 weights  (gpu_backend w4a16)        M <= w4a16_max_m: the W4A16 GEMV-like kernel the plan's
+                                             measured rows name for this arch and M (``w4a16_kernels``;
+                                             else the dispatcher's rule), anvil_kernels.cuda.W4A16Linear
+                                             on the prepacked INT4
                                              weights, bias + activation + residual fused when there
                                              is no LayerNorm; above: cuBLAS on W16 = the weights
                                              dequantized at load
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from anvil_core.logs import get_logger
 from anvil_executor.plan_runtime.cublas_linear import GemmStep
 from anvil_executor.plan_runtime.cublaslt_raw import LT_EPILOGUES
 from anvil_executor.plan_runtime.io import _l
@@ -36,6 +39,7 @@ from anvil_executor.plan_runtime.precision import F16_BACKENDS, WeightLayout
 from anvil_kernels import Int4Weight, dequantize
 from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.cuda import PLAN_COMMON
+from anvil_kernels.cuda.w4a16_dispatch import parse_rows, table_from_rows
 
 __all__ = [
     "EPILOGUE_F16_SOURCE",
@@ -51,6 +55,7 @@ EPILOGUE_F16_SOURCE = PLAN_COMMON.read_text() + Path(__file__).with_name("epilog
 LN_WARP_MAX_N = 64 * 8  # ANVIL_F16_LN_PAIRS pairs per lane
 THREADS = 256
 MAX_BLOCKS = 132 * 16  # a few waves of the H200's SMs; the grid-stride loop covers the rest
+log = get_logger("anvil.executor.gpu_linear")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,8 @@ class LinearF16:
     group: int = 0
     int4: tuple[int, int, int] | None = None
     max_rows: int = 0  # rows at (max_batch, max_seq)
+    # the measured W4A16 kernel per M, per arch (attr w4a16_kernels: arch -> ((M, kernel), ...))
+    w4a16_rows: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
     fused: bool = field(init=False)  # W4A16 applies bias + activation + residual itself (no LayerNorm)
 
     def __post_init__(self) -> None:
@@ -126,6 +133,10 @@ def f16_linears(plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) 
         if backend == "w4a16" and not w4a16_available:
             backend = "cublas_f16_dequant"  # no w4a16.fatbin in the artifact (the load log says why)
         act = str(attrs.get("act", "none"))
+        try:
+            rows = parse_rows(str(attrs.get("w4a16_kernels", ""))) if backend == "w4a16" else {}
+        except ValueError as exc:
+            raise ValueError(f"op {_s(op.name)!r}: {exc}") from None
         ln = "gamma" in w
         step = GemmStep(
             op_index=i,
@@ -149,6 +160,7 @@ def f16_linears(plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) 
             group=int(attrs.get("group", 0)),
             int4=int4,
             max_rows=step.rows(plan, max_batch, max_seq),
+            w4a16_rows=tuple(sorted(rows.items())),
         )
     return out
 
@@ -282,26 +294,57 @@ class F16Linears:
         return layout
 
     def bind(
-        self, arena: Any, blas: Any, epilogue: dict[str, Any], w4a16_module: Any, lt: Any = None
+        self,
+        arena: Any,
+        blas: Any,
+        epilogue: dict[str, Any],
+        w4a16_module: Any,
+        lt: Any = None,
+        arch: str = "",
     ) -> None:
         """The device side: the arena (banks weights, activations, staging), the fp16 cuBLAS GEMM, the
-        epilogue kernels by name, one W4A16Linear per INT4 linear the W4A16 kernels run, and
-        ``lt`` (cublaslt_raw.LtGemm or None): cuBLASLt for the linears whose epilogue it can fuse."""
+        epilogue kernels by name, one W4A16Linear per INT4 linear the W4A16 kernels run (the plan's
+        measured kernel per M for ``arch``, e.g. "sm_90", where it recorded one), and ``lt``
+        (cublaslt_raw.LtGemm or None): cuBLASLt for the linears whose epilogue it can fuse."""
         self._arena, self._blas, self._epilogue, self._lt = arena, blas, epilogue, lt
         if self._prepacked:
-            from anvil_kernels.cuda import W4A16Linear
-
             for i, packed in self._prepacked.items():
-                lin = self.lins[i]
-                m_max = max(1, min(lin.w4a16_max_m, lin.max_rows))
-                act = lin.act_name if lin.fused else "none"
-                self.layers[i] = W4A16Linear(w4a16_module, packed, m_max, dtype="fp16", activation=act)
+                self.layers[i] = self._w4a16_layer(self.lins[i], packed, w4a16_module, arch)
             for i, owner in self.shares.items():
                 if owner in self.layers:
                     lin = self.lins[i]
                     act = lin.act_name if lin.fused else "none"
                     self.layers[i] = self.layers[owner].with_activation(act)
         self._prepacked = {}  # uploaded: the host copies can go
+
+    @staticmethod
+    def _w4a16_layer(lin: LinearF16, packed: dict[str, np.ndarray], module: Any, arch: str) -> Any:
+        """The W4A16Linear of one INT4 linear: the kernels its measured rows name for ``arch``, else
+        (no rows for this arch, or the module lacks one of them: an artifact built for an older arch
+        too) the dispatcher's rule, which the module always holds."""
+        from anvil_kernels.cuda import W4A16Linear
+
+        m_max = max(1, min(lin.w4a16_max_m, lin.max_rows))
+        act = lin.act_name if lin.fused else "none"
+        rows = dict(lin.w4a16_rows).get(arch)
+        if rows:
+            table = table_from_rows(arch, {(lin.step.k, lin.step.n): rows})
+            try:
+                return W4A16Linear(module, packed, m_max, dtype="fp16", activation=act, table=table)
+            except Exception as exc:  # get_function's driver error: a kernel the module lacks
+                # (a real device fault raises again from the rule's construction below)
+                log.warning(
+                    "w4a16: the plan's measured kernels are not all in w4a16.fatbin; the rule runs",
+                    extra={"arch": arch, "k": lin.step.k, "n": lin.step.n, "err": str(exc)},
+                )
+        return W4A16Linear(module, packed, m_max, dtype="fp16", activation=act)
+
+    def w4a16_kernel(self, op_index: int, m: int) -> str | None:
+        """The W4A16 kernel that runs linear ``op_index`` at M = m (after ``bind``), else None."""
+        lin, layer = self.lins.get(op_index), self.layers.get(op_index)
+        if lin is None or layer is None or not lin.uses_w4a16(m):
+            return None
+        return str(layer.choice(m).kernel)
 
     def _t(self, ix: int) -> int:
         return 0 if ix < 0 else self._arena.ptr("activations", int(self.plan.tensors[ix].offset))
@@ -363,7 +406,11 @@ class F16Linears:
             per: dict[str, list[int]] = {}
             for b, t in buckets:
                 m = lin.step.rows(self.plan, b, t)
-                per.setdefault(lin.kernel_at(m, self._lt is not None), []).append(m)
+                kernel = lin.kernel_at(m, self._lt is not None)
+                measured = self.w4a16_kernel(lin.step.op_index, m)
+                if measured is not None and measured != "gemv":  # a ring GEMV the table picked
+                    kernel = kernel.replace("w4a16_gemv", f"w4a16_{measured}")
+                per.setdefault(kernel, []).append(m)
             name = _s(self.plan.ops[lin.step.op_index].name)
             rows = {k: [min(v), max(v)] for k, v in per.items()}
             out.append({"op": name, "backend": lin.backend, "rows": rows})

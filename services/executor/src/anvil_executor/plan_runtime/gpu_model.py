@@ -176,7 +176,8 @@ class GpuPlanModel(PlanIO):
                 lt = None
                 if lt_epilogue and any(lin.lt_epilogue is not None for lin in lin16.lins.values()):
                     lt = LtGemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES)  # same stream: may share it
-                lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module, lt)
+                arch = f"sm_{cp.cuda.Device(device_id).compute_capability}"
+                lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module, lt, arch)
                 cp.cuda.Device(device_id).synchronize()  # W4A16Linear uploads on the legacy stream
             self._fns = self._functions(module, p, self._kernels)
             self._slots, pinned_bytes = self._layout_pinned()
