@@ -81,6 +81,12 @@ class ServiceSettings(BaseSettings):
     # collections is less work for the same garbage.
     gc_freeze: bool = True
     gc_gen0_threshold: int = 700
+    # The kernel's scheduling policy for every service's threads (anvil_core.runtime.
+    # apply_cpu_sched, issue #19): "batch" (SCHED_BATCH) lets the thread that wakes another finish
+    # its turn instead of being preempted by it (a send to a sleeping peer otherwise hands over the
+    # core mid-turn); "other" is the kernel's default (SCHED_OTHER). Same nice level, no privilege
+    # needed; where several cores are idle a woken thread runs at once either way.
+    cpu_sched: Literal["batch", "other"] = "batch"
     # Redis credentials: this user and password, else <secrets_dir>/redis_password, else the URL's own.
     redis_username: str = ""
     redis_password: SecretStr | None = None
