@@ -99,8 +99,8 @@ def test_a_plan_that_points_outside_itself_is_refused(tmp_path: Path) -> None:
 
 
 def test_fp32_linears_are_handed_to_cublas_with_their_epilogue(tmp_path: Path) -> None:
+    from anvil_core.plan_format import ACT_CODES
     from anvil_executor.plan_runtime.cublas_linear import epilogue_args, gemm_ops
-    from anvil_executor.plan_runtime.ops import ACT_CODES
 
     plan = load_plan(_mlp_plan(tmp_path)).plan
     steps = gemm_ops(plan)
@@ -112,3 +112,20 @@ def test_fp32_linears_are_handed_to_cublas_with_their_epilogue(tmp_path: Path) -
     assert block[0] % 32 == 0 and block[0] >= 64 and smem == 0  # no LayerNorm: no row buffer
     assert int(args[0]) == 1 << 42 and int(args[5]) == (1 << 40) + int(plan.tensors[steps[0].out].offset)
     assert int(args[2]) == 0  # no residual: a null pointer
+
+
+def test_compiler_and_executor_share_one_plan_format() -> None:
+    """Issue #16's "one plan format": the compiler writes and the executor reads with the same tables
+    (anvil_core.plan_format), and the W4A16 kernels' activation codes are the plan's."""
+    import anvil_compiler.artifacts as artifacts
+    import anvil_compiler.codegen.kernels as compiler_kernels
+    import anvil_compiler.lower as lower
+    import anvil_executor.plan_runtime.ops as ops
+    import anvil_executor.plan_runtime.plan as plan
+    from anvil_core import plan_format
+    from anvil_kernels.activations import ACTIVATIONS
+
+    assert lower.PLAN_VERSION is plan.PLAN_VERSION is artifacts.PLAN_VERSION is plan_format.PLAN_VERSION
+    assert plan.DTYPES is plan_format.DTYPES and lower.DTYPE_CODES is plan_format.DTYPE_CODES
+    assert ops.ACT_CODES is compiler_kernels.ACT_CODES is plan_format.ACT_CODES
+    assert all(plan_format.ACT_CODES[name] == code for name, code in ACTIVATIONS.items())

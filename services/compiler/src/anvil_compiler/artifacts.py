@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from anvil_compiler.options import CompileOptions
 from anvil_core.model_spec import ModelSpec, TensorSpec
+from anvil_core.plan_format import PLAN_VERSION
 from anvil_core.proto_gen import plan_generated as pg
 
 if TYPE_CHECKING:  # the service reads manifests only; lowering (numba kernels) is the worker's
@@ -102,8 +103,6 @@ def write_artifact(
     """``assets``: files kept as they came (an HF bundle's tokenizer.json, sentence-transformers
     configs); their names were checked against ``anvil_core.hf_bundle``'s list."""
     from safetensors.numpy import save_file
-
-    from anvil_compiler.lower import PLAN_VERSION  # here: lower loads numba, ~1.5 s of service start
 
     out_dir.mkdir(parents=True, exist_ok=True)
     for rel, data in (assets or {}).items():

@@ -16,19 +16,11 @@ from anvil_compiler.ir import Dim, Graph, Node, TensorType
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.passes.memplan import ALIGN, Interval, plan_memory
 from anvil_compiler.passes.quantize import OpWeights
+from anvil_core.plan_format import DTYPE_CODES, PLAN_VERSION
 from anvil_core.proto_gen import plan_generated as pg
 
 __all__ = ["PLAN_VERSION", "Lowered", "lower"]
 
-PLAN_VERSION = 1
-DTYPES = {
-    "float32": pg.DType.F32,
-    "float16": pg.DType.F16,
-    "int32": pg.DType.I32,
-    "int64": pg.DType.I64,
-    "uint8": pg.DType.U8,
-    "bool": pg.DType.BOOL,
-}
 ARG_KINDS = {
     "tensor": pg.ArgKind.TENSOR,
     "weight": pg.ArgKind.WEIGHT,
@@ -90,7 +82,11 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
     for name in [*g.inputs, *(o for n in g.nodes for o in n.outputs)]:
         t = g.types[name]
         ti = pg.TensorInfoT()
-        ti.name, ti.dtype, ti.shape = g.public.get(name, name), DTYPES[t.dtype], [_dim(d) for d in t.shape]
+        ti.name, ti.dtype, ti.shape = (
+            g.public.get(name, name),
+            DTYPE_CODES[t.dtype],
+            [_dim(d) for d in t.shape],
+        )
         ti.maxBytes = t.nbytes(opts.max_batch, max_seq)
         index[name] = len(tensors)
         base[len(tensors)] = len(tensors)
@@ -142,7 +138,7 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
                 continue
             key = f"op{k}.{role}"
             wi = pg.WeightInfoT()
-            wi.name, wi.dtype, wi.shape = key, DTYPES[str(arr.dtype)], list(arr.shape)
+            wi.name, wi.dtype, wi.shape = key, DTYPE_CODES[str(arr.dtype)], list(arr.shape)
             wi.offset, wi.nbytes = woff, arr.nbytes
             woff += (arr.nbytes + ALIGN - 1) // ALIGN * ALIGN
             placed[id(arr)] = len(winfos)

@@ -23,11 +23,11 @@ import numpy as np
 
 from anvil_compiler.errors import CompileError
 from anvil_compiler.ir import Dim, TensorType, numel
+from anvil_core.plan_format import ACT_CODES
 
 __all__ = ["ACT_CODES", "EMITTERS", "Arg", "KernelSpec", "OpView", "emit", "template_source"]
 
 TEMPLATES = Path(__file__).parent / "templates"
-ACT_CODES = {"none": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}
 # Staged attention (attention_warp.cu): warps per block, and the most dynamic shared memory it may ask
 # for. 99 KB is the per-block opt-in limit of sm_86/sm_89 (sm_80 163 KB, sm_90 227 KB), so one
 # kernel runs on every arch the compiler targets; MiniLM at T = 128, D = 32 needs ~35 KB.

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from anvil_core.plan_format import ACT_CODES
 from anvil_executor.plan_runtime.io import _l
-from anvil_executor.plan_runtime.ops import ACT_CODES
 from anvil_executor.plan_runtime.plan import DTYPES, _s, attrs_of, eval_dim
 from anvil_kernels.cuda import PLAN_COMMON
 

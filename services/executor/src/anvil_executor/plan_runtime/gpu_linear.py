@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from anvil_core.logs import get_logger
+from anvil_core.plan_format import ACT_CODES
 from anvil_executor.plan_runtime.cublas_linear import GemmStep
 from anvil_executor.plan_runtime.cublaslt_raw import LT_EPILOGUES
 from anvil_executor.plan_runtime.io import _l
-from anvil_executor.plan_runtime.ops import ACT_CODES
 from anvil_executor.plan_runtime.plan import _s, attrs_of
 from anvil_executor.plan_runtime.precision import F16_BACKENDS, WeightLayout
 from anvil_kernels import Int4Weight, dequantize

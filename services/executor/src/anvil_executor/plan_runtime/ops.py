@@ -15,13 +15,12 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from anvil_core.plan_format import ACT_CODES
 from anvil_kernels import Int4Weight, Workspace, attention, embedding, int4_linear, layer_norm, mean_pool_l2
 from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.linear_f32 import f32_linear
 
 __all__ = ["ACT_CODES", "CPU_OPS", "OpState"]
-
-ACT_CODES = {"none": 0, "relu": 1, "gelu_erf": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}
 
 
 @dataclass(slots=True)

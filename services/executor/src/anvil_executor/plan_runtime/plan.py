@@ -8,19 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from anvil_core.plan_format import DTYPES, PLAN_VERSION
 from anvil_core.proto_gen import plan_generated as pg
 
 __all__ = ["DTYPES", "PLAN_VERSION", "LoadedPlan", "attrs_of", "eval_dim", "load_plan"]
-
-PLAN_VERSION = 1
-DTYPES = {
-    pg.DType.F32: np.float32,
-    pg.DType.F16: np.float16,
-    pg.DType.I32: np.int32,
-    pg.DType.I64: np.int64,
-    pg.DType.U8: np.uint8,
-    pg.DType.BOOL: np.bool_,
-}
 
 
 def eval_dim(d: Any, batch: int, seq: int) -> int:
