@@ -1,6 +1,7 @@
 """``apply_cpu_sched`` (anvil_core.runtime): setting ``cpu_sched`` reaches every thread of the process,
-threads started afterwards inherit it, and "other" puts the kernel's default back. Runs in a child
-process so the test runner's own threads keep their policy."""
+threads started afterwards inherit it, "other" puts the kernel's default back and the default,
+"inherit", changes nothing. Runs in a child process so the test runner's own threads keep their
+policy."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ CHILD = textwrap.dedent(
     assert got == [os.SCHED_BATCH] * 3, got
     assert apply_cpu_sched(ServiceSettings(cpu_sched="other")) == "SCHED_OTHER"
     assert os.sched_getscheduler(early["tid"]) == os.SCHED_OTHER
+    apply_cpu_sched(ServiceSettings(cpu_sched="batch"))
+    assert apply_cpu_sched(ServiceSettings()) == "inherited"  # the default leaves the policy alone
+    assert os.sched_getscheduler(early["tid"]) == os.SCHED_BATCH
     release.set(); t.join()
     print("ok")
     """

@@ -34,7 +34,10 @@ def settle_gc(settings: ServiceSettings) -> None:
 def apply_cpu_sched(settings: ServiceSettings) -> str:
     """Set setting ``cpu_sched``'s policy on every thread of this process (Linux sets it per
     thread; threads started later inherit it from the thread that starts them, processes from their
-    parent). Returns what was applied, or why not (another OS): never fails a start."""
+    parent); "inherit" changes nothing. Returns what was applied, or why not (another OS): never
+    fails a start."""
+    if settings.cpu_sched == "inherit":
+        return "inherited"
     name = _POLICIES[settings.cpu_sched]
     policy = getattr(os, name, None)
     if policy is None or not hasattr(os, "sched_setscheduler"):
