@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
+from anvil_core.metrics import FastHistogram
 from anvil_core.priorities import PRIORITIES
 
 batches = Counter("anvil_executor_batches_total", "Batches run", ["model", "outcome"])
-compute_us = Histogram(
+compute_us = FastHistogram(
     "anvil_executor_compute_duration_us",
     "Batch compute time, µs",
     ["model"],
@@ -56,7 +57,7 @@ load_failing = Gauge(
 # Per hop and priority (issue #19). queued: batch received -> its compute starts (labelled with the
 # batch's most urgent priority); compute: the batch's run, observed once per request with that
 # request's priority. Labels are bounded: two hops, priorities 1-3 or "other".
-hop_us = Histogram(
+hop_us = FastHistogram(
     "anvil_executor_hop_us",
     "Time of a batch (queued) or request (compute) per hop at the executor, µs",
     ["hop", "priority"],

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
+from anvil_core.metrics import FastHistogram
 from anvil_core.priorities import PRIORITIES
 
 _US = (100, 250, 500, 1000, 2500, 5000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 5_000_000)
@@ -16,16 +17,16 @@ failure = Counter(
     "anvil_inference_request_failure", "Failed inference requests by reason", ["model", "version", "reason"]
 )
 inference_count = Counter("anvil_inference_count", "Inferences performed (batch rows)", ["model", "version"])
-request_us = Histogram(
+request_us = FastHistogram(
     "anvil_inference_request_duration_us",
     "End-to-end request time at the gateway, µs",
     ["model"],
     buckets=_US,
 )
-queue_us = Histogram(
+queue_us = FastHistogram(
     "anvil_inference_queue_duration_us", "Time queued in the scheduler, µs", ["model"], buckets=_US
 )
-compute_us = Histogram(
+compute_us = FastHistogram(
     "anvil_inference_compute_infer_duration_us",
     "Executor time of the request's batch, µs",
     ["model"],
@@ -76,7 +77,7 @@ HOP_NAMES = (
     "gateway_in", "scheduler_queue", "compute", "transit", "gateway_out",
     "to_scheduler", "to_executor", "executor_queue", "back",
 )  # fmt: skip
-hop_us = Histogram(
+hop_us = FastHistogram(
     "anvil_gateway_hop_us",
     "Time of an answered request per hop, µs",
     ["hop", "priority"],

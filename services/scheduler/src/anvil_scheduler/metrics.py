@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge
 
 from anvil_core.codec import ERROR_NAMES
+from anvil_core.metrics import FastHistogram
 
 queue_depth = Gauge("anvil_scheduler_queue_depth", "Requests waiting", ["model", "priority"])
 target_batch = Gauge("anvil_scheduler_target_batch", "B*: the PID (or policy) target batch size", ["model"])
@@ -15,7 +16,7 @@ unix_peers = Gauge(
     "anvil_scheduler_unix_link_peers", "Peers connected over the same-host Unix stream links", ["link"]
 )
 batches = Counter("anvil_scheduler_batches_total", "Batches dispatched", ["model"])
-batch_size = Histogram(
+batch_size = FastHistogram(
     "anvil_scheduler_batch_size",
     "Requests per dispatched batch",
     ["model"],
@@ -28,7 +29,7 @@ slo_attainment = Gauge(
 )
 redispatched = Counter("anvil_scheduler_redispatched_total", "Requests re-queued after executor loss")
 duplicates = Counter("anvil_scheduler_duplicates_total", "Messages dropped as duplicates", ["what"])
-batch_rtt_us = Histogram(
+batch_rtt_us = FastHistogram(
     "anvil_scheduler_batch_round_trip_us",
     "Dispatch to result of a batch, µs",
     ["model"],
@@ -77,7 +78,7 @@ def forget_model(model: str, priorities: Iterable[int]) -> None:
 # Per hop and priority (issue #19). queue: admitted -> dispatched in a batch; executor_round_trip:
 # dispatched -> its batch's result back (both links, the executor's queue and its compute). Labels are
 # bounded: two hops, the configured priority classes.
-hop_us = Histogram(
+hop_us = FastHistogram(
     "anvil_scheduler_hop_us",
     "Time of a request per hop inside and behind the scheduler, µs",
     ["hop", "priority"],
