@@ -196,22 +196,23 @@ def test_fp16_epilogue_choice() -> None:
 
 
 class _FakeW4A16Linear:
-    """Stands in for anvil_kernels.cuda.W4A16Linear: records its table, and fails as get_function does
-    when the table names a kernel the module lacks (``module``: the kernel names it holds)."""
+    """Stands in for anvil_kernels.cuda.W4A16Linear: records its table, and fails as ModuleSet's
+    get_function does (KeyError) when M's kernel is not in the module (``module``: the kernel names
+    it holds); like the real one it looks up M = 1 and m_max at construction, the rest in ``plan``."""
 
     def __init__(self, module: set[str], packed: Any, m_max: int, **kw: Any) -> None:
-        from anvil_kernels.cuda.w4a16_dispatch import choose
-
-        self.table, self.m_max = kw.get("table"), m_max
-        for m in range(1, m_max + 1):
-            kernel = choose(m, 8192, 8192, 128, self.table).kernel
-            if kernel not in module:
-                raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: {kernel}")
+        self.module, self.table, self.m_max = module, kw.get("table"), m_max
+        self.plan(1)
+        self.plan(m_max)
 
     def choice(self, m: int) -> Any:
         from anvil_kernels.cuda.w4a16_dispatch import choose
 
         return choose(m, 8192, 8192, 128, self.table)
+
+    def plan(self, m: int) -> None:
+        if self.choice(m).kernel not in self.module:
+            raise KeyError(f"no kernel {self.choice(m).kernel!r}")
 
 
 def test_w4a16_layers_run_the_plans_measured_kernels_for_their_arch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,6 +243,9 @@ def test_w4a16_layers_run_the_plans_measured_kernels_for_their_arch(monkeypatch:
     assert other.table is None and other.choice(1).kernel == "gemv"
     lacking = F16Linears._w4a16_layer(lin, {}, {"gemv"}, "sm_90")  # the fatbin lacks gvb8w: the rule
     assert lacking.table is None and lacking.choice(1).kernel == "gemv"
+    middle = (("sm_90", ((1, "gemv"), (4, "gvb8w"), (16, "gemv"))),)  # a kernel only at M = 2..4
+    lin2 = LinearF16(step, "w4a16", 16, "none", group=128, int4=(0, 1, 2), max_rows=64, w4a16_rows=middle)
+    assert F16Linears._w4a16_layer(lin2, {}, {"gemv"}, "sm_90").table is None  # found missing at load
 
 
 def test_a_plans_w4a16_rows_are_checked(tmp_path: Path) -> None:

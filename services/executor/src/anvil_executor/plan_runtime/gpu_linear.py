@@ -100,10 +100,11 @@ class LinearF16:
         """Whether some row count runs cuBLAS, so the fp16 (K, N) weight must be on the device."""
         return self.backend != "w4a16" or self.max_rows > self.w4a16_max_m
 
-    def kernel_at(self, m: int, lt: bool = False) -> str:
-        """What runs M = m rows (``F16Linears.report``); ``lt``: cuBLASLt epilogues are on."""
+    def kernel_at(self, m: int, lt: bool = False, w4a16: str = "gemv") -> str:
+        """What runs M = m rows (``F16Linears.report``); ``lt``: cuBLASLt epilogues are on; ``w4a16``:
+        the W4A16 kernel its layer chose for M (``W4A16Linear.choice``)."""
         if self.uses_w4a16(m):
-            return "w4a16_gemv" + ("" if self.fused else "+epilogue")
+            return f"w4a16_{w4a16}" + ("" if self.fused else "+epilogue")
         if self.plain:
             return "cublas_f16"
         if lt and self.lt_epilogue is not None:
@@ -163,6 +164,16 @@ def f16_linears(plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) 
             w4a16_rows=tuple(sorted(rows.items())),
         )
     return out
+
+
+def _missing_kernel() -> tuple[type[BaseException], ...]:
+    """What looking up a kernel a module lacks raises: KeyError from anvil_kernels' ModuleSet, the
+    driver's CUDA_ERROR_NOT_FOUND from a cupy.RawModule."""
+    try:
+        from cupy_backends.cuda.api.driver import CUDADriverError
+    except ImportError:  # no CuPy: only the ModuleSet's
+        return (KeyError,)
+    return (KeyError, CUDADriverError)
 
 
 def _int4(plan: Any, weights: list[np.ndarray], lin: LinearF16) -> Int4Weight:
@@ -330,9 +341,11 @@ class F16Linears:
         if rows:
             table = table_from_rows(arch, {(lin.step.k, lin.step.n): rows})
             try:
-                return W4A16Linear(module, packed, m_max, dtype="fp16", activation=act, table=table)
-            except Exception as exc:  # get_function's driver error: a kernel the module lacks
-                # (a real device fault raises again from the rule's construction below)
+                layer = W4A16Linear(module, packed, m_max, dtype="fp16", activation=act, table=table)
+                for m in range(1, m_max + 1):  # every M the plan runs (<= 16): each kernel looked up now
+                    layer.plan(m)
+                return layer
+            except _missing_kernel() as exc:
                 log.warning(
                     "w4a16: the plan's measured kernels are not all in w4a16.fatbin; the rule runs",
                     extra={"arch": arch, "k": lin.step.k, "n": lin.step.n, "err": str(exc)},
@@ -406,11 +419,8 @@ class F16Linears:
             per: dict[str, list[int]] = {}
             for b, t in buckets:
                 m = lin.step.rows(self.plan, b, t)
-                kernel = lin.kernel_at(m, self._lt is not None)
-                measured = self.w4a16_kernel(lin.step.op_index, m)
-                if measured is not None and measured != "gemv":  # a ring GEMV the table picked
-                    kernel = kernel.replace("w4a16_gemv", f"w4a16_{measured}")
-                per.setdefault(kernel, []).append(m)
+                w4a16 = self.w4a16_kernel(lin.step.op_index, m) or "gemv"
+                per.setdefault(lin.kernel_at(m, self._lt is not None, w4a16), []).append(m)
             name = _s(self.plan.ops[lin.step.op_index].name)
             rows = {k: [min(v), max(v)] for k, v in per.items()}
             out.append({"op": name, "backend": lin.backend, "rows": rows})
