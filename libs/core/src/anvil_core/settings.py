@@ -81,13 +81,6 @@ class ServiceSettings(BaseSettings):
     # collections is less work for the same garbage.
     gc_freeze: bool = True
     gc_gen0_threshold: int = 700
-    # The kernel's scheduling policy for every service's threads (anvil_core.runtime.
-    # apply_cpu_sched, issue #19): "inherit" leaves what the process started with (the default);
-    # "other" sets the kernel's default, SCHED_OTHER; "batch" sets SCHED_BATCH, under which the thread
-    # that wakes another finishes its turn instead of being preempted by it. Same nice level, no
-    # privilege needed. Same-tree A/Bs on 2 cores did not tell batch and other apart (c16 CPU per
-    # request 0.92x in one run, 1.03x in another; docs/scheduler.md), hence no change by default.
-    cpu_sched: Literal["inherit", "batch", "other"] = "inherit"
     # Redis credentials: this user and password, else <secrets_dir>/redis_password, else the URL's own.
     redis_username: str = ""
     redis_password: SecretStr | None = None

@@ -25,7 +25,7 @@ import uvicorn
 from anvil_core import tracing
 from anvil_core.logs import get_logger, setup_logging
 from anvil_core.metrics import serve_metrics
-from anvil_core.runtime import apply_cpu_sched, settle_gc
+from anvil_core.runtime import settle_gc
 from anvil_gateway.app import create_app
 from anvil_gateway.fastpath import FastInfer
 from anvil_gateway.http_protocol import CoalescingHttpToolsProtocol
@@ -55,7 +55,6 @@ def serve(settings: GatewaySettings, sock: socket.socket | None = None) -> None:
     server = uvicorn.Server(config)
     tracing.setup("gateway")  # OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set
     settle_gc(settings)  # the imports and the app live as long as the process
-    log.info("cpu scheduling", extra={"cpu_sched": apply_cpu_sched(settings)})
     try:
         server.run(sockets=[sock] if sock is not None else None)
     finally:
