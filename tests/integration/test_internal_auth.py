@@ -156,13 +156,15 @@ def test_the_scheduler_listens_on_loopback_and_a_private_ipc_dir_only(local: Any
     names = sorted(p.name for p in links.iterdir())
     answers = [n for n in names if n.startswith("answers-gw-")]  # each gateway's answer socket
     assert len(answers) >= 1, names  # (direct answers, docs/scheduler.md)
-    assert sorted(set(names) - set(answers)) == [
+    direct = [n for n in names if n.startswith("direct-")]  # each executor's direct socket
+    assert len(direct) >= 1, names  # (direct requests, docs/scheduler.md)
+    assert sorted(set(names) - set(answers) - set(direct)) == [
         "executor.sock",
         "executor.usock",
         "gateway.sock",
         "gateway.usock",
     ]
-    for name in ("executor.usock", "gateway.usock", *answers):  # the Unix stream links: 0600 sockets
+    for name in ("executor.usock", "gateway.usock", *answers, *direct):  # Unix stream links: 0600 sockets
         assert stat.S_ISSOCK((links / name).stat().st_mode)
         assert (links / name).stat().st_mode & 0o777 == 0o600
     # ANVIL_LINK_TRANSPORT=unix (the default): the gateway and the executor use them, not ZeroMQ

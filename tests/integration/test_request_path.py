@@ -214,9 +214,10 @@ def test_answers_go_straight_to_the_gateway_and_through_the_scheduler_when_told(
 ) -> None:
     """Direct answers (docs/scheduler.md): on a local stack the executor writes every answer to the
     gateway's answer socket; with ANVIL_DIRECT_ANSWERS=0 every one goes through the scheduler. The
-    caller sees the same results and the same per-hop header either way."""
+    caller sees the same results and the same per-hop header either way. (Direct requests off: with
+    them, lone requests skip the scheduler altogether; the next test.)"""
     for direct in ("1", "0"):
-        stack = new_local_stack(env={"ANVIL_DIRECT_ANSWERS": direct})
+        stack = new_local_stack(env={"ANVIL_DIRECT_ANSWERS": direct, "ANVIL_DIRECT_REQUESTS": "0"})
         before = _answers_by_path(stack)
         hops = _identity_calls(stack.url, 40)
         after = _answers_by_path(stack)
@@ -226,4 +227,50 @@ def test_answers_go_straight_to_the_gateway_and_through_the_scheduler_when_told(
         else:
             assert sent == {"direct": 0.0, "scheduler": 0.0}, sent  # batches name no gateway
         assert all(",back=" in h for h in hops), hops[:3]  # stamped and split either way
+        stack.stop()
+
+
+def _samples(stack: Any, service: str, name: str) -> dict[str, float]:
+    """A counter's samples on `service`'s metrics port, by their labels' text."""
+    port = stack.service(service)["env"]["ANVIL_METRICS_PORT"]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            out[line[len(name) + 1 : line.index("}")]] = float(line.rpartition(" ")[2])
+    return out
+
+
+def test_lone_requests_skip_the_scheduler_and_not_with_direct_requests_off(
+    new_local_stack: Any, waiter: Any
+) -> None:
+    """Direct requests (docs/scheduler.md): one client calling one at a time, each request once the
+    gateway has learnt the executor goes from the gateway to the executor's direct socket and back;
+    the scheduler answers only those handed back; results and the per-hop header are as through
+    the scheduler. With ANVIL_DIRECT_REQUESTS=0 every request goes through the scheduler."""
+
+    def scheduled(stack: Any) -> float:
+        return sum(_samples(stack, "scheduler", "anvil_scheduler_requests_total").values())
+
+    for direct in ("1", "0"):
+        stack = new_local_stack(env={"ANVIL_DIRECT_REQUESTS": direct})
+        start = scheduled(stack)
+        _identity_calls(stack.url, 10)  # the executor is learnt and connected meanwhile
+        gw0 = _samples(stack, "gateway", "anvil_gateway_direct_requests_total")
+        hops = _identity_calls(stack.url, 40)
+        gw = _samples(stack, "gateway", "anvil_gateway_direct_requests_total")
+        ex = _samples(stack, "executor", "anvil_executor_direct_requests_total")
+        sent = gw.get('outcome="sent"', 0.0)
+        back = gw.get('outcome="busy"', 0.0) + gw.get('outcome="lost"', 0.0)
+        ran = ex.get('outcome="ran"', 0.0)
+        if direct == "1":
+            assert sent - gw0.get('outcome="sent"', 0.0) == 40, (gw0, gw)  # every lone one, once learnt
+            assert ran == sent - back, (gw, ex)
+        else:
+            assert sent == ran == 0, (gw, ex)
+        # the scheduler answers (and counts) everything that did not run directly; its count of a
+        # directly answered batch arrives just after the answer: awaited
+        want = start + 50 - ran
+        waiter(lambda s=stack, n=want: scheduled(s) == n, 10, "the scheduler's count")
+        assert all(",back=" in h for h in hops), hops[:3]
         stack.stop()

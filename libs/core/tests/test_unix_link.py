@@ -25,9 +25,11 @@ from anvil_core.unix_link import (
     Conn,
     FrameReader,
     LinkError,
+    PolledFds,
     UnixDealer,
     UnixRouter,
     answer_path,
+    direct_path,
     encode,
     unix_endpoint,
     unix_path,
@@ -251,11 +253,58 @@ def test_a_connection_that_ends_is_reported_lost_once_and_a_replaced_one_is_not(
     assert router.take_lost() == [b"ex-a"] and router.take_lost() == []
 
 
-def test_answer_paths_are_made_only_from_plain_identities(tmp_path: Path) -> None:
+def test_answer_and_direct_paths_are_made_only_from_plain_identities(tmp_path: Path) -> None:
     assert answer_path(str(tmp_path), "gw-host-1.w0") == str(tmp_path / "answers-gw-host-1.w0.usock")
-    for bad in ("", "../x", "a/b", "gw 1", "x" * 65, "gw\x00"):
-        assert answer_path(str(tmp_path), bad) is None, bad
-    assert answer_path("/" + "d" * 100, "gw") is None  # longer than a socket path can be
+    assert direct_path(str(tmp_path), "ex-host-1") == str(tmp_path / "direct-ex-host-1.usock")
+    for make in (answer_path, direct_path):
+        for bad in ("", "../x", "a/b", "gw 1", "x" * 65, "gw\x00"):
+            assert make(str(tmp_path), bad) is None, bad
+        assert make("/" + "d" * 100, "gw") is None  # longer than a socket path can be
+
+
+class _Poller:
+    """Records what PolledFds asks of a poller."""
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}
+        self.calls = 0
+
+    def register(self, fd: int, flags: int) -> None:
+        self.fds[fd] = flags
+        self.calls += 1
+
+    def unregister(self, fd: int) -> None:
+        del self.fds[fd]
+        self.calls += 1
+
+
+def test_polled_fds_follow_a_routers_connections_and_touch_the_poller_only_on_a_change(
+    tmp_path: Path,
+) -> None:
+    router = UnixRouter(str(tmp_path / "r.usock"))
+    poller, polled = _Poller(), PolledFds(1, 2)
+    try:
+        polled.watch(poller, router)
+        assert poller.fds == {router.listener.fileno(): 1}
+        calls = poller.calls
+        polled.watch(poller, router)
+        assert poller.calls == calls  # nothing changed: nothing asked
+        peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        peer.connect(str(tmp_path / "r.usock"))
+        router.on_ready(router.listener.fileno())  # accepted: its fd joins
+        polled.watch(poller, router)
+        assert len(poller.fds) == 2
+        peer.sendall(_wire([HELLO, b"gw"]))
+        (fd,) = [f for f in poller.fds if f != router.listener.fileno()]
+        router.on_ready(fd)  # named by its hello
+        peer.close()
+        router.on_ready(fd)  # its end read: dropped
+        polled.watch(poller, router)
+        assert poller.fds == {router.listener.fileno(): 1}
+        polled.forget(poller)
+        assert poller.fds == {}
+    finally:
+        router.close()
 
 
 def _answer_socket(tmp_path: Path, name: str) -> socket.socket:

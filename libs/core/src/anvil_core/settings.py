@@ -71,6 +71,13 @@ class ServiceSettings(BaseSettings):
     # "zmq", its ipc ZeroMQ sockets, in one interleaved run: docs/scheduler.md). The scheduler
     # serves both; without link_ipc_dir (compose, other hosts) links are tcp with CURVE either way.
     link_transport: Literal["zmq", "unix"] = "unix"
+    # Direct requests (docs/scheduler.md "Direct requests"; Unix links only): a gateway with nothing
+    # else in flight sends a request itself to the executor that last answered its model, on that
+    # executor's direct socket in the link directory; the executor runs it only when idle and the
+    # model is fast (its inline rule), else answers "busy" and the gateway sends it through the
+    # scheduler. Two hops and the scheduler's loop fewer for a lone request. The gateway and the
+    # executors both read it; false: every request goes through the scheduler.
+    direct_requests: bool = True
     # The cyclic garbage collector (anvil_core.runtime.settle_gc, issue #19). gc_freeze: once started,
     # the objects of the start-up (modules, the app, loaded models: they live as long as the process)
     # leave the collector's generations, so a collection walks only what serving allocated since

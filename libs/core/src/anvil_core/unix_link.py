@@ -37,15 +37,18 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BUSY",
     "HELLO",
     "MAX_FRAMES",
     "AnswerSender",
     "Conn",
     "FrameReader",
     "LinkError",
+    "PolledFds",
     "UnixDealer",
     "UnixRouter",
     "answer_path",
+    "direct_path",
     "encode",
     "is_answer_identity",
     "is_unix_endpoint",
@@ -55,6 +58,9 @@ __all__ = [
 ]
 
 HELLO = b"ANVIL-LINK-1"
+# an executor's answer to a direct request it did not take (busy, or not a model it runs fast):
+# ``[BUSY, request id]``; the gateway sends that request through the scheduler instead
+BUSY = b"ANVIL-BUSY-1"
 MAX_FRAMES = 4096
 DEFAULT_MAX_MSG_BYTES = 1 << 30  # a bundle of 8 requests at the gateway's 64 MiB body cap fits
 MAX_QUEUED_BYTES = 256 << 20  # unsent bytes a peer may leave behind before it is cut off
@@ -90,9 +96,19 @@ def answer_path(ipc_dir: str, identity: str) -> str | None:
     """The answer socket of the gateway named `identity` in the link directory `ipc_dir` (direct
     answers: executors write a gateway's answers there, the scheduler only hears that they did), or
     None for an identity that ``is_answer_identity`` refuses or a path too long for a socket."""
+    return _peer_path(ipc_dir, "answers", identity)
+
+
+def direct_path(ipc_dir: str, identity: str) -> str | None:
+    """The direct-request socket of the executor named `identity` in `ipc_dir` (a gateway sends a
+    lone request there itself, docs/scheduler.md "Direct requests"), or None as for ``answer_path``."""
+    return _peer_path(ipc_dir, "direct", identity)
+
+
+def _peer_path(ipc_dir: str, kind: str, identity: str) -> str | None:
     if not is_answer_identity(identity):
         return None
-    path = str(Path(ipc_dir) / f"answers-{identity}.usock")
+    path = str(Path(ipc_dir) / f"{kind}-{identity}.usock")
     return path if len(path.encode()) <= _PATH_MAX else None
 
 
@@ -407,6 +423,35 @@ class UnixRouter:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+class PolledFds:
+    """Keeps a ``zmq.Poller``'s registrations in step with routers' fds (new connections, gone ones,
+    and whether each has bytes waiting to be written), touching the poller only on a change."""
+
+    def __init__(self, pollin: int, pollout: int) -> None:
+        self._in, self._inout = pollin, pollin | pollout  # zmq's flags as plain ints (enum.Flag is slow)
+        self._polled: dict[int, int] = {}  # fd -> the flags it is registered with
+
+    def watch(self, poller: Any, *routers: UnixRouter) -> None:
+        want: dict[int, int] = {}
+        for router in routers:
+            for fd, wants_write in router.fds():
+                want[fd] = self._inout if wants_write else self._in
+        if want == self._polled:
+            return
+        for fd in self._polled.keys() - want.keys():
+            poller.unregister(fd)
+        for fd, flags in want.items():
+            if self._polled.get(fd) != flags:
+                poller.register(fd, flags)  # registers, or modifies a registered fd
+        self._polled = want
+
+    def forget(self, poller: Any) -> None:
+        """Unregister every fd (the routers are closing)."""
+        for fd in self._polled:
+            poller.unregister(fd)
+        self._polled = {}
 
 
 class UnixDealer:

@@ -147,6 +147,10 @@ def prepare_batch(
         if req is None:
             continue
         try:
+            if req.model != model_name:  # a batch is of one model (a direct request names it twice)
+                why = f"a request for model {req.model!r} in a batch of {model_name!r}"
+                answers[i] = (_error(req, pb.ErrorCode.BAD_REQUEST, why), [])
+                continue
             if req.deadlineUnixNs and req.deadlineUnixNs <= now_ns:
                 answers[i] = (_error(req, pb.ErrorCode.DEADLINE, "deadline passed before execution"), [])
                 continue

@@ -24,6 +24,13 @@ answers = Counter(
     "direct (the gateway's answer socket) or scheduler (no gateway named for it, or the write failed)",
     ["path"],
 )
+direct_requests = Counter(
+    "anvil_executor_direct_requests_total",
+    "Requests a gateway sent this executor itself (direct requests, docs/scheduler.md), by outcome: "
+    "ran (idle, a fast model: run on the I/O loop and answered to the gateway) or busy (handed back: "
+    "the gateway sent it through the scheduler)",
+    ["outcome"],
+)
 connected = Gauge("anvil_executor_scheduler_connected", "1 when a scheduler endpoint is known")
 
 # GPU backend (ANVIL_DEVICE=cuda:N): the steady state must allocate nothing and load no module.

@@ -11,8 +11,13 @@ the I/O loop (once: their rank comes from that decode) and go straight to comput
 the most urgent batch first (work_queue.py).
 
 The lone-batch fast path (issue #19, `_inline`): a batch that finds the executor idle, of a model
-that does not prepare and whose last batch ran within `inline_max_us`, runs on the I/O loop itself
-(CPU device only): no compute-thread wake-up, no hand-off back.
+whose last batch ran within `inline_max_us`, runs on the I/O loop itself (any device): no
+compute-thread wake-up, no hand-off back.
+
+Direct requests (`_on_direct`, docs/scheduler.md): on Unix links the executor also listens on its
+direct socket, where a gateway with nothing else in flight sends a lone request itself. It runs
+when the inline rule holds (idle, a fast model), answered on that connection; otherwise it is
+handed back ("busy") and the gateway sends it through the scheduler.
 
 The compute threads hand results back over an inproc PUSH/PULL pair, so the I/O loop wakes on them
 like on any other message. Redis chores (registry beat, model specs, finding the scheduler) run on
@@ -41,7 +46,16 @@ from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
-from anvil_core.unix_link import AnswerSender, UnixDealer, is_unix_endpoint, unix_path
+from anvil_core.unix_link import (
+    BUSY,
+    AnswerSender,
+    PolledFds,
+    UnixDealer,
+    UnixRouter,
+    direct_path,
+    is_unix_endpoint,
+    unix_path,
+)
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
@@ -104,6 +118,10 @@ class Executor:
         self.link: UnixDealer | None = UnixDealer(settings.service_id) if unix else None
         # direct answers (docs/scheduler.md): this host's gateways' answer sockets, beside the link
         self.answers: AnswerSender | None = None
+        # direct requests (docs/scheduler.md): this executor's socket for gateways' lone requests
+        self.direct: UnixRouter | None = None
+        self._direct_fds = PolledFds(_POLL_IN, _POLL_OUT)
+        self.direct_batches = 0  # direct requests run (`_on_direct`)
         # the compute threads' results (each pushes from its own socket)
         self.done_rx = make_socket(self.ctx, zmq.PULL, bind=f"inproc://done-{id(self)}")
         self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute threads'
@@ -276,6 +294,9 @@ class Executor:
                     self._on_scheduler(parts)
                     if self.fault is not None:
                         break
+            if self.direct is not None:
+                self._serve_direct(events)
+                self._direct_fds.watch(poller, self.direct)
             self.bg.drain()
             now = time.monotonic()
             if self.fault is not None:  # its batch's answer was queued before the fault was posted
@@ -304,6 +325,8 @@ class Executor:
             self.link.close()
         if self.answers is not None:
             self.answers.close()
+        if self.direct is not None:
+            self.direct.close()
         self.ctx.term()
         if self.fault is not None:
             raise SystemExit(3)
@@ -328,12 +351,100 @@ class Executor:
             )
             if old is not None:
                 old.close()
+            if self.s.direct_requests:
+                self.listen_direct(os.path.dirname(unix_path(endpoint)))
         else:
             self.sock.connect(endpoint)
         self.endpoint = endpoint
         m.connected.set(1)
         log.info("connected to scheduler", extra={"endpoint": endpoint})
         self._register()
+
+    def listen_direct(self, ipc_dir: str) -> None:
+        """Serve this executor's direct socket in the link directory `ipc_dir` (on the I/O loop's
+        thread; again when the directory moved). Not served: logged, every request comes through
+        the scheduler."""
+        path = direct_path(ipc_dir, self.s.service_id)
+        if self.direct is not None:
+            if self.direct.path == path:
+                return
+            self.direct.close()
+            self.direct = None
+        if path is None:
+            log.warning("no direct socket: the service id cannot name one", extra={"id": self.s.service_id})
+            return
+        try:
+            self.direct = UnixRouter(path)
+        except OSError as exc:
+            log.warning("no direct socket: requests come through the scheduler", extra={"err": str(exc)})
+
+    def _serve_direct(self, events: dict[Any, int]) -> None:
+        """The direct socket's ready fds: connections accepted, requests read and each handled."""
+        router = self.direct
+        assert router is not None
+        for fd, flags in events.items():
+            if not isinstance(fd, int) or not router.owns(fd):
+                continue
+            msgs, problems = router.on_ready(fd, bool(flags & _POLL_OUT))
+            for reason, detail in problems:
+                if reason != "closed":  # a gateway that went away is no one's fault
+                    self.drops.drop(reason, f"direct socket: {detail}")
+            for gateway, parts in msgs:
+                self._on_direct(gateway, parts)
+                if self.fault is not None:
+                    return
+
+    def _on_direct(self, gateway: bytes, parts: list[bytes]) -> None:
+        """One direct request, ``[model, request id, envelope, *payloads]`` from the gateway named
+        `gateway`: run here, on the I/O loop, when the inline rule holds for its model (idle, fast),
+        and answered on that gateway's connection; else handed back (``[BUSY, request id]``) for the
+        scheduler to carry. The envelope is verified as any request's (a request for another model
+        than its header names is refused by the batch runner); a message without a readable request
+        id is counted and dropped."""
+        received_ns = time.time_ns()
+        router = self.direct
+        assert router is not None
+        if len(parts) < 3 or not 0 < len(parts[1]) <= 256:
+            self.drops.drop("invalid", f"direct request from {gateway!r} without its model and request id")
+            return
+        try:
+            name, rid = parts[0].decode(), parts[1].decode()
+        except UnicodeDecodeError:
+            self.drops.drop("invalid", f"direct request from {gateway!r}: model or request id not UTF-8")
+            return
+        model = self.models.get(name)
+        if self.fault is not None or not self._runs_inline(model):
+            m.direct_requests.labels(outcome="busy").inc()
+            router.send(gateway, [BUSY, parts[1]])
+            return
+        self.direct_batches += 1
+        batch = pb.BatchT(
+            batchId=f"direct-{self.direct_batches}",
+            model=name,
+            frameCounts=[len(parts) - 2],
+            queueUs=[0],
+            sentUnixNs=received_ns,  # no scheduler hop: the per-hop split puts the link in to_scheduler
+        )
+        pending = self._decode(batch, parts[2:], received_ns)
+        m.direct_requests.labels(outcome="ran").inc()
+        m.hop("queued", pending.priority or LAST_RANK).observe(0)
+        fault = self._execute(pending, lambda _: None, direct=(gateway, rid))
+        if fault is not None:
+            self.fault = fault
+
+    def _answer_direct(self, gateway: bytes, rid: str, pending: Pending, result: pb.BatchResultT) -> None:
+        """A direct request's answer (or its error) on its gateway's connection; a gateway gone
+        meanwhile has nobody left to answer."""
+        groups = [group for _, group in pending.answer_groups]
+        if not groups:  # a failure of the whole batch (or of its preparation)
+            err = result.error or codec.error(pb.ErrorCode.INTERNAL, "the executor produced no answer")
+            name = pending.model.spec.name if pending.model else ""
+            envelope = codec.build_response(
+                request_id=rid, trace_id=None, model=name, error=(err.code, err.reason or "")
+            )
+            groups = [[envelope]]
+        if self.direct is not None:
+            self.direct.send(gateway, codec.bundle(groups, responses=True))
 
     def _register(self) -> None:
         reg = pb.RegisterT()
@@ -464,11 +575,18 @@ class Executor:
             result = pb.BatchResultT(batchId=batch.batchId, executorId=self.s.service_id, error=failure)
             return Pending(result, None)
 
-    def _execute(self, pending: Pending, send: Callable[[list[Any]], Any]) -> BaseException | None:
+    def _execute(
+        self,
+        pending: Pending,
+        send: Callable[[list[Any]], Any],
+        direct: tuple[bytes, str] | None = None,
+    ) -> BaseException | None:
         """Run one decoded batch and ``send`` its BatchResult's parts (after any direct answers),
         then account for it (metrics, spans: nobody waits on those); returns the device fault that
         ends the process, if one happened. Never raises: a failure is every request's answer. Called
-        by the compute thread, and by the I/O loop for a lone batch of a fast model (`_inline`)."""
+        by the compute thread, and by the I/O loop for a lone batch of a fast model (`_inline`).
+        ``direct``: a direct request's (gateway, request id): answered on that gateway's direct
+        connection instead, nothing sent to the scheduler."""
         t0 = time.perf_counter() - pending.busy_s  # the compute metric keeps the decode and prepare
         name = pending.model.spec.name if pending.model else ""
         model = name if name in self.models else "_unknown"  # bounded labels
@@ -485,9 +603,12 @@ class Executor:
         took_s = time.perf_counter() - t0
         if model in self.models:  # what decides whether its next lone batch runs inline: set before
             self._compute_s[model] = took_s  # the answer leaves, so the next batch sees it
-        if self.answers is not None:  # the answers first: the gateways wait on them, not on metrics
-            out = self._deliver(pending, result, out)
-        send(codec.pack(result, out))
+        if direct is not None:
+            self._answer_direct(*direct, pending, result)
+        else:
+            if self.answers is not None:  # the answers first: the gateways wait on them, not on metrics
+                out = self._deliver(pending, result, out)
+            send(codec.pack(result, out))
         outcome = "error" if result.error is not None else "success"
         m.batches.labels(model=model, outcome=outcome).inc()
         m.compute_us.labels(model=model).observe(took_s * 1e6)
@@ -531,10 +652,10 @@ class Executor:
         time either way. A model that `prepares` runs its `prepare` inline too (nothing is behind it
         to overlap with). Saves the compute thread's wake-up and the result's hand-off back (issue
         #19: two thread switches per lone batch)."""
-        if self.inflight or self.s.inline_max_us <= 0:
-            return False
-        model = pending.model
-        if model is None:
+        return self._runs_inline(pending.model)
+
+    def _runs_inline(self, model: Model | None) -> bool:
+        if self.inflight or self.s.inline_max_us <= 0 or model is None:
             return False
         took_s = self._compute_s.get(model.spec.name)
         return took_s is not None and took_s * 1e6 <= self.s.inline_max_us

@@ -51,7 +51,11 @@ def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI
         auth=settings.redis_auth,
     )
     link = (
-        UnixSchedulerLink(identity=f"gw-{settings.service_id}", bundle_max=settings.bundle_max)
+        UnixSchedulerLink(
+            identity=f"gw-{settings.service_id}",
+            bundle_max=settings.bundle_max,
+            direct=settings.direct_requests,
+        )
         if settings.link_ipc_dir and settings.link_transport == "unix"
         else SchedulerLink(
             identity=f"gw-{settings.service_id}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -23,17 +24,20 @@ from anvil_core.curve import CurveClient
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.unix_link import (
+    BUSY,
     HELLO,
     MAX_QUEUED_BYTES,
     FrameReader,
     LinkError,
     answer_path,
+    direct_path,
     encode,
     same_user,
     unix_path,
 )
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import make_socket
+from anvil_gateway import metrics as m
 
 __all__ = ["BackendUnavailable", "SchedulerLink", "UnixSchedulerLink"]
 
@@ -121,13 +125,16 @@ class SchedulerLink:
         self.sock.connect(endpoint)
         self.endpoint = endpoint
 
-    async def infer(self, request_id: str, parts: list[Any], timeout_s: float, urgent: bool = False) -> Reply:
+    async def infer(
+        self, request_id: str, parts: list[Any], timeout_s: float, urgent: bool = False, model: str = ""
+    ) -> Reply:
         """Send [envelope, *payloads] and wait for the answer; raises TimeoutError after `timeout_s`.
 
         Requests made in one event-loop turn leave together, as bundles of up to `bundle_max` (see
         anvil_core.codec.messages): a full bundle at once, the rest at the end of the turn. An
         `urgent` request (priority 1) does not wait for the turn's end: it leaves at once with what
-        is pending.
+        is pending. `model`: the request's model when it names no version, which lets a lone
+        request go to an executor directly (``UnixSchedulerLink``); "" never does.
         """
         if self.endpoint is None:
             raise BackendUnavailable("no scheduler registered")
@@ -136,16 +143,28 @@ class SchedulerLink:
         self.pending[request_id] = fut
         # a timer on the future itself: asyncio.wait_for would wrap every request in another task
         timer = loop.call_later(timeout_s, _expire, fut)
-        self._outbox.append((request_id, parts))
-        if urgent or len(self._outbox) >= self.bundle_max:
-            self._flush()  # now: the scheduler can start on a full bundle, or an interactive request
-        elif len(self._outbox) == 1:
-            loop.call_soon(self._flush)
+        if not (model and self._direct(request_id, model, parts)):
+            self._outbox.append((request_id, parts))
+            if urgent or len(self._outbox) >= self.bundle_max:
+                self._flush()  # now: the scheduler can start on a full bundle, or an interactive request
+            elif len(self._outbox) == 1:
+                loop.call_soon(self._flush)
         try:
             return await fut
         finally:
             timer.cancel()
             self.pending.pop(request_id, None)
+            self._settled(request_id)
+
+    def _direct(self, request_id: str, model: str, parts: list[Any]) -> bool:
+        """Whether the request went to an executor directly (``UnixSchedulerLink``); never here."""
+        return False
+
+    def _settled(self, request_id: str) -> None:
+        """The request's caller has its answer, or gave up."""
+
+    def _answered_by(self, model: str, executor: str) -> None:
+        """A good answer for `model` came from `executor` itself (its answer or direct connection)."""
 
     def _flush(self) -> None:
         out, self._outbox = self._outbox, []
@@ -187,8 +206,9 @@ class SchedulerLink:
                 continue
             self.on_message(parts)
 
-    def on_message(self, parts: list[Any]) -> None:
-        """One message from the scheduler: a response, or a bundle of them. Never raises."""
+    def on_message(self, parts: list[Any], via: str = "") -> None:
+        """One message from the scheduler (or from the executor `via`, on Unix links): a response,
+        or a bundle of them. Never raises."""
         try:
             groups = codec.unbundle(parts)
         except codec.ProtocolError as exc:
@@ -199,13 +219,13 @@ class SchedulerLink:
             return
         for body, group in groups:
             try:
-                self._on_response(body, group)
+                self._on_response(body, group, via)
             except codec.ProtocolError as exc:
                 self.drops.drop(exc.reason, str(exc))
             except Exception as exc:
                 self.drops.drop("internal", f"{type(exc).__name__}: {exc}", exc_info=True)
 
-    def _on_response(self, body: Any, group: list[Any]) -> None:
+    def _on_response(self, body: Any, group: list[Any], via: str = "") -> None:
         if isinstance(body, codec.ProtocolError):
             ids = codec.peek_request_ids(group[0])  # a caller that can be told now, not at its timeout
             fut = None if ids is None else self.pending.get(ids[0])
@@ -226,6 +246,8 @@ class SchedulerLink:
             fut.set_exception(BackendUnavailable(f"malformed answer from the scheduler: {exc}"))
             raise
         fut.set_result((body, group[1:]))
+        if via and body.error is None and body.model:
+            self._answered_by(body.model, via)
 
 
 class UnixSchedulerLink(SchedulerLink):
@@ -245,16 +267,40 @@ class UnixSchedulerLink(SchedulerLink):
     peers of another user are cut before a byte is read; a hello first), where this host's
     executors write the answers to this gateway's requests themselves when the scheduler asks them
     to (``Batch.reply_to``): one hop and one process fewer on the way back. What arrives there is
-    verified and matched exactly as the scheduler's messages are."""
+    verified and matched exactly as the scheduler's messages are.
+
+    Direct requests (``direct``, on by default; docs/scheduler.md): a request that finds nothing
+    else of this gateway in flight goes to the executor that last answered its model itself, on
+    that executor's direct socket (``direct-<executor>.usock`` in the link directory; connected in
+    the background on first need, this user's only, a hello first). The executor runs it when idle
+    and answers on that connection, or hands it back (``BUSY``): it then goes through the
+    scheduler, and that model's requests do for ``busy_backoff_s``. A request whose connection ends
+    before its answer goes through the scheduler too: each request is answered once (its future),
+    at worst run twice, as a re-dispatched batch is."""
 
     def __init__(
-        self, identity: str, bundle_max: int = 8, retry_s: float = 0.1, answers: bool = True
+        self,
+        identity: str,
+        bundle_max: int = 8,
+        retry_s: float = 0.1,
+        answers: bool = True,
+        direct: bool = True,
+        busy_backoff_s: float = 0.05,
     ) -> None:
         self.retry_s = retry_s
         self.answers = answers
         self._answer_server: asyncio.AbstractServer | None = None
         self.answer_path: str | None = None  # the answer socket being served
         self.answer_connects = 0
+        self.direct = direct and answers  # executors are learnt from their direct answers
+        self.busy_backoff_s = busy_backoff_s
+        self._served_by: dict[str, str] = {}  # model -> the executor that last answered it itself
+        self._executors: dict[str, _DirectReader] = {}  # executor -> its open direct connection
+        self._opening: dict[str, asyncio.Task[None]] = {}  # executor -> its connection being made
+        self._retry_at: dict[str, float] = {}  # executor -> when to try connecting again (monotonic)
+        self._busy_until: dict[str, float] = {}  # model -> direct again from then on (monotonic)
+        # request id -> (its connection, model, parts) while a direct request waits for its answer
+        self._sent_direct: dict[str, tuple[_DirectReader, str, list[Any]]] = {}
         super().__init__(identity, bundle_max, None)
 
     def _open(self, identity: str, curve: CurveClient | None) -> None:
@@ -276,6 +322,91 @@ class UnixSchedulerLink(SchedulerLink):
             self._transport.close()
             self._transport = None
         self._stop_answers()
+        for task in self._opening.values():
+            task.cancel()
+        for reader in list(self._executors.values()):
+            if reader.transport is not None:
+                reader.transport.close()
+        self._executors.clear()
+
+    # ---- direct requests ----------------------------------------------------------------------
+    def _direct(self, request_id: str, model: str, parts: list[Any]) -> bool:
+        """Send a lone request (nothing else of this gateway in flight) to the executor that last
+        answered `model` itself; False: it goes through the scheduler (and a connection to that
+        executor is made meanwhile when there is none)."""
+        if not self.direct or len(self.pending) > 1 or self._outbox:
+            return False
+        executor = self._served_by.get(model)
+        if executor is None or time.monotonic() < self._busy_until.get(model, 0.0):
+            return False
+        reader = self._executors.get(executor)
+        transport = None if reader is None else reader.transport
+        if reader is None or transport is None or transport.is_closing():
+            self._open_direct(executor)
+            return False
+        transport.writelines(encode([model.encode(), request_id.encode(), *parts]))  # type: ignore[attr-defined]
+        self._sent_direct[request_id] = (reader, model, parts)
+        m.direct_requests.labels(outcome="sent").inc()
+        return True
+
+    def _settled(self, request_id: str) -> None:
+        self._sent_direct.pop(request_id, None)
+
+    def _answered_by(self, model: str, executor: str) -> None:
+        self._served_by[model] = executor
+
+    def _via_scheduler(self, request_id: str, outcome: str) -> None:
+        """A direct request handed back (busy) or cut off (lost): through the scheduler now, once."""
+        entry = self._sent_direct.pop(request_id, None)
+        fut = self.pending.get(request_id)
+        if entry is None or fut is None or fut.done():
+            return
+        m.direct_requests.labels(outcome=outcome).inc()
+        self._outbox.append((request_id, entry[2]))
+        self._flush()
+
+    def _on_busy(self, reader: _DirectReader, parts: list[bytes]) -> None:
+        rid = parts[1].decode(errors="replace")
+        entry = self._sent_direct.get(rid)
+        if entry is None:  # its caller has given up meanwhile (deadline): nothing to send
+            return
+        if entry[0] is not reader:  # not a request sent on this connection
+            self.drops.drop("unexpected", f"direct connection of {reader.executor!r}: busy for {rid[:80]!r}")
+            return
+        self._busy_until[entry[1]] = time.monotonic() + self.busy_backoff_s
+        self._via_scheduler(rid, "busy")
+
+    def _direct_lost(self, reader: _DirectReader) -> None:
+        if self._executors.get(reader.executor) is reader:
+            del self._executors[reader.executor]
+        retry_at = time.monotonic() + self.retry_s
+        self._retry_at[reader.executor] = max(self._retry_at.get(reader.executor, 0.0), retry_at)
+        for rid in [rid for rid, entry in self._sent_direct.items() if entry[0] is reader]:
+            self._via_scheduler(rid, "lost")
+
+    def _open_direct(self, executor: str) -> None:
+        if executor in self._opening or time.monotonic() < self._retry_at.get(executor, 0.0):
+            return
+        path = None if self._path is None else direct_path(os.path.dirname(self._path), executor)
+        if path is None:
+            self._retry_at[executor] = float("inf")  # an identity that names no socket: never
+            return
+        task = asyncio.get_running_loop().create_task(self._connect_direct(executor, path))
+        self._opening[executor] = task
+        task.add_done_callback(lambda _: self._opening.pop(executor, None))
+
+    async def _connect_direct(self, executor: str, path: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            transport, reader = await loop.create_unix_connection(lambda: _DirectReader(self, executor), path)
+        except OSError:  # no such socket (an executor without it, or gone): try again later
+            self._retry_at[executor] = time.monotonic() + self.retry_s
+            return
+        if transport.is_closing():  # refused in connection_made (another user's socket)
+            self._retry_at[executor] = float("inf")
+            return
+        transport.writelines(encode([HELLO, self.identity.encode()]))
+        self._executors[executor] = reader
 
     async def _serve_answers(self, ipc_dir: str) -> None:
         """Listen on this gateway's answer socket in `ipc_dir` (again, when the directory moved)."""
@@ -437,7 +568,8 @@ class _AnswerReader(_FramedReader):
 
     def _take(self, parts: list[bytes]) -> bool:
         if self.peer is not None:
-            return super()._take(parts)
+            self.link.on_message(parts, via=self.peer.decode(errors="replace"))
+            return True
         if len(parts) != 2 or parts[0] != HELLO or not 0 < len(parts[1]) <= 255:
             self._cut("its first message is not a hello with an identity")
             return False
@@ -446,6 +578,37 @@ class _AnswerReader(_FramedReader):
 
     def _cut(self, why: str) -> None:
         self._close("invalid", f"answer socket: connection of {self.peer!r} closed: {why}")
+
+
+class _DirectReader(_FramedReader):
+    """This gateway's connection to one executor's direct socket: the executor must run as this
+    user (else cut at once); what it sends is an answer (verified and matched as any), or ``[BUSY,
+    request id]`` for a request of this connection it hands back."""
+
+    def __init__(self, link: UnixSchedulerLink, executor: str) -> None:
+        super().__init__(link)
+        self.direct_link = link
+        self.executor = executor
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is None or not same_user(sock):
+            self._close("unexpected", f"direct socket of {self.executor!r} is served by another user")
+
+    def _take(self, parts: list[bytes]) -> bool:
+        if len(parts) == 2 and parts[0] == BUSY:
+            self.direct_link._on_busy(self, parts)
+        else:
+            self.link.on_message(parts, via=self.executor)
+        return True
+
+    def _cut(self, why: str) -> None:
+        self._close("invalid", f"direct connection of {self.executor!r} closed: {why}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.direct_link._direct_lost(self)
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:

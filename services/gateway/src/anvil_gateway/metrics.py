@@ -37,6 +37,13 @@ admission_rejected = Counter(
     "anvil_admission_rejected_total", "Requests refused at admission", ["tenant", "priority", "reason"]
 )
 shm_regions = Gauge("anvil_shm_regions", "Registered system shared-memory regions")
+direct_requests = Counter(
+    "anvil_gateway_direct_requests_total",
+    "Lone requests this gateway sent an executor itself (direct requests, docs/scheduler.md), by what "
+    "became of them: sent, busy (handed back: sent through the scheduler) or lost (the executor's "
+    "connection ended before the answer: sent through the scheduler)",
+    ["outcome"],
+)
 
 
 class _ModelSeries:

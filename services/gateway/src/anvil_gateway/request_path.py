@@ -253,7 +253,11 @@ async def forward(
         try:
             with tracing.span("gateway.dispatch"):  # sent -> answered
                 resp, frames = await st.link.infer(
-                    request_id, [envelope, *payloads], timeout_s + 0.05, urgent=priority == 1
+                    request_id,
+                    [envelope, *payloads],
+                    timeout_s + 0.05,
+                    urgent=priority == 1,
+                    model="" if version else spec.name,  # a lone request may go to an executor directly
                 )
         except BackendUnavailable as exc:
             raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None

@@ -335,8 +335,9 @@ class ZeroCopyServer:
         region.busy[head.slot] = flight
         self._flights[(peer, rid)] = flight
         m.inflight.inc()
+        direct_model = "" if meta.model_version else spec.name  # a version named: never direct
         flight.task = asyncio.get_running_loop().create_task(
-            self._run(flight, request_id, envelope, budget_s, urgent=priority == 1)
+            self._run(flight, request_id, envelope, budget_s, priority == 1, direct_model)
         )
 
     def _prepare(self, block: bytes, payload_length: int) -> _Prepared:
@@ -365,10 +366,11 @@ class ZeroCopyServer:
         return prepared
 
     async def _run(
-        self, flight: _Flight, request_id: str, envelope: bytes, budget_s: float, urgent: bool
+        self, flight: _Flight, request_id: str, envelope: bytes, budget_s: float, urgent: bool, model: str
     ) -> None:
+        """`model`: "" when the request named a version (it never goes to an executor directly)."""
         try:
-            resp, frames = await self.st.link.infer(request_id, [envelope], budget_s + 0.05, urgent)
+            resp, frames = await self.st.link.infer(request_id, [envelope], budget_s + 0.05, urgent, model)
             if not flight.done:
                 self._deliver(flight, resp, frames)
         except BackendUnavailable as exc:

@@ -9,7 +9,7 @@ from typing import Any
 
 import zmq
 
-from anvil_core.unix_link import UnixRouter, unix_endpoint, unix_path
+from anvil_core.unix_link import PolledFds, UnixRouter, unix_endpoint, unix_path
 from anvil_scheduler import metrics as m
 
 __all__ = ["UnixLinks"]
@@ -20,7 +20,6 @@ Problem = Callable[[str, str], None]
 # zmq's poll flags as plain ints: an operator on the IntFlag members costs ~1.5 µs each (enum.Flag),
 # and the loop set the flags of every fd once a turn
 _POLL_IN, _POLL_OUT = int(zmq.POLLIN), int(zmq.POLLOUT)
-_POLL_INOUT = _POLL_IN | _POLL_OUT
 
 
 class UnixLinks:
@@ -29,23 +28,12 @@ class UnixLinks:
     def __init__(self, ipc_dir: str) -> None:
         self.gateway = UnixRouter(unix_path(unix_endpoint(ipc_dir, "gateway")))
         self.executor = UnixRouter(unix_path(unix_endpoint(ipc_dir, "executor")))
-        self._polled: dict[int, int] = {}  # fd -> the poll flags it is registered with
+        self._polled = PolledFds(_POLL_IN, _POLL_OUT)
 
     def watch(self, poller: zmq.Poller) -> None:
         """Keep the poller's fds in step with the routers' connections (new, gone, and whether each
         has bytes waiting to be written)."""
-        want: dict[int, int] = {}
-        for router in (self.gateway, self.executor):
-            for fd, wants_write in router.fds():
-                want[fd] = _POLL_INOUT if wants_write else _POLL_IN
-        if want == self._polled:
-            return
-        for fd in self._polled.keys() - want.keys():
-            poller.unregister(fd)
-        for fd, flags in want.items():
-            if self._polled.get(fd) != flags:
-                poller.register(fd, flags)  # registers, or modifies a registered fd
-        self._polled = want
+        self._polled.watch(poller, self.gateway, self.executor)
 
     def serve(
         self, events: dict[Any, int], on_gateway: Handle, on_executor: Handle, problem: Problem
