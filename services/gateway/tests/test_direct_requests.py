@@ -1,10 +1,10 @@
 """Direct requests at the gateway (backend.UnixSchedulerLink, docs/scheduler.md "Direct requests"):
 once an executor has answered a model itself, a lone request of that model goes to that executor's
-direct socket; a request with others in flight, or of a model handed back as busy a moment ago,
-goes through the scheduler; a busy answer and a connection that ends before the answer send the
-request through the scheduler, once. Stand-ins: an asyncio scheduler on the link's socket whose
-answers an "executor" writes to the gateway's answer socket (AnswerSender), and an asyncio direct
-socket playing the executor."""
+direct socket; a request with others in flight, of more rows than ``direct_max_rows``, or of a
+model handed back as busy a moment ago, goes through the scheduler; a busy answer and a connection
+that ends before the answer send the request through the scheduler, once. Stand-ins: an asyncio
+scheduler on the link's socket whose answers an "executor" writes to the gateway's answer socket
+(AnswerSender), and an asyncio direct socket playing the executor."""
 
 from __future__ import annotations
 
@@ -33,6 +33,28 @@ class Stand:
         self.hellos: list[bytes] = []
         self.mode = "answer"  # answer | busy | hangup
         self.sender = AnswerSender(str(tmp), "ex-1", timeout_s=1)
+
+    async def serve(self) -> None:
+        """Both sockets listening: the scheduler's gateway link and ex-1's direct socket."""
+        path = direct_path(str(self.tmp), "ex-1")
+        assert path is not None
+        self.servers = [
+            await asyncio.start_unix_server(self.scheduler, str(self.tmp / "gateway.usock")),
+            await asyncio.start_unix_server(self.executor, path),
+        ]
+
+    async def link(self, identity: str, **options: Any) -> UnixSchedulerLink:
+        """A gateway's link to the stand-in scheduler, connected."""
+        link = UnixSchedulerLink(identity, retry_s=0.01, **options)
+        link.follow(unix_endpoint(str(self.tmp), "gateway"))
+        link.start()
+        await _connected(link, 1)
+        return link
+
+    def close(self) -> None:
+        self.sender.close()
+        for server in self.servers:
+            server.close()
 
     async def scheduler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frames = FrameReader()
@@ -66,7 +88,7 @@ class Stand:
 
 
 async def _call(link: UnixSchedulerLink, rid: str) -> Any:
-    resp, frames = await link.infer(rid, _request(rid), 5, model="m")
+    resp, frames = await link.infer(rid, _request(rid), 5, model="m", rows=1)
     assert resp.requestId == rid and [bytes(f) for f in frames] == [b"out-" + rid.encode()]
     return resp
 
@@ -76,15 +98,9 @@ def test_lone_requests_go_to_the_executor_and_come_back_through_the_scheduler_wh
 ) -> None:
     async def main() -> None:
         stand = Stand(tmp_path)
-        sched = await asyncio.start_unix_server(stand.scheduler, str(tmp_path / "gateway.usock"))
-        path = direct_path(str(tmp_path), "ex-1")
-        assert path is not None
-        ex = await asyncio.start_unix_server(stand.executor, path)
-        link = UnixSchedulerLink("gw-test", retry_s=0.01, busy_backoff_s=0.2)
-        link.follow(unix_endpoint(str(tmp_path), "gateway"))
-        link.start()
+        await stand.serve()
+        link = await stand.link("gw-test", busy_backoff_s=0.2)
         try:
-            await _connected(link, 1)
             await _call(link, "r1")  # nothing learnt yet: the scheduler; ex-1 answered it itself
             await _call(link, "r2")  # ex-1 learnt, not connected yet: the scheduler, and it connects
             assert stand.scheduled == ["r1", "r2"] and not stand.direct
@@ -92,6 +108,8 @@ def test_lone_requests_go_to_the_executor_and_come_back_through_the_scheduler_wh
                 await asyncio.sleep(0.005)
             await _call(link, "r3")  # lone: straight to ex-1
             assert stand.direct == ["r3"] and stand.hellos == [b"gw-test"]
+            resp, _ = await link.infer("big", _request("big"), 5, model="m", rows=2)  # over direct_max_rows
+            assert resp.requestId == "big" and stand.scheduled[-1] == "big" and stand.direct == ["r3"]
             # r4 is alone when it leaves (direct); r5 finds r4 in flight: the scheduler
             await asyncio.gather(_call(link, "r4"), _call(link, "r5"))
             assert stand.scheduled[-1] == "r5" and stand.direct == ["r3", "r4"]
@@ -110,10 +128,8 @@ def test_lone_requests_go_to_the_executor_and_come_back_through_the_scheduler_wh
             assert stand.scheduled.count("r6") == stand.scheduled.count("r8") == 1
             assert not link.pending and not link._sent_direct
         finally:
-            stand.sender.close()
             await link.stop()
-            sched.close()
-            ex.close()
+            stand.close()
 
     asyncio.run(main())
 
@@ -121,33 +137,21 @@ def test_lone_requests_go_to_the_executor_and_come_back_through_the_scheduler_wh
 def test_a_request_naming_no_model_or_with_direct_off_goes_through_the_scheduler(tmp_path: Path) -> None:
     async def main() -> None:
         stand = Stand(tmp_path)
-        sched = await asyncio.start_unix_server(stand.scheduler, str(tmp_path / "gateway.usock"))
-        path = direct_path(str(tmp_path), "ex-1")
-        assert path is not None
-        ex = await asyncio.start_unix_server(stand.executor, path)
-        links = [UnixSchedulerLink("gw-test", retry_s=0.01, direct=False)]
+        await stand.serve()
+        links = [await stand.link("gw-test", direct=False)]
         try:
-            for link in links:
-                link.follow(unix_endpoint(str(tmp_path), "gateway"))
-                link.start()
-                await _connected(link, 1)
-                for rid in ("a", "b", "c"):
-                    await _call(link, rid)
-                assert not link._executors
-            link = UnixSchedulerLink("gw-two", retry_s=0.01)  # on, but requests name a version
-            links.append(link)
-            link.follow(unix_endpoint(str(tmp_path), "gateway"))
-            link.start()
-            await _connected(link, 1)
+            for rid in ("a", "b", "c"):
+                await _call(links[0], rid)
+            assert not links[0]._executors
+            links.append(await stand.link("gw-two"))  # on, but its requests name a version
+            link = links[1]
             for rid in ("d", "e", "f"):
                 resp, _ = await link.infer(rid, _request(rid), 5)  # model="": a version was named
                 assert resp.requestId == rid
             assert not stand.direct and stand.scheduled == list("abcdef")
         finally:
-            stand.sender.close()
-            for link in links:
-                await link.stop()
-            sched.close()
-            ex.close()
+            for one in links:
+                await one.stop()
+            stand.close()
 
     asyncio.run(main())

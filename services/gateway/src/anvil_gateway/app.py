@@ -55,6 +55,7 @@ def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI
             identity=f"gw-{settings.service_id}",
             bundle_max=settings.bundle_max,
             direct=settings.direct_requests,
+            direct_max_rows=settings.direct_max_rows,
         )
         if settings.link_ipc_dir and settings.link_transport == "unix"
         else SchedulerLink(

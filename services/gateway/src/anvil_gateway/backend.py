@@ -126,7 +126,13 @@ class SchedulerLink:
         self.endpoint = endpoint
 
     async def infer(
-        self, request_id: str, parts: list[Any], timeout_s: float, urgent: bool = False, model: str = ""
+        self,
+        request_id: str,
+        parts: list[Any],
+        timeout_s: float,
+        urgent: bool = False,
+        model: str = "",
+        rows: int = 1,
     ) -> Reply:
         """Send [envelope, *payloads] and wait for the answer; raises TimeoutError after `timeout_s`.
 
@@ -134,7 +140,8 @@ class SchedulerLink:
         anvil_core.codec.messages): a full bundle at once, the rest at the end of the turn. An
         `urgent` request (priority 1) does not wait for the turn's end: it leaves at once with what
         is pending. `model`: the request's model when it names no version, which lets a lone
-        request go to an executor directly (``UnixSchedulerLink``); "" never does.
+        request of at most ``direct_max_rows`` `rows` go to an executor directly
+        (``UnixSchedulerLink``); "" never does.
         """
         if self.endpoint is None:
             raise BackendUnavailable("no scheduler registered")
@@ -143,7 +150,7 @@ class SchedulerLink:
         self.pending[request_id] = fut
         # a timer on the future itself: asyncio.wait_for would wrap every request in another task
         timer = loop.call_later(timeout_s, _expire, fut)
-        if not (model and self._direct(request_id, model, parts)):
+        if not (model and self._direct(request_id, model, parts, rows)):
             self._outbox.append((request_id, parts))
             if urgent or len(self._outbox) >= self.bundle_max:
                 self._flush()  # now: the scheduler can start on a full bundle, or an interactive request
@@ -156,7 +163,7 @@ class SchedulerLink:
             self.pending.pop(request_id, None)
             self._settled(request_id)
 
-    def _direct(self, request_id: str, model: str, parts: list[Any]) -> bool:
+    def _direct(self, request_id: str, model: str, parts: list[Any], rows: int) -> bool:
         """Whether the request went to an executor directly (``UnixSchedulerLink``); never here."""
         return False
 
@@ -269,8 +276,9 @@ class UnixSchedulerLink(SchedulerLink):
     to (``Batch.reply_to``): one hop and one process fewer on the way back. What arrives there is
     verified and matched exactly as the scheduler's messages are.
 
-    Direct requests (``direct``, on by default; docs/scheduler.md): a request that finds nothing
-    else of this gateway in flight goes to the executor that last answered its model itself, on
+    Direct requests (``direct``, on by default; docs/scheduler.md): a request of at most
+    ``direct_max_rows`` rows that finds nothing else of this gateway in flight goes to the executor
+    that last answered its model itself, on
     that executor's direct socket (``direct-<executor>.usock`` in the link directory; connected in
     the background on first need, this user's only, a hello first). The executor runs it when idle
     and answers on that connection, or hands it back (``BUSY``): it then goes through the
@@ -286,6 +294,7 @@ class UnixSchedulerLink(SchedulerLink):
         answers: bool = True,
         direct: bool = True,
         busy_backoff_s: float = 0.05,
+        direct_max_rows: int = 1,
     ) -> None:
         self.retry_s = retry_s
         self.answers = answers
@@ -294,6 +303,7 @@ class UnixSchedulerLink(SchedulerLink):
         self.answer_connects = 0
         self.direct = direct and answers  # executors are learnt from their direct answers
         self.busy_backoff_s = busy_backoff_s
+        self.direct_max_rows = direct_max_rows
         self._served_by: dict[str, str] = {}  # model -> the executor that last answered it itself
         self._executors: dict[str, _DirectReader] = {}  # executor -> its open direct connection
         self._opening: dict[str, asyncio.Task[None]] = {}  # executor -> its connection being made
@@ -330,11 +340,12 @@ class UnixSchedulerLink(SchedulerLink):
         self._executors.clear()
 
     # ---- direct requests ----------------------------------------------------------------------
-    def _direct(self, request_id: str, model: str, parts: list[Any]) -> bool:
-        """Send a lone request (nothing else of this gateway in flight) to the executor that last
-        answered `model` itself; False: it goes through the scheduler (and a connection to that
-        executor is made meanwhile when there is none)."""
-        if not self.direct or len(self.pending) > 1 or self._outbox:
+    def _direct(self, request_id: str, model: str, parts: list[Any], rows: int) -> bool:
+        """Send a lone request (nothing else of this gateway in flight) of at most
+        ``direct_max_rows`` rows to the executor that last answered `model` itself; False: it goes
+        through the scheduler (and a connection to that executor is made meanwhile when there is
+        none)."""
+        if not self.direct or rows > self.direct_max_rows or len(self.pending) > 1 or self._outbox:
             return False
         executor = self._served_by.get(model)
         if executor is None or time.monotonic() < self._busy_until.get(model, 0.0):
@@ -387,7 +398,9 @@ class UnixSchedulerLink(SchedulerLink):
     def _open_direct(self, executor: str) -> None:
         if executor in self._opening or time.monotonic() < self._retry_at.get(executor, 0.0):
             return
-        path = None if self._path is None else direct_path(os.path.dirname(self._path), executor)
+        if self._path is None:  # no link directory (yet)
+            return
+        path = direct_path(os.path.dirname(self._path), executor)
         if path is None:
             self._retry_at[executor] = float("inf")  # an identity that names no socket: never
             return

@@ -258,6 +258,7 @@ async def forward(
                     timeout_s + 0.05,
                     urgent=priority == 1,
                     model="" if version else spec.name,  # a lone request may go to an executor directly
+                    rows=inputs[0].shape[0] if spec.max_batch > 0 and inputs and inputs[0].shape else 1,
                 )
         except BackendUnavailable as exc:
             raise Failed(503, f"model {spec.name!r} unavailable: {exc}", "unavailable") from None

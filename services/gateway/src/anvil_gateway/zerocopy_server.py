@@ -337,7 +337,7 @@ class ZeroCopyServer:
         m.inflight.inc()
         direct_model = "" if meta.model_version else spec.name  # a version named: never direct
         flight.task = asyncio.get_running_loop().create_task(
-            self._run(flight, request_id, envelope, budget_s, priority == 1, direct_model)
+            self._run(flight, request_id, envelope, budget_s, priority == 1, direct_model, flight.rows)
         )
 
     def _prepare(self, block: bytes, payload_length: int) -> _Prepared:
@@ -366,11 +366,19 @@ class ZeroCopyServer:
         return prepared
 
     async def _run(
-        self, flight: _Flight, request_id: str, envelope: bytes, budget_s: float, urgent: bool, model: str
+        self,
+        flight: _Flight,
+        request_id: str,
+        envelope: bytes,
+        budget_s: float,
+        urgent: bool,
+        model: str,
+        rows: int,
     ) -> None:
         """`model`: "" when the request named a version (it never goes to an executor directly)."""
         try:
-            resp, frames = await self.st.link.infer(request_id, [envelope], budget_s + 0.05, urgent, model)
+            link = self.st.link
+            resp, frames = await link.infer(request_id, [envelope], budget_s + 0.05, urgent, model, rows)
             if not flight.done:
                 self._deliver(flight, resp, frames)
         except BackendUnavailable as exc:
