@@ -40,7 +40,7 @@ for r in $(seq 1 "$ROUNDS"); do
       bash bench/h200_gpu.sh > "$sub.log" 2>&1)
     {
       echo "== round $r, $label (${extra[*]:-defaults}; tree $dir, commit ${commit:-?}), $(( $(date +%s) - start )) s"
-      grep -E "^anvil [0-9]+ sentences|^sent |hops ms|concurrency|p50 latency|Throughput" "$sub.log"
+      grep -E "^anvil [0-9]+ sentences|^sent |hops ms|concurrency|p50 latency|Throughput|^direct requests" "$sub.log"
     } | tee -a "$OUT/ab_summary.txt"
     cp "$sub/minilm_gpu.json" "$OUT/minilm_${label}_$r.json" 2>/dev/null
   done

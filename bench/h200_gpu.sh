@@ -52,9 +52,19 @@ if [ "${HOPS:-0}" = 1 ]; then
       --name "hops_identity_c$c" --out /tmp/hops 2>&1 | grep -E "^sent|hops ms" | tee -a "$OUT/hops_identity.txt"
   done
 fi
+# direct requests (docs/scheduler.md): how many lone requests each gateway process sent an executor
+# itself so far, and how many came back busy or lost (worker i's metrics port: 8002 + 100 i)
+direct_counts() {
+  for i in $(seq 0 $((ANVIL_HTTP_WORKERS - 1))); do
+    curl -s "localhost:$((8002 + 100 * i))/metrics" | grep '^anvil_gateway_direct_requests_total'
+  done | awk -v at="$1" '{split($1, a, "\""); n[a[2]] += $2} END {
+    printf "direct requests %s:", at; for (k in n) printf " %s %d", k, n[k]; print ""}'
+}
+[ "${HOPS:-0}" = 1 ] && direct_counts "after the identity loads"
 [ "${SKIP_SMOKE:-0}" = 1 ] || timeout 400 python3 bench/gpu_stack.py --out "$OUT/gpu_stack.json" 2>&1 | tail -60
 if [ -d .carry/minilm ] && [ "${SKIP_MINILM:-0}" != 1 ]; then  # all-MiniLM-L6-v2, fp16 safetensors + tokenizer (45 MB)
   timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" ${MINILM_ARGS:-} 2>&1 | tail -40
+  direct_counts "after the MiniLM loads"
   curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_(target_batch|batch_ceiling|batch_size_(sum|count)|batch_rtt_us_(sum|count)|pid_measured)" \
     | tee "$OUT/scheduler_batching.txt"
   if [ "${PROFILE:-0}" = 1 ]; then  # py-spy (carried in .whl) on each service under c64 load
