@@ -2,7 +2,7 @@
 whose requests name their gateway go to that gateway's answer socket, one message per gateway, and
 the result for the scheduler lists them in ``deliveredIds`` and carries only the rest; what cannot
 go (no socket, a gateway not reading) goes through the scheduler as before. A real answer socket
-(anvil_core.unix_link.AnswerSender), the real batch runner and codec; no scheduler."""
+(anvil_core.unix_peers.AnswerSender), the real batch runner and codec; no scheduler."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from typing import Any
 
 from anvil_core import codec
 from anvil_core.codec import pb
-from anvil_core.unix_link import HELLO, AnswerSender, FrameReader, answer_path
+from anvil_core.unix_link import HELLO, FrameReader
+from anvil_core.unix_peers import AnswerSender, answer_path
 from anvil_executor.batch_runner import finish_batch, prepare_batch
 from anvil_executor.models.builtin import load_builtin
 from anvil_executor.service import Executor

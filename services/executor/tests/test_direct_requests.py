@@ -18,7 +18,8 @@ import pytest
 
 from anvil_core import codec
 from anvil_core.codec import pb
-from anvil_core.unix_link import BUSY, HELLO, FrameReader, direct_path, encode
+from anvil_core.unix_link import HELLO, FrameReader, encode
+from anvil_core.unix_peers import BUSY, direct_path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_inline import Recorder, _ok, _running

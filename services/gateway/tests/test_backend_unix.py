@@ -15,15 +15,8 @@ import pytest
 import zmq
 
 from anvil_core import codec
-from anvil_core.unix_link import (
-    HELLO,
-    AnswerSender,
-    FrameReader,
-    UnixRouter,
-    encode,
-    unix_endpoint,
-    unix_path,
-)
+from anvil_core.unix_link import HELLO, FrameReader, UnixRouter, encode, unix_endpoint, unix_path
+from anvil_core.unix_peers import AnswerSender
 from anvil_gateway.backend import BackendUnavailable, UnixSchedulerLink
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from anvil_core import codec
-from anvil_core.unix_link import BUSY, HELLO, AnswerSender, FrameReader, direct_path, encode, unix_endpoint
+from anvil_core.unix_link import HELLO, FrameReader, encode, unix_endpoint
+from anvil_core.unix_peers import BUSY, AnswerSender, direct_path
 from anvil_gateway.backend import UnixSchedulerLink
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -46,16 +46,8 @@ from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
-from anvil_core.unix_link import (
-    BUSY,
-    AnswerSender,
-    PolledFds,
-    UnixDealer,
-    UnixRouter,
-    direct_path,
-    is_unix_endpoint,
-    unix_path,
-)
+from anvil_core.unix_link import PolledFds, UnixDealer, UnixRouter, is_unix_endpoint, unix_path
+from anvil_core.unix_peers import BUSY, AnswerSender, direct_path
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m

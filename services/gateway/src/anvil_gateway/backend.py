@@ -23,18 +23,8 @@ from anvil_core.codec import pb
 from anvil_core.curve import CurveClient
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
-from anvil_core.unix_link import (
-    BUSY,
-    HELLO,
-    MAX_QUEUED_BYTES,
-    FrameReader,
-    LinkError,
-    answer_path,
-    direct_path,
-    encode,
-    same_user,
-    unix_path,
-)
+from anvil_core.unix_link import HELLO, MAX_QUEUED_BYTES, FrameReader, LinkError, encode, same_user, unix_path
+from anvil_core.unix_peers import BUSY, answer_path, direct_path
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import make_socket
 from anvil_gateway import metrics as m

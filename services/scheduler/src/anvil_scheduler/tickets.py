@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from anvil_core.codec import pb
-from anvil_core.unix_link import is_answer_identity
+from anvil_core.unix_peers import is_answer_identity
 from anvil_scheduler.core import Request, ShedReason
 
 __all__ = ["SHED_CODES", "SHED_TEXT", "Ticket", "reply_to", "ticket_of"]
