@@ -1,4 +1,4 @@
-"""Direct answers on the executor (service.py `_deliver`, docs/scheduler.md): the answers of a batch
+"""Direct answers on the executor (peer_links.py `deliver`, docs/scheduler.md): the answers of a batch
 whose requests name their gateway go to that gateway's answer socket, one message per gateway, and
 the result for the scheduler lists them in ``deliveredIds`` and carries only the rest; what cannot
 go (no socket, a gateway not reading) goes through the scheduler as before. A real answer socket
@@ -10,7 +10,6 @@ import socket
 import sys
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from anvil_core import codec
@@ -19,7 +18,7 @@ from anvil_core.unix_link import HELLO, FrameReader
 from anvil_core.unix_peers import AnswerSender, answer_path
 from anvil_executor.batch_runner import finish_batch, prepare_batch
 from anvil_executor.models.builtin import load_builtin
-from anvil_executor.service import Executor
+from anvil_executor.peer_links import deliver
 
 sys.path.insert(0, str(Path(__file__).parent))
 from wire_helpers import batch_frames
@@ -35,8 +34,7 @@ def _pending(rids: list[str], reply_to: list[str]) -> Any:
 
 def _deliver(sender: AnswerSender, pending: Any) -> tuple[pb.BatchResultT, list[Any]]:
     result, out = finish_batch(pending)
-    me = SimpleNamespace(answers=sender)
-    out = Executor._deliver(me, pending, result, out)  # type: ignore[arg-type]
+    out = deliver(sender, pending, result, out)
     parts = codec.pack(result, out)
     body, frames = codec.unpack(parts)  # what goes to the scheduler verifies
     return body, frames

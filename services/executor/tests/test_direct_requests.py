@@ -1,9 +1,10 @@
-"""Direct requests on the executor (service.py `_on_direct`, docs/scheduler.md "Direct requests"): a
-gateway's lone request on the executor's direct socket runs on the I/O loop when the inline rule
-holds (idle, a model measured fast) and is answered on that connection; otherwise it is handed back
-with ``[BUSY, request id]``. A request whose envelope names another model than its header is refused
-by the batch runner; a message without its header is dropped; the executor keeps serving. A real
-Executor on its own loop thread, a stand-in scheduler's ROUTER, a plain socket as the gateway."""
+"""Direct requests on the executor (service.py `_on_direct`, peer_links.py `DirectSocket`;
+docs/scheduler.md "Direct requests"): a gateway's lone request on the executor's direct socket runs
+on the I/O loop when the inline rule holds (idle, a model measured fast) and is answered on that
+connection; otherwise it is handed back with ``[BUSY, request id]``. A request whose envelope names
+another model than its header is refused by the batch runner; a message without its header is
+dropped; the executor keeps serving. A real Executor on its own loop thread, a stand-in scheduler's
+ROUTER, a plain socket as the gateway."""
 
 from __future__ import annotations
 
@@ -62,9 +63,9 @@ def _answer(parts: list[bytes]) -> tuple[Any, list[Any]]:
 
 
 def _serving(r: Any, tmp_path: Path) -> Gateway:
-    r.ex.listen_direct(str(tmp_path))
+    r.ex.direct.listen(str(tmp_path))
     path = direct_path(str(tmp_path), r.ex.s.service_id)
-    assert path is not None and r.ex.direct is not None and r.ex.direct.path == path
+    assert path is not None and r.ex.direct.path == path
     return Gateway(path)
 
 
@@ -85,7 +86,7 @@ def test_a_lone_direct_request_runs_on_the_io_loop_and_is_answered_on_its_connec
             assert body.requestId == "d1" and body.error is None
             out = codec.request_tensor(body.outputs[0], payloads).data
             assert np.array_equal(out, np.zeros((1, 4), np.float32))
-            assert fast.ran_on[-1] == "io-loop" and r.ex.direct_batches == 1
+            assert fast.ran_on[-1] == "io-loop" and r.ex.direct.ran == 1
             # the per-hop stamps: its receipt stands for the dispatch, no scheduler queue
             assert body.queueUs == 0 and body.dispatchedUnixNs == body.executorInUnixNs > 0
         finally:
@@ -109,7 +110,7 @@ def test_a_direct_request_that_finds_the_executor_busy_is_handed_back(redis_url:
             assert gw.next() == [BUSY, b"d2"]
             slow.release.set()
             _ok(*result_of(r.router, "2"), 0.0)
-            assert fast.ran_on == ["compute-0"] and r.ex.direct_batches == 0
+            assert fast.ran_on == ["compute-0"] and r.ex.direct.ran == 0
         finally:
             slow.release.set()
             gw.close()

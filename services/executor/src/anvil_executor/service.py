@@ -15,7 +15,8 @@ whose last batch ran within `inline_max_us`, runs on the I/O loop itself (any de
 compute-thread wake-up, no hand-off back.
 
 Direct requests (`_on_direct`, docs/scheduler.md): on Unix links the executor also listens on its
-direct socket, where a gateway with nothing else in flight sends a lone request itself. It runs
+direct socket (peer_links.py, beside the direct answers' `deliver`), where a gateway with nothing
+else in flight sends a lone request itself. It runs
 when the inline rule holds (idle, a fast model), answered on that connection; otherwise it is
 handed back ("busy") and the gateway sends it through the scheduler.
 
@@ -46,8 +47,8 @@ from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
 from anvil_core.registry import Registry
-from anvil_core.unix_link import PolledFds, UnixDealer, UnixRouter, is_unix_endpoint, unix_path
-from anvil_core.unix_peers import BUSY, AnswerSender, direct_path
+from anvil_core.unix_link import UnixDealer, is_unix_endpoint, unix_path
+from anvil_core.unix_peers import AnswerSender
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import link_endpoint, make_socket
 from anvil_executor import metrics as m
@@ -56,6 +57,7 @@ from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.loader import ModelLoader
 from anvil_executor.models import Model, load_builtin, minilm
 from anvil_executor.models.builtin import BusyModel
+from anvil_executor.peer_links import DirectSocket, deliver
 from anvil_executor.plan_runtime.lanes import set_lane, use_lane
 from anvil_executor.settings import ExecutorSettings
 from anvil_executor.warmup import warm_up
@@ -111,9 +113,8 @@ class Executor:
         # direct answers (docs/scheduler.md): this host's gateways' answer sockets, beside the link
         self.answers: AnswerSender | None = None
         # direct requests (docs/scheduler.md): this executor's socket for gateways' lone requests
-        self.direct: UnixRouter | None = None
-        self._direct_fds = PolledFds(_POLL_IN, _POLL_OUT)
-        self.direct_batches = 0  # direct requests run (`_on_direct`)
+        self.drops = DropLog(log, "executor")
+        self.direct = DirectSocket(settings.service_id, self.drops)
         # the compute threads' results (each pushes from its own socket)
         self.done_rx = make_socket(self.ctx, zmq.PULL, bind=f"inproc://done-{id(self)}")
         self.work = BatchQueue()  # most urgent batch first (work_queue.py): the compute threads'
@@ -127,7 +128,6 @@ class Executor:
         self._plans: dict[str, Any] = {}  # model -> its GpuPlanModel (GPU metrics)
         if self.device.is_cuda:  # the plans' run phases, read at each scrape
             m.register_gpu_phases(lambda: self._plans)
-        self.drops = DropLog(log, "executor")
         self.registry = Registry(
             settings.redis_url,
             "executor",
@@ -286,9 +286,7 @@ class Executor:
                     self._on_scheduler(parts)
                     if self.fault is not None:
                         break
-            if self.direct is not None:
-                self._serve_direct(events)
-                self._direct_fds.watch(poller, self.direct)
+            self.direct.serve(events, poller, self._on_direct, lambda: self.fault is not None)
             self.bg.drain()
             now = time.monotonic()
             if self.fault is not None:  # its batch's answer was queued before the fault was posted
@@ -317,8 +315,7 @@ class Executor:
             self.link.close()
         if self.answers is not None:
             self.answers.close()
-        if self.direct is not None:
-            self.direct.close()
+        self.direct.close()
         self.ctx.term()
         if self.fault is not None:
             raise SystemExit(3)
@@ -344,7 +341,7 @@ class Executor:
             if old is not None:
                 old.close()
             if self.s.direct_requests:
-                self.listen_direct(os.path.dirname(unix_path(endpoint)))
+                self.direct.listen(os.path.dirname(unix_path(endpoint)))
         else:
             self.sock.connect(endpoint)
         self.endpoint = endpoint
@@ -352,91 +349,30 @@ class Executor:
         log.info("connected to scheduler", extra={"endpoint": endpoint})
         self._register()
 
-    def listen_direct(self, ipc_dir: str) -> None:
-        """Serve this executor's direct socket in the link directory `ipc_dir` (on the I/O loop's
-        thread; again when the directory moved). Not served: logged, every request comes through
-        the scheduler."""
-        path = direct_path(ipc_dir, self.s.service_id)
-        if self.direct is not None:
-            if self.direct.path == path:
-                return
-            self.direct.close()
-            self.direct = None
-        if path is None:
-            log.warning("no direct socket: the service id cannot name one", extra={"id": self.s.service_id})
-            return
-        try:
-            self.direct = UnixRouter(path)
-        except OSError as exc:
-            log.warning("no direct socket: requests come through the scheduler", extra={"err": str(exc)})
-
-    def _serve_direct(self, events: dict[Any, int]) -> None:
-        """The direct socket's ready fds: connections accepted, requests read and each handled."""
-        router = self.direct
-        assert router is not None
-        for fd, flags in events.items():
-            if not isinstance(fd, int) or not router.owns(fd):
-                continue
-            msgs, problems = router.on_ready(fd, bool(flags & _POLL_OUT))
-            for reason, detail in problems:
-                if reason != "closed":  # a gateway that went away is no one's fault
-                    self.drops.drop(reason, f"direct socket: {detail}")
-            for gateway, parts in msgs:
-                self._on_direct(gateway, parts)
-                if self.fault is not None:
-                    return
-
-    def _on_direct(self, gateway: bytes, parts: list[bytes]) -> None:
-        """One direct request, ``[model, request id, envelope, *payloads]`` from the gateway named
-        `gateway`: run here, on the I/O loop, when the inline rule holds for its model (idle, fast),
-        and answered on that gateway's connection; else handed back (``[BUSY, request id]``) for the
-        scheduler to carry. The envelope is verified as any request's (a request for another model
-        than its header names is refused by the batch runner); a message without a readable request
-        id is counted and dropped."""
+    def _on_direct(self, gateway: bytes, name: str, rid: str, request: list[bytes]) -> None:
+        """One direct request of model `name` from the gateway named `gateway` (peer_links.py): run
+        here, on the I/O loop, when the inline rule holds for its model (idle, fast), and answered
+        on that gateway's connection; else handed back for the scheduler to carry. Its envelope is
+        verified as any request's (one for another model than `name` is refused by the batch
+        runner)."""
         received_ns = time.time_ns()
-        router = self.direct
-        assert router is not None
-        if len(parts) < 3 or not 0 < len(parts[1]) <= 256:
-            self.drops.drop("invalid", f"direct request from {gateway!r} without its model and request id")
+        if self.fault is not None or not self._runs_inline(self.models.get(name)):
+            self.direct.busy(gateway, rid)
             return
-        try:
-            name, rid = parts[0].decode(), parts[1].decode()
-        except UnicodeDecodeError:
-            self.drops.drop("invalid", f"direct request from {gateway!r}: model or request id not UTF-8")
-            return
-        model = self.models.get(name)
-        if self.fault is not None or not self._runs_inline(model):
-            m.direct_requests.labels(outcome="busy").inc()
-            router.send(gateway, [BUSY, parts[1]])
-            return
-        self.direct_batches += 1
+        self.direct.ran += 1
         batch = pb.BatchT(
-            batchId=f"direct-{self.direct_batches}",
+            batchId=f"direct-{self.direct.ran}",
             model=name,
-            frameCounts=[len(parts) - 2],
+            frameCounts=[len(request)],
             queueUs=[0],
             sentUnixNs=received_ns,  # no scheduler hop: the per-hop split puts the link in to_scheduler
         )
-        pending = self._decode(batch, parts[2:], received_ns)
+        pending = self._decode(batch, request, received_ns)
         m.direct_requests.labels(outcome="ran").inc()
         m.hop("queued", pending.priority or LAST_RANK).observe(0)
         fault = self._execute(pending, lambda _: None, direct=(gateway, rid))
         if fault is not None:
             self.fault = fault
-
-    def _answer_direct(self, gateway: bytes, rid: str, pending: Pending, result: pb.BatchResultT) -> None:
-        """A direct request's answer (or its error) on its gateway's connection; a gateway gone
-        meanwhile has nobody left to answer."""
-        groups = [group for _, group in pending.answer_groups]
-        if not groups:  # a failure of the whole batch (or of its preparation)
-            err = result.error or codec.error(pb.ErrorCode.INTERNAL, "the executor produced no answer")
-            name = pending.model.spec.name if pending.model else ""
-            envelope = codec.build_response(
-                request_id=rid, trace_id=None, model=name, error=(err.code, err.reason or "")
-            )
-            groups = [[envelope]]
-        if self.direct is not None:
-            self.direct.send(gateway, codec.bundle(groups, responses=True))
 
     def _register(self) -> None:
         reg = pb.RegisterT()
@@ -596,44 +532,16 @@ class Executor:
         if model in self.models:  # what decides whether its next lone batch runs inline: set before
             self._compute_s[model] = took_s  # the answer leaves, so the next batch sees it
         if direct is not None:
-            self._answer_direct(*direct, pending, result)
+            self.direct.answer(*direct, pending, result)
         else:
             if self.answers is not None:  # the answers first: the gateways wait on them, not on metrics
-                out = self._deliver(pending, result, out)
+                out = deliver(self.answers, pending, result, out)
             send(codec.pack(result, out))
         outcome = "error" if result.error is not None else "success"
         m.batches.labels(model=model, outcome=outcome).inc()
         m.compute_us.labels(model=model).observe(took_s * 1e6)
         account_batch(pending, result)
         return fault
-
-    def _deliver(self, pending: Pending, result: pb.BatchResultT, out: list[Any]) -> list[Any]:
-        """Direct answers: each answer whose request names its gateway (``Batch.reply_to``) written
-        to that gateway's answer socket, one message per gateway; the frames left for the scheduler
-        (what could not go, and every answer of a request that did not read) and ``deliveredIds``
-        set. Called where the batch ran (a compute lane, or the I/O loop for an inline batch)."""
-        if self.answers is None or not pending.reply_to or not out:
-            return out
-        groups = pending.answer_groups  # (request index, frames), the order of `out`
-        by_gateway: dict[str, list[int]] = {}  # gateway -> positions in groups
-        for g, (i, _) in enumerate(groups):
-            gateway = pending.reply_to[i]
-            if gateway and pending.requests[i] is not None:
-                by_gateway.setdefault(gateway, []).append(g)
-        delivered: set[int] = set()
-        ids: list[str] = []
-        for gateway, mine in by_gateway.items():
-            if self.answers.send(gateway, codec.bundle([groups[g][1] for g in mine], responses=True)):
-                delivered.update(mine)
-                ids += [pending.requests[groups[g][0]].requestId for g in mine]
-        m.answers.labels(path="direct").inc(len(delivered))
-        m.answers.labels(path="scheduler").inc(len(groups) - len(delivered))
-        if not delivered:
-            return out
-        keep = [group for g, (_, group) in enumerate(groups) if g not in delivered]
-        result.frameCounts = [len(group) for group in keep]
-        result.deliveredIds = list[str | None](ids)
-        return [frame for group in keep for frame in group]
 
     def _inline(self, pending: Pending) -> bool:
         """Whether a received batch runs here, on the I/O loop, instead of on the compute thread:
