@@ -23,11 +23,12 @@ from anvil_core.codec import pb
 from anvil_core.curve import CurveClient
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
-from anvil_core.unix_link import HELLO, MAX_QUEUED_BYTES, FrameReader, LinkError, encode, same_user, unix_path
-from anvil_core.unix_peers import BUSY, answer_path, direct_path
+from anvil_core.unix_link import HELLO, MAX_QUEUED_BYTES, encode, unix_path
+from anvil_core.unix_peers import answer_path, direct_path
 from anvil_core.zmq_auth import PeerLog, watch_handshakes
 from anvil_core.zmq_sockets import make_socket
 from anvil_gateway import metrics as m
+from anvil_gateway.link_readers import AnswerReader, DirectReader, LinkReader
 
 __all__ = ["BackendUnavailable", "SchedulerLink", "UnixSchedulerLink"]
 
@@ -255,7 +256,7 @@ class UnixSchedulerLink(SchedulerLink):
     ZeroMQ link with no scheduler does. Requests in flight when the link drops hear nothing more
     and end at their deadline, as over ZeroMQ.
 
-    Answers are read by an ``asyncio.Protocol`` (``_LinkReader``): the loop's read callback cuts the
+    Answers are read by an ``asyncio.Protocol`` (``LinkReader``): the loop's read callback cuts the
     bytes into messages and resolves the callers' futures in the same turn. (A StreamReader would
     wake the receive task first and resolve them a loop turn later: one turn more per answer.)
 
@@ -295,12 +296,12 @@ class UnixSchedulerLink(SchedulerLink):
         self.busy_backoff_s = busy_backoff_s
         self.direct_max_rows = direct_max_rows
         self._served_by: dict[str, str] = {}  # model -> the executor that last answered it itself
-        self._executors: dict[str, _DirectReader] = {}  # executor -> its open direct connection
+        self._executors: dict[str, DirectReader] = {}  # executor -> its open direct connection
         self._opening: dict[str, asyncio.Task[None]] = {}  # executor -> its connection being made
         self._retry_at: dict[str, float] = {}  # executor -> when to try connecting again (monotonic)
         self._busy_until: dict[str, float] = {}  # model -> direct again from then on (monotonic)
         # request id -> (its connection, model, parts) while a direct request waits for its answer
-        self._sent_direct: dict[str, tuple[_DirectReader, str, list[Any]]] = {}
+        self._sent_direct: dict[str, tuple[DirectReader, str, list[Any]]] = {}
         super().__init__(identity, bundle_max, None)
 
     def _open(self, identity: str, curve: CurveClient | None) -> None:
@@ -366,7 +367,8 @@ class UnixSchedulerLink(SchedulerLink):
         self._outbox.append((request_id, entry[2]))
         self._flush()
 
-    def _on_busy(self, reader: _DirectReader, parts: list[bytes]) -> None:
+    def on_busy(self, reader: DirectReader, parts: list[bytes]) -> None:
+        """An executor handed back ``[BUSY, request id]`` on `reader`'s connection."""
         rid = parts[1].decode(errors="replace")
         entry = self._sent_direct.get(rid)
         if entry is None:  # its caller has given up meanwhile (deadline): nothing to send
@@ -377,7 +379,8 @@ class UnixSchedulerLink(SchedulerLink):
         self._busy_until[entry[1]] = time.monotonic() + self.busy_backoff_s
         self._via_scheduler(rid, "busy")
 
-    def _direct_lost(self, reader: _DirectReader) -> None:
+    def direct_lost(self, reader: DirectReader) -> None:
+        """`reader`'s connection to an executor ended: its requests go through the scheduler."""
         if self._executors.get(reader.executor) is reader:
             del self._executors[reader.executor]
         retry_at = time.monotonic() + self.retry_s
@@ -401,7 +404,7 @@ class UnixSchedulerLink(SchedulerLink):
     async def _connect_direct(self, executor: str, path: str) -> None:
         loop = asyncio.get_running_loop()
         try:
-            transport, reader = await loop.create_unix_connection(lambda: _DirectReader(self, executor), path)
+            transport, reader = await loop.create_unix_connection(lambda: DirectReader(self, executor), path)
         except OSError:  # no such socket (an executor without it, or gone): try again later
             self._retry_at[executor] = time.monotonic() + self.retry_s
             return
@@ -422,9 +425,7 @@ class UnixSchedulerLink(SchedulerLink):
                 os.unlink(path)  # left by a killed gateway of the same identity
             old = os.umask(0o177)
             try:
-                server = await asyncio.get_running_loop().create_unix_server(
-                    lambda: _AnswerReader(self), path
-                )
+                server = await asyncio.get_running_loop().create_unix_server(lambda: AnswerReader(self), path)
             finally:
                 os.umask(old)
             os.chmod(path, 0o600)
@@ -472,7 +473,7 @@ class UnixSchedulerLink(SchedulerLink):
                 continue
             await self._serve_answers(os.path.dirname(self._path))
             try:
-                transport, reader = await loop.create_unix_connection(lambda: _LinkReader(self), self._path)
+                transport, reader = await loop.create_unix_connection(lambda: LinkReader(self), self._path)
             except OSError:
                 await self._retry()
                 continue
@@ -493,125 +494,6 @@ class UnixSchedulerLink(SchedulerLink):
             await asyncio.wait_for(self._followed.wait(), self.retry_s)
         except TimeoutError:
             pass
-
-
-class _FramedReader(asyncio.Protocol):
-    """A connection's bytes cut into messages in the read callback itself, each handed to ``_take``
-    (False: the connection was cut); a peer that breaks the wire format is cut after the messages
-    that came before the broken one (``_cut``: counted, connection closed)."""
-
-    def __init__(self, link: UnixSchedulerLink) -> None:
-        self.link = link
-        self.frames = FrameReader()
-        self.transport: asyncio.BaseTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            messages = self.frames.feed(data)
-        except LinkError as exc:
-            self._cut(str(exc))
-            return
-        for parts in messages:
-            if not self._take(parts):
-                return
-        if self.frames.broken is not None:  # after the messages that came before it
-            self._cut(str(self.frames.broken))
-
-    def _take(self, parts: list[bytes]) -> bool:
-        self.link.on_message(parts)  # never raises: it verifies, counts and drops
-        return True
-
-    def _cut(self, why: str) -> None:
-        raise NotImplementedError
-
-    def _close(self, reason: str, detail: str) -> None:
-        self.link.drops.drop(reason, detail)
-        if self.transport is not None:
-            self.transport.close()
-
-
-class _LinkReader(_FramedReader):
-    """The receiving half of one connection of a ``UnixSchedulerLink``. ``lost`` completes when the
-    connection ends."""
-
-    def __init__(self, link: UnixSchedulerLink) -> None:
-        super().__init__(link)
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def _cut(self, why: str) -> None:
-        self._close("recv", f"unix link to the scheduler: {why}")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None:
-            self.link.drops.drop("recv", f"unix link to the scheduler: {exc}")
-        if not self.lost.done():
-            self.lost.set_result(None)
-
-
-class _AnswerReader(_FramedReader):
-    """One executor's connection to a gateway's answer socket: a peer of another user is cut at
-    once; the first message must be a hello naming the executor; every later one (an answer, or a
-    bundle of them) goes to ``on_message``, which verifies it. A broken format cuts the connection
-    (the executor sends what it could not deliver through the scheduler)."""
-
-    def __init__(self, link: UnixSchedulerLink) -> None:
-        super().__init__(link)
-        self.peer: bytes | None = None  # the executor's identity, from its hello
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is None or not same_user(sock):
-            self._close("unexpected", "answer socket: refused a connection from another user")
-            return
-        self.link.answer_connects += 1
-
-    def _take(self, parts: list[bytes]) -> bool:
-        if self.peer is not None:
-            self.link.on_message(parts, via=self.peer.decode(errors="replace"))
-            return True
-        if len(parts) != 2 or parts[0] != HELLO or not 0 < len(parts[1]) <= 255:
-            self._cut("its first message is not a hello with an identity")
-            return False
-        self.peer = parts[1]
-        return True
-
-    def _cut(self, why: str) -> None:
-        self._close("invalid", f"answer socket: connection of {self.peer!r} closed: {why}")
-
-
-class _DirectReader(_FramedReader):
-    """This gateway's connection to one executor's direct socket: the executor must run as this
-    user (else cut at once); what it sends is an answer (verified and matched as any), or ``[BUSY,
-    request id]`` for a request of this connection it hands back."""
-
-    def __init__(self, link: UnixSchedulerLink, executor: str) -> None:
-        super().__init__(link)
-        self.direct_link = link
-        self.executor = executor
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is None or not same_user(sock):
-            self._close("unexpected", f"direct socket of {self.executor!r} is served by another user")
-
-    def _take(self, parts: list[bytes]) -> bool:
-        if len(parts) == 2 and parts[0] == BUSY:
-            self.direct_link._on_busy(self, parts)
-        else:
-            self.link.on_message(parts, via=self.executor)
-        return True
-
-    def _cut(self, why: str) -> None:
-        self._close("invalid", f"direct connection of {self.executor!r} closed: {why}")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self.direct_link._direct_lost(self)
 
 
 def _expire(fut: asyncio.Future[Reply]) -> None:
