@@ -97,7 +97,7 @@ def test_ctrl_c_leaves_no_process_behind(new_local_stack: Callable[[], Any]) -> 
     pids = [s["pid"] for s in local.state["services"]] + [local.state["redis_pid"]]
     assert all(_alive(p) for p in pids)
     local.stop()  # SIGINT, like Ctrl-C in a terminal
-    assert local.proc.returncode == 0
+    assert local.proc.returncode == 0, "".join(local.output)  # -9: it did not stop within 30 s
     leftovers = [p for p in pids if _alive(p) and not _zombie(p)]
     assert leftovers == []
     assert any("anvil: stopped" in line for line in local.output)

@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from anvil_client.procs import spawn, stop_group, stop_groups
 from anvil_core import redis_acl
 from anvil_core.curve import generate_role_keys, write_secret_file
 from anvil_core.settings import COMPILER_API_KEY_FILE
+from anvil_core.signals import set_on_signals
 from anvil_core.unix_link import unix_endpoint
 from anvil_core.zmq_sockets import ipc_endpoint
 
@@ -492,5 +492,5 @@ def _in_dependency_order(services: dict[str, ServiceDef]) -> list[ServiceDef]:
 
 
 def install_signal_stop(stop: threading.Event) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    """Ctrl-C and SIGTERM (`anvil down`) set `stop`; not from the handler itself (anvil_core.signals)."""
+    set_on_signals(stop)

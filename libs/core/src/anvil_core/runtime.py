@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from anvil_core.logs import get_logger, setup_logging
 from anvil_core.settings import ServiceSettings
+from anvil_core.signals import set_on_signals
 
 __all__ = ["run_service", "run_sync_service", "settle_gc"]
 
@@ -57,8 +58,7 @@ def run_sync_service(kind: str, settings: ServiceSettings, main: Callable[[threa
     setup_logging(kind, settings.log_level)
     log = get_logger(f"anvil.{kind}")
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    set_on_signals(stop)  # not a handler calling stop.set(): see anvil_core.signals
     log.info("starting", extra={"id": settings.service_id})
     main(stop)
     log.info("stopped", extra={"id": settings.service_id})
