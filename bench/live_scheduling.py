@@ -57,7 +57,7 @@ import batching_sim as sim
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 MIX = {1: 0.1, 2: 0.3, 3: 0.6}
-MODEL = "mlp"
+MODEL = "mlp"  # the default; --model busy puts a stand-in device in its place (see main)
 # (label, scheduler environment, simulator policy and params)
 POLICIES: tuple[tuple[str, dict[str, str], str, dict[str, Any]], ...] = (
     ("edf_pid", {"ANVIL_POLICY": "edf_pid"}, "edf_pid", {}),
@@ -134,9 +134,18 @@ def stop_stack(proc: subprocess.Popen[str]) -> None:
         proc.kill()
 
 
-def run_open(url: str, sched: Schedule, seed: int) -> RunResult:
-    wl = Workload(model=MODEL, width=16, priorities=dict(MIX), binary=True, seed=seed)
-    return asyncio.run(Engine(url, wl, request_timeout_s=10.0).run_open(sched))
+# The open-loop generator's connection cap. It stands in for many independent clients, so it must not
+# be what limits the requests in flight: EDF lets priority 3 wait towards its 2 s deadline, and on
+# `busy` at 900 req/s ~700 requests are in flight at once. With the engine's default of 512, every
+# new request (priority 1 too) then waited in the generator for a connection: p1 p99 2.5 s, all of it
+# outside the stack's hops. 4096 is the gateway's bound per model (ANVIL_MAX_INFLIGHT_PER_MODEL).
+MAX_CONNECTIONS = 4096
+
+
+def run_open(url: str, sched: Schedule, seed: int, model: str = MODEL) -> RunResult:
+    wl = Workload(model=model, width=16, priorities=dict(MIX), binary=True, seed=seed)
+    engine = Engine(url, wl, request_timeout_s=10.0, max_connections=MAX_CONNECTIONS)
+    return asyncio.run(engine.run_open(sched))
 
 
 def run_c1(url: str, seconds: float) -> dict[str, Any]:
@@ -188,12 +197,12 @@ def hop_means_ms(
     return out
 
 
-def learned_service(env: dict[str, str]) -> tuple[sim.ServiceModel, dict[int, float]]:
-    """a + b*B fitted to the scheduler's learned profile of MODEL (µs per batch size) in Redis, over
+def learned_service(env: dict[str, str], model: str = MODEL) -> tuple[sim.ServiceModel, dict[int, float]]:
+    """a + b*B fitted to the scheduler's learned profile of `model` (µs per batch size) in Redis, over
     sizes up to 8 when two or more are there: larger ones are seen rarely at these loads, and their
     exported values still lean on the pessimistic prior (10 ms + 1 ms per request)."""
     client = open_redis(env=env)  # the stack's URL and password, from its state file
-    full = {int(k): float(v) for k, v in client.hgetall(profile_key(MODEL, "cpu")).items()}
+    full = {int(k): float(v) for k, v in client.hgetall(profile_key(model, "cpu")).items()}
     client.close()
     small = {b: us for b, us in full.items() if b <= 8}
     table = small if len(small) >= 2 else full
@@ -252,8 +261,36 @@ def main() -> None:
         help="N rounds with every policy's stack up at once, the policies in rotating order per trace "
         "(paired runs: the machine's drift hits every policy alike); 0: one stack after the other",
     )
+    ap.add_argument(
+        "--model",
+        default=MODEL,
+        choices=(MODEL, "busy"),
+        help="mlp: the stack keeps up with every trace on 2 CPUs (the host's CPU is the limit); busy: "
+        "a stand-in device that sleeps t(B) = base + per_row·B (--busy-us), no CPU, so the device is "
+        "the limit, as in the simulator",
+    )
+    ap.add_argument(
+        "--busy-us",
+        default="4000,1000",
+        help="BASE,PER_ROW µs of `busy` (4000,1000: the simulator's service model, 889 req/s at B=32)",
+    )
+    ap.add_argument(
+        "--stack-env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="an ANVIL_* setting for every stack (repeatable; the policy's own settings win)",
+    )
     ap.add_argument("--name", default="live_scheduling", help="result file stem")
     args = ap.parse_args()
+    model_env = dict(kv.split("=", 1) for kv in args.stack_env)
+    if args.model == "busy":
+        base_us, _, per_row_us = args.busy_us.partition(",")
+        model_env |= {
+            "ANVIL_MODELS": "identity,mlp,busy",
+            "ANVIL_BUSY_BASE_US": str(int(base_us)),
+            "ANVIL_BUSY_PER_ROW_US": str(int(per_row_us)),
+        }
     prod = Path(args.production_trace) if args.production_trace else None
     if prod is not None and not prod.is_file():
         raise SystemExit(f"--production-trace {prod}: no such file")
@@ -268,7 +305,7 @@ def main() -> None:
         if args.interleave:  # every policy's stack up at once; each round runs them in rotating order
             for label, env_extra, _, _ in chosen:
                 tmp = Path(tempfile.mkdtemp(prefix="anvil-live-"))
-                stacks[label] = (*start_stack(tmp, env_extra), tmp)
+                stacks[label] = (*start_stack(tmp, {**env_extra, **model_env}), tmp)
             for label, *_ in chosen:
                 c1[label] = run_c1(_url(stacks[label][1]), args.c1_seconds)
                 print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
@@ -277,15 +314,18 @@ def main() -> None:
                     k = (rnd + len(rows)) % len(chosen)
                     for label, _, kind, params in chosen[k:] + chosen[:k]:
                         _, env, tmp = stacks[label]
-                        rows.append(measure(label, kind, params, name, sched, env, tmp, len(rows), rnd))
+                        rows.append(
+                            measure(label, kind, params, name, sched, env, tmp, len(rows), rnd, args.model)
+                        )
             return write(args, rows, c1, prod)
         for label, env_extra, kind, params in chosen:
             tmp = Path(tempfile.mkdtemp(prefix="anvil-live-"))
-            stacks = {label: (*start_stack(tmp, env_extra), tmp)}
+            stacks = {label: (*start_stack(tmp, {**env_extra, **model_env}), tmp)}
             c1[label] = run_c1(_url(stacks[label][1]), args.c1_seconds)
             print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
             for name, sched in picked:
-                rows.append(measure(label, kind, params, name, sched, stacks[label][1], tmp, len(rows), 0))
+                env = stacks[label][1]
+                rows.append(measure(label, kind, params, name, sched, env, tmp, len(rows), 0, args.model))
             stop_stack(stacks.pop(label)[0])
     finally:
         for proc, *_ in stacks.values():
@@ -307,11 +347,12 @@ def measure(
     tmp: Path,
     seed: int,
     rnd: int,
+    model: str = MODEL,
 ) -> dict[str, Any]:
     """One open-loop run of trace `name` against the stack of policy `label`: the live row, the
     services' hops and CPU, the learned profile and the simulator's prediction for the same arrivals."""
     before, cpu0 = hop_totals(env), cpu_s(tmp)
-    r = run_open(_url(env), sched, seed=seed)
+    r = run_open(_url(env), sched, seed=seed, model=model)
     row: dict[str, Any] = {"policy": label, "trace": name, "round": rnd, "live": live_row(summarize(r))}
     row["service_hops_mean_ms"] = hop_means_ms(before, hop_totals(env))
     row["load_average_1m"] = round(os.getloadavg()[0], 2)  # others' work on the machine
@@ -321,7 +362,7 @@ def measure(
         for k in ("gateway", "scheduler", "executor")
         if k in cpu1
     }
-    svc, table = learned_service(env)
+    svc, table = learned_service(env, model)
     row["profile"] = {"base_ms": round(svc.base_ms, 4), "per_item_ms": round(svc.per_item_ms, 4)}
     row["profile_us"] = {str(b): us for b, us in sorted(table.items())}
     row["sim"] = simulated(kind, params, name, r, svc)
@@ -346,7 +387,10 @@ def write(
         "command": "uv run python bench/live_scheduling.py " + " ".join(sys.argv[1:]),
         "commit": _commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "model": args.model if args.model != "busy" else f"busy, t(B) = {args.busy_us} (base, per row) µs",
         "seconds_per_trace": args.seconds,
+        "generator_max_connections": MAX_CONNECTIONS,
+        "stack_env": " ".join(args.stack_env) or "-",
         "production_trace": prod.name if prod else None,
         "note": "generator on the same machine; other engineers' work shared its CPUs during the run",
     }

@@ -93,6 +93,8 @@ class Scheduler:
             priorities=priorities,
             max_queue_depth=settings.max_queue_per_model,
             slo_window_s=settings.slo_window_ms / 1000,
+            slack_guard_us=settings.slack_guard_us,
+            slack_guard_fraction=settings.slack_guard_fraction,
         )
         self.core = SchedulerCore(make_policy(settings), config)
         self.executors: dict[str, bytes] = {}  # executor id -> ROUTER identity

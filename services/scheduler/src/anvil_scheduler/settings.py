@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
 
 from anvil_core.settings import ServiceSettings
 
@@ -27,6 +29,12 @@ class SchedulerSettings(ServiceSettings):
     # fixed_delay only (Triton's dynamic batcher knobs).
     fixed_max_batch: int = 32
     fixed_max_queue_delay_us: int = 1000
+    # Margin kept between a predicted finish and a deadline (EDF+PID's release, batch size and
+    # admission): slack_guard_us + slack_guard_fraction x the predicted horizon (core/config.py says
+    # why 2 ms and 10%). What it covers lies outside the scheduler's view: the links, the gateway's
+    # answer and the client's HTTP (bench/live_scheduling.py --model busy measures it).
+    slack_guard_us: Annotated[int, Field(ge=0, le=10_000_000)] = 2000
+    slack_guard_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.10
     # SLO attainment and p99 (published to `anvil:slo` for qos) are over answers of this window.
     slo_window_ms: int = 10000
     # Requests waiting per model before the lowest-priority ones are shed with OVERLOAD.

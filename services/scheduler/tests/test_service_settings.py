@@ -1,0 +1,42 @@
+"""The scheduler's settings reach its core: the slack guard (EDF+PID's margin before a deadline)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from anvil_scheduler.service import Scheduler
+from anvil_scheduler.settings import SchedulerSettings
+
+
+def _scheduler(**kw: object) -> Scheduler:
+    return Scheduler(
+        SchedulerSettings(
+            gateway_port=0,
+            executor_port=0,
+            link_bind_host="127.0.0.1",
+            zmq_curve=False,
+            **kw,  # type: ignore[arg-type]
+        )
+    )
+
+
+def test_the_slack_guard_settings_reach_the_core() -> None:
+    s = _scheduler(slack_guard_us=7000, slack_guard_fraction=0.2)
+    try:
+        assert (s.core.config.slack_guard_us, s.core.config.slack_guard_fraction) == (7000, 0.2)
+        assert s.core.config.guard_s(0.050) == pytest.approx(0.007 + 0.2 * 0.050)
+    finally:
+        s.gw.close()
+        s.ex.close()
+        s.ctx.term()
+
+
+@pytest.mark.parametrize("env", [{"ANVIL_SLACK_GUARD_FRACTION": "1.0"}, {"ANVIL_SLACK_GUARD_US": "-1"}])
+def test_a_guard_out_of_range_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValidationError):
+        SchedulerSettings()
