@@ -281,6 +281,14 @@ def main() -> None:
         metavar="K=V",
         help="an ANVIL_* setting for every stack (repeatable; the policy's own settings win)",
     )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:K=V[,K=V]",
+        help="one more EDF+PID stack with these settings, run as policy LABEL (name it in --policies), "
+        "e.g. edf_pid_reserve:ANVIL_DEADLINE_RESERVE_QUANTILE=0.9",
+    )
     ap.add_argument("--name", default="live_scheduling", help="result file stem")
     args = ap.parse_args()
     model_env = dict(kv.split("=", 1) for kv in args.stack_env)
@@ -294,7 +302,12 @@ def main() -> None:
     prod = Path(args.production_trace) if args.production_trace else None
     if prod is not None and not prod.is_file():
         raise SystemExit(f"--production-trace {prod}: no such file")
-    chosen = [p for p in POLICIES if p[0] in args.policies.split(",")]
+    variants = []
+    for text in args.variant:
+        label, _, pairs = text.partition(":")
+        env = {"ANVIL_POLICY": "edf_pid"} | dict(kv.split("=", 1) for kv in pairs.split(",") if kv)
+        variants.append((label, env, "edf_pid", {}))
+    chosen = [p for p in (*POLICIES, *variants) if p[0] in args.policies.split(",")]
     picked = [
         (n, sc) for n, sc in traces(args.seconds, prod) if not args.traces or n in args.traces.split(",")
     ]
