@@ -17,7 +17,6 @@ from anvil_core.zmq_sockets import link_endpoint
 from anvil_gateway import embeddings, infer, routes_meta, routes_shm
 from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink, UnixSchedulerLink
-from anvil_gateway.deadline_reserve import DeadlineReserve
 from anvil_gateway.discovery import Discovery
 from anvil_gateway.grpc_server import GrpcFront
 from anvil_gateway.peer_stats import publish
@@ -89,7 +88,6 @@ def create_app(settings: GatewaySettings, shared_ports: bool = False) -> FastAPI
         stats,
         ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="anvil-parse"),
         asyncio.Semaphore(settings.parse_threads),
-        DeadlineReserve(settings.deadline_reserve_quantile),
     )
     stats.known = lambda name, version: getattr(discovery.models.get(name), "version", None) == version
     link.on_executed = stats.executed  # every answer: each batch is counted by one gateway

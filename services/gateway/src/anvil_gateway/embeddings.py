@@ -144,7 +144,7 @@ async def _embeddings(st: GatewayState, request: Request) -> Response:
     st.stats.success(name, spec.version, len(texts), int((time.perf_counter() - t0) * 1e9), resp)
     hdr[HOPS_HEADER] = hops.header(resp)
     body = encode_embeddings(vectors, fmt, name, tokens)
-    hops.record(resp, priority, st.reserve)
+    hops.record(resp, priority)
     return Response(body, media_type="application/json", headers=hdr)
 
 

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 from anvil_core.codec import pb
 from anvil_gateway import metrics as m
-from anvil_gateway.deadline_reserve import DeadlineReserve
 
 __all__ = ["HOPS_HEADER", "TRANSIT_HOPS", "Hops"]
 
@@ -105,13 +104,10 @@ class Hops:
             text += "".join(f",{name}={us}" for name, us in zip(TRANSIT_HOPS, parts, strict=True))
         return text
 
-    def record(self, resp: pb.InferResponseT, priority: int, reserve: DeadlineReserve | None = None) -> None:
-        """Observe every hop of an answered request, its response now built; feed ``reserve`` the
-        hops outside the scheduler's plan (in, to_scheduler, back, out) when the answer is split."""
+    def record(self, resp: pb.InferResponseT, priority: int) -> None:
+        """Observe every hop of an answered request, its response now built."""
         (gw_in, queue, compute, transit), parts = self._measure(resp)
         out = (time.perf_counter_ns() - self.answered_ns) / 1000
-        if reserve is not None and parts is not None:
-            reserve.observe(priority, int(gw_in + parts[0] + parts[3] + out))
         series = m.hop_series(priority)
         split = len(m.HOP_NAMES) - len(TRANSIT_HOPS)  # the five hops, then transit's parts
         for hist, us in zip(series[:split], (gw_in, queue, compute, transit, out), strict=True):

@@ -184,7 +184,7 @@ async def execute(
             answer = await encode_off_loop(st, cost, encode, served, outputs, hops.header(resp))
     except (BadRequest, ShmError) as exc:
         raise Failed(400, str(exc), "bad_request") from None
-    hops.record(resp, priority, st.reserve)
+    hops.record(resp, priority)
     total_ns = time.perf_counter_ns() - call.t0_ns
     rows = parsed.inputs[0].shape[0] if spec.max_batch > 0 and parsed.inputs else 1
     st.stats.success(spec.name, spec.version, rows, total_ns, resp)
@@ -236,14 +236,13 @@ async def forward(
     try:
         request_id = _random_id()
         payloads: list[Any] = []
-        plan_s = timeout_s - st.reserve.reserve_s(priority, timeout_s)  # the scheduler's deadline
         envelope = codec.build_request(
             request_id=request_id,
             trace_id=trace,
             model=spec.name,
             version=version or "",
             priority=priority,
-            deadline_unix_ns=time.time_ns() + int(plan_s * 1e9),
+            deadline_unix_ns=time.time_ns() + int(timeout_s * 1e9),
             tenant=tenant,
             inputs=codec.tensor_frames(inputs, payloads),
             outputs=outputs,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
-
-from pydantic import Field
+from typing import ClassVar
 
 from anvil_core.settings import ServiceSettings
 
@@ -68,7 +66,3 @@ class GatewaySettings(ServiceSettings):
     # shared core's run-queue delays stay under ~5 ms); 25 ms for standard, half the budget. 0: never.
     shed_delay_ms_p2: float = 25.0
     shed_delay_ms_p3: float = 10.0
-    # Keep back from the deadline sent to the scheduler this quantile of the recent answers' time
-    # outside its plan (gateway in and out, the link to it, the answer's way back), per priority
-    # (deadline_reserve.py). 0: off.
-    deadline_reserve_quantile: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0

@@ -13,7 +13,6 @@ from anvil_core.model_spec import ModelSpec
 from anvil_core.registry import Registry
 from anvil_gateway.admission import Admission
 from anvil_gateway.backend import SchedulerLink
-from anvil_gateway.deadline_reserve import DeadlineReserve
 from anvil_gateway.discovery import Discovery
 from anvil_gateway.settings import GatewaySettings
 from anvil_gateway.stats import Stats
@@ -48,8 +47,6 @@ class GatewayState:
     )
     # Large HTTP JSON bodies parsed at once, in steps on the loop (infer.py): bounds their memory.
     parse_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(2))
-    # What of each budget to keep back from the deadline sent to the scheduler (off by default).
-    reserve: DeadlineReserve = field(default_factory=DeadlineReserve)
 
     async def resolve(self, name: str, version: str | None) -> ModelSpec:
         """``lookup``, after asking the registry at once about a model the snapshot lacks."""
