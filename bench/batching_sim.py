@@ -153,15 +153,25 @@ def make_policy(kind: str, params: dict[str, Any]) -> BatchingPolicy:
     raise ValueError(f"unknown policy {kind!r}")
 
 
-def simulate(kind: str, params: dict[str, Any], trace: Trace, svc: ServiceModel, keep: bool) -> RunResult:
+def simulate(
+    kind: str,
+    params: dict[str, Any],
+    trace: Trace,
+    svc: ServiceModel,
+    keep: bool,
+    config: dict[str, Any] | None = None,
+    credits: int = 1,
+) -> RunResult:
+    """``config``: SchedulerConfig fields beyond the defaults (e.g. late_binding); ``credits``: per
+    executor (the comparison of policies runs 1; the live executor grants 2)."""
     t_wall = time.perf_counter()
     policy = make_policy(kind, params)
     # Same queue bound for every policy, large enough that the peers never shed (Triton's default queue
     # is unbounded); EDF+PID sheds through its deadline and work-ahead tests long before it.
-    core = SchedulerCore(policy, SchedulerConfig(max_queue_depth=1_000_000), ProfilePrior())
+    core = SchedulerCore(policy, SchedulerConfig(max_queue_depth=1_000_000, **(config or {})), ProfilePrior())
     core.register_model(MODEL, svc.max_batch)
     for i in range(svc.executors):
-        spec = ExecutorSpec(f"gpu{i}", "sim-gpu", svc.max_batch, frozenset({MODEL}), credits=1)
+        spec = ExecutorSpec(f"gpu{i}", "sim-gpu", svc.max_batch, frozenset({MODEL}), credits=credits)
         core.register_executor(spec, 0.0)
     noise = random.Random(trace.seed * 7919 + 1)
     arrivals = trace.arrivals()

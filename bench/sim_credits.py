@@ -8,7 +8,9 @@ the round trip) plus 1 reserved for priority 1; the simulator's comparison of po
 credits the next batch is formed, and bound, while the previous one still runs: a priority-1 request
 arriving meanwhile cannot ride in it. This replays the live comparison's arrivals
 (bench/live_scheduling.py: the same traces and priority mix) on the `busy` stand-in's service
-model (t(B) = 4.5 + 1.1·B ms, as the live stack learned it) with credits 1, 2 and 3 per executor.
+model (t(B) = 4.5 + 1.1·B ms, as the live stack learned it) with credits 1, 2 and 3 per executor,
+each with late binding off (the default) and on (ANVIL_LATE_BINDING: a full batch leaves for a busy
+executor only as it is about to free up).
 Writes bench/results/sim_credits.{json,md}.
 """
 
@@ -31,23 +33,15 @@ from anvil_client.bench.workload import Workload
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def replay(name: str, times: Any, credits: int, svc: sim.ServiceModel) -> dict[str, Any]:
+def replay(name: str, times: Any, credits: int, late: bool, svc: sim.ServiceModel) -> dict[str, Any]:
     prios, _ = Workload(model="busy", priorities=dict(live.MIX), seed=0).pick(len(times))
     arrivals = live.Arrivals(name, tuple((float(t), int(p)) for t, p in zip(times, prios, strict=True)),
                              float(times.max()))  # fmt: skip
-    plain = sim.ExecutorSpec
-
-    def spec(*args: Any, **kw: Any) -> sim.ExecutorSpec:
-        return plain(*args, **{**kw, "credits": credits})
-
-    sim.ExecutorSpec = spec  # type: ignore[misc]  # simulate() registers its executors with credits=1
-    try:
-        res = sim.simulate("edf_pid", {}, arrivals, svc, False)  # type: ignore[arg-type]
-    finally:
-        sim.ExecutorSpec = plain  # type: ignore[misc]
+    res = sim.simulate("edf_pid", {}, arrivals, svc, False, {"late_binding": late}, credits)  # type: ignore[arg-type]
     return {
         "trace": name,
         "credits": credits,
+        "late_binding": late,
         "goodput_rps": round(res.goodput_rps, 1),
         "p1_attainment": round(res.attainment.get(1, float("nan")), 4),
         "p1_p99_ms": round(res.p1_p99_ms, 1),
@@ -64,18 +58,19 @@ def main() -> None:
     svc = sim.ServiceModel(base_ms=float(base), per_item_ms=float(per_row), max_batch=64)
     prod = Path(args.production_trace) if args.production_trace else None
     rows = [
-        replay(name, sched.offsets_s, credits, svc)
+        replay(name, sched.offsets_s, credits, late, svc)
         for name, sched in live.traces(args.seconds, prod)
         for credits in (1, 2, 3)
+        for late in (False, True)
     ]
     meta = run_meta("bench/sim_credits.py") | {"service_model_ms": args.service_ms}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "sim_credits.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    md = ["# EDF+PID in the simulator: credits per executor (early binding)", ""]
+    md = ["# EDF+PID in the simulator: credits per executor, early and late binding", ""]
     md += [f"- {k}: {v}" for k, v in meta.items()] + [""]
-    md += ["| trace | credits | goodput req/s | p1 attainment | p1 p99 ms |", "|---|---|---|---|---|"]
-    md += [f"| {r['trace']} | {r['credits']} | {r['goodput_rps']} | {r['p1_attainment']} | {r['p1_p99_ms']} |"
-           for r in rows]  # fmt: skip
+    md += ["| trace | credits | late binding | goodput req/s | p1 attainment | p1 p99 ms |", "|" + "---|" * 6]
+    md += [f"| {r['trace']} | {r['credits']} | {'on' if r['late_binding'] else 'off'} | {r['goodput_rps']} | "
+           f"{r['p1_attainment']} | {r['p1_p99_ms']} |" for r in rows]  # fmt: skip
     (RESULTS / "sim_credits.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -95,6 +95,7 @@ class Scheduler:
             slo_window_s=settings.slo_window_ms / 1000,
             slack_guard_us=settings.slack_guard_us,
             slack_guard_fraction=settings.slack_guard_fraction,
+            late_binding=settings.late_binding,
         )
         self.core = SchedulerCore(make_policy(settings), config)
         self.executors: dict[str, bytes] = {}  # executor id -> ROUTER identity

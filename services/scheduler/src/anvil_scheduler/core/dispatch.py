@@ -127,6 +127,10 @@ class Placement:
     start_s: float  # predicted start: max(now, end of in-flight work)
     finish_s: float
     idle: bool  # the executor's in-flight work ends within the dispatch lead: it would idle otherwise
+    # When a batch for this busy executor would leave to arrive as it frees up: start minus the lead
+    # (the configured dispatch lead, or the executor's learned per-batch round trip if longer). Late
+    # binding (SchedulerConfig.late_binding) releases a full batch then rather than at once.
+    bind_s: float = 0.0
 
 
 class ExecutorPool:
@@ -214,7 +218,8 @@ class ExecutorPool:
             if best_key is None or key < best_key:
                 idle = start <= now_s + lead_s
                 best_key = key
-                best = Placement(ex.spec.executor_id, ex.spec.device, full, size, start, finish, idle)
+                bind = start - max(lead_s, ex.overhead_s)
+                best = Placement(ex.spec.executor_id, ex.spec.device, full, size, start, finish, idle, bind)
         return best
 
     def assign(self, batch: Batch, now_s: float, urgent: bool = False) -> None:

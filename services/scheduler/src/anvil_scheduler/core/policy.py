@@ -42,6 +42,9 @@ class QueueView:
     executor_idle: bool  # that executor's in-flight work ends within the dispatch lead
     guard_s: float  # margin the core keeps before a deadline for this batch (config.guard_s)
     predict_s: Callable[[int], float]  # batch size -> predicted execution seconds on that executor
+    # The earliest a batch the policy wants released should leave for that executor: now, or with
+    # late binding, when the busy executor is about to free up (Placement.bind_s).
+    bind_s: float = 0.0
 
     @property
     def size(self) -> int:

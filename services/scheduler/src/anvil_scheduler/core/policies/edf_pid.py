@@ -110,12 +110,17 @@ class EdfPidPolicy(BatchingPolicy):
         return max(1, min(int(loop.pid.output + 0.5), loop.ceiling, self.max_batch(model)))
 
     def release_at(self, view: QueueView) -> float:
-        if view.depth >= view.cap or view.executor_idle:
+        if view.executor_idle:
             return view.now_s
         # Slack trigger: deadline - start - exec(batch) under the guard. The executor is busy until
         # start, so the slack only shrinks when the batch grows; the next arrival polls again.
         slack_s = view.head.deadline_s - view.start_s - view.predict_s(view.size)
-        return view.now_s if slack_s < view.guard_s else math.inf
+        if view.depth >= view.cap or slack_s < view.guard_s:
+            # Full, or due: it leaves now, or with late binding at bind_s, when the busy executor is
+            # about to free up (bound earlier it would only wait there, formed from the queue as it
+            # is now, and a priority-1 request arriving meanwhile would wait behind it).
+            return max(view.now_s, view.bind_s)
+        return math.inf
 
     def observe_arrival(self, request: Request, best_finish_s: float, now_s: float) -> None:
         loop = self._loops[request.model]
