@@ -65,6 +65,23 @@ def test_size_triggered_release_at_b_star_to_a_busy_executor() -> None:
     assert core.target_batch("m") == 4
 
 
+def test_late_binding_holds_a_full_batch_until_the_busy_executor_frees_up() -> None:
+    """ANVIL_LATE_BINDING: the full batch of batch-class work that would take e0's free credit at once
+    waits in the scheduler until e0's running batch is about to end; a priority-1 request arriving
+    meanwhile leads a batch that leaves at once, with that work behind it in the batch (bound at
+    once, the batch-class batch would have been queued at e0 ahead of it)."""
+    core = make_core(max_batch=4, late_binding=True)
+    fill(core, 4, 0.0, prefix="busy")
+    assert len(core.poll(0.0).batches) == 1  # e0 runs 4 requests until t = 8 ms (1 credit left)
+    fill(core, 4, 0.001)
+    dec = core.poll(0.001)
+    assert dec.batches == () and dec.next_wakeup_s == pytest.approx(0.008)  # lead 0, no overhead learned
+    assert admit(core, "p1", 1, 0.002).outcome is AdmitOutcome.QUEUED
+    (batch,) = core.poll(0.002).batches
+    assert batch.request_ids[0] == "p1" and batch.size == 4
+    assert core.queue_depth() == {("m", 3): 1}
+
+
 def test_slack_triggered_release_before_b_star() -> None:
     core = make_core()
     fill(core, 20, 0.0, prefix="busy")

@@ -1,4 +1,5 @@
-"""The scheduler's settings reach its core: the slack guard (EDF+PID's margin before a deadline)."""
+"""The scheduler's settings reach its core: the slack guard (EDF+PID's margin before a deadline) and
+late binding."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ def _scheduler(**kw: object) -> Scheduler:
     )
 
 
-def test_the_slack_guard_settings_reach_the_core() -> None:
-    s = _scheduler(slack_guard_us=7000, slack_guard_fraction=0.2)
+def test_the_guard_and_late_binding_settings_reach_the_core() -> None:
+    s = _scheduler(slack_guard_us=7000, slack_guard_fraction=0.2, late_binding=True)
     try:
         assert (s.core.config.slack_guard_us, s.core.config.slack_guard_fraction) == (7000, 0.2)
+        assert s.core.config.late_binding
         assert s.core.config.guard_s(0.050) == pytest.approx(0.007 + 0.2 * 0.050)
     finally:
         s.gw.close()

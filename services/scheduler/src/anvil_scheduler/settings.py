@@ -35,7 +35,8 @@ class SchedulerSettings(ServiceSettings):
     # answer and the client's HTTP (bench/live_scheduling.py --model busy measures it).
     slack_guard_us: Annotated[int, Field(ge=0, le=10_000_000)] = 2000
     slack_guard_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.10
-    # EDF+PID releases a full batch for a busy executor only as it is about to free up (core/config.py).
+    # EDF+PID releases a full batch of lower-priority work for a busy executor only as it is about to
+    # free up (core/config.py). Off by default: it trades a little priority-1 attainment for goodput.
     late_binding: bool = False
     # SLO attainment and p99 (published to `anvil:slo` for qos) are over answers of this window.
     slo_window_ms: int = 10000

@@ -287,7 +287,7 @@ class SchedulerCore:
                     place.idle,
                     guard_s,
                     functools.partial(predict, place.device),
-                    place.bind_s if self.config.late_binding else now_s,
+                    place.bind_s if self.config.late_binding and not urgent else now_s,
                 )
                 at = self.policy.release_at(view)
                 if at > now_s:
