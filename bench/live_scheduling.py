@@ -287,7 +287,7 @@ def main() -> None:
         default=[],
         metavar="LABEL:K=V[,K=V]",
         help="one more EDF+PID stack with these settings, run as policy LABEL (name it in --policies), "
-        "e.g. edf_pid_reserve:ANVIL_DEADLINE_RESERVE_QUANTILE=0.9",
+        "e.g. edf_pid_late:ANVIL_LATE_BINDING=1",
     )
     ap.add_argument("--name", default="live_scheduling", help="result file stem")
     args = ap.parse_args()
@@ -318,7 +318,7 @@ def main() -> None:
         if args.interleave:  # every policy's stack up at once; each round runs them in rotating order
             for label, env_extra, _, _ in chosen:
                 tmp = Path(tempfile.mkdtemp(prefix="anvil-live-"))
-                stacks[label] = (*start_stack(tmp, {**env_extra, **model_env}), tmp)
+                stacks[label] = (*start_stack(tmp, {**model_env, **env_extra}), tmp)
             for label, *_ in chosen:
                 c1[label] = run_c1(_url(stacks[label][1]), args.c1_seconds)
                 print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
@@ -333,7 +333,7 @@ def main() -> None:
             return write(args, rows, c1, prod)
         for label, env_extra, kind, params in chosen:
             tmp = Path(tempfile.mkdtemp(prefix="anvil-live-"))
-            stacks = {label: (*start_stack(tmp, {**env_extra, **model_env}), tmp)}
+            stacks = {label: (*start_stack(tmp, {**model_env, **env_extra}), tmp)}
             c1[label] = run_c1(_url(stacks[label][1]), args.c1_seconds)
             print(f"{label} c1: {c1[label]['latency_ms']}", flush=True)
             for name, sched in picked:

@@ -112,15 +112,16 @@ class EdfPidPolicy(BatchingPolicy):
     def release_at(self, view: QueueView) -> float:
         if view.executor_idle:
             return view.now_s
-        # Slack trigger: deadline - start - exec(batch) under the guard. The executor is busy until
-        # start, so the slack only shrinks when the batch grows; the next arrival polls again.
-        slack_s = view.head.deadline_s - view.start_s - view.predict_s(view.size)
-        if view.depth >= view.cap or slack_s < view.guard_s:
-            # Full, or due: it leaves now, or with late binding at bind_s, when the busy executor is
-            # about to free up (bound earlier it would only wait there, formed from the queue as it
-            # is now, and a priority-1 request arriving meanwhile would wait behind it).
-            return max(view.now_s, view.bind_s)
-        return math.inf
+        if view.depth < view.cap:
+            # Slack trigger: deadline - start - exec(batch) under the guard. The executor is busy until
+            # start, so the slack only shrinks when the batch grows; the next arrival polls again.
+            slack_s = view.head.deadline_s - view.start_s - view.predict_s(view.size)
+            if slack_s >= view.guard_s:
+                return math.inf
+        # Full, or due: it leaves now, or with late binding at bind_s, when the busy executor is about
+        # to free up (bound earlier it would only wait there, formed from the queue as it is now, and a
+        # priority-1 request arriving meanwhile would wait behind it).
+        return max(view.now_s, view.bind_s)
 
     def observe_arrival(self, request: Request, best_finish_s: float, now_s: float) -> None:
         loop = self._loops[request.model]
