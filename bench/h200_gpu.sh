@@ -4,6 +4,7 @@
 # lacks travel as wheels in .whl/ (bench/h200_env.sh installs them), the fp16 MiniLM in
 # .carry/minilm, perf_analyzer in .pa/ (none committed); results go to $OUT. OP_PROFILE=1 also times
 # the fp16 MiniLM plan alone per shape (bench/gpu_op_profile.py, OP_SHAPES) between the tests and the stack.
+# MPS=1 runs the stack under a CUDA MPS control daemon of its own (quit at the end).
 source "$(dirname "$0")/h200_env.sh"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== make test-gpu =="
@@ -21,6 +22,20 @@ if [ "${OP_PROFILE:-0}" = 1 ] && [ -d .carry/minilm ]; then  # the MiniLM plan a
     --shapes "${OP_SHAPES:-1x16,1x64,16x32,64x48}" --out "$OUT/gpu_op_profile.json" 2>&1 | grep -E "B=|wrote|Error"
 fi
 [ "${SKIP_STACK:-0}" = 1 ] && exit 0
+if [ "${MPS:-0}" = 1 ]; then
+  # CUDA MPS: the executor processes sharing the GPU submit through one MPS server, so their kernels
+  # run side by side instead of time-slicing four contexts. A user-space daemon (no GPU setting
+  # changes); its pipe and log folders are private to this run, and it is told to quit on exit.
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/anvil-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/anvil-mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    trap 'echo quit | nvidia-cuda-mps-control; sleep 1' EXIT
+    echo "MPS control daemon started"
+  else
+    echo "MPS: nvidia-cuda-mps-control could not start; running without MPS"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+fi
 echo "== stack on cuda:0 =="
 export ANVIL_RUN_ROOT=/tmp/anvil-run ANVIL_PROFILES=gpu ANVIL_SLO_P2_MS=5000
 export ANVIL_GPU_PRECISION=${ANVIL_GPU_PRECISION:-auto}  # the plans' precision (fp16 for encoders), the default
