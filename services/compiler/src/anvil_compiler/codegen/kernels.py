@@ -195,7 +195,7 @@ def emit_attention(op: OpView) -> KernelSpec:
     }
     b, t = q.shape[0], q.shape[1]
     d, warps = int(a["head_dim"]), ATTENTION_WARPS
-    smem_floats = op.max_seq * (2 * d + 1) + warps * (d + op.max_seq)
+    smem_floats = op.max_seq * (2 * d + 2) + warps * (d + op.max_seq)  # K (padded), V, the key mask
     smem = smem_floats * 4
     if smem <= ATTENTION_SMEM_MAX_BYTES:  # K and V of a sequence fit in shared memory: blocks per (h, b)
         subs.update(THREADS=32 * warps, SMEM_FLOATS=smem_floats, MIN_BLOCKS=ATTENTION_MIN_BLOCKS)

@@ -9,6 +9,10 @@
 // its own key, hit 32 different banks. Semantics as attention.cu: a padded key gets probability 0;
 // a row with no valid key gives zeros. Dynamic shared memory: ${SMEM_FLOATS} floats (sized for
 // MAX_T = ${MAX_T}). CPU twin: anvil_kernels.attention over the (B, H, T, D) views.
+// Latency, which is what a short batch's few blocks are made of: the staging loop is unrolled so a
+// thread has several K/V loads in flight (one at a time, each an L2 round trip, they were most of a
+// lone sentence's attention), the key mask is staged once (not re-read from global memory per query
+// row), and a warp loads its next query row while it computes the current one.
 extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
     const ${ACT_T}* __restrict__ q, const ${ACT_T}* __restrict__ k, const ${ACT_T}* __restrict__ v,
     const ${MASK_T}* __restrict__ mask, ${ACT_T}* __restrict__ out, int T) {
@@ -19,6 +23,7 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
   float* vs = ks + MAXT * DP;    // (MAXT, D)
   float* qs = vs + MAXT * D;     // (WARPS, D): the warp's query row, pre-scaled
   float* ps = qs + WARPS * D;    // (WARPS, MAXT): the warp's scores, then probabilities
+  float* ms = ps + WARPS * MAXT; // (MAXT): 1 for a valid key, 0 for a padded one
   const int h = blockIdx.x, b = blockIdx.y;
   const int per_z = gridDim.x * gridDim.y;  // (h, b) blocks
   int zs = (${MIN_BLOCKS} + per_z - 1) / per_z;  // in [1, gridDim.z]
@@ -26,23 +31,45 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
   if (zs < 1) zs = 1;
   if (blockIdx.z >= zs) return;  // the whole block: before any barrier
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long seq0 = (long)b * T;  // the sequence's first row
+#pragma unroll 4
   for (int idx = threadIdx.x; idx < T * D; idx += blockDim.x) {
     const int j = idx / D, d = idx - j * D;
-    const long row = (long)b * T + j;
+    const long row = seq0 + j;
     ks[j * DP + d] = anvil_ld(k, row * KS + ${K_OFF} + h * D + d);
     vs[j * D + d] = anvil_ld(v, row * VS + ${V_OFF} + h * D + d);
   }
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    ms[j] = (${HAS_MASK} == 0 || mask[seq0 + j] != 0) ? 1.f : 0.f;
   __syncthreads();
+  constexpr int QR = (D + 31) / 32;  // query elements per lane
   float* qw = qs + warp * D;
   float* pw = ps + warp * MAXT;
-  for (int i = blockIdx.z * WARPS + warp; i < T; i += WARPS * zs) {
-    const ${ACT_T}* qrow = q + ((long)b * T + i) * QS + ${Q_OFF} + h * D;
-    for (int d = lane; d < D; d += 32) qw[d] = anvil_ld(qrow, d) * ${SCALE}f;
+  const int step = WARPS * zs;
+  int i = blockIdx.z * WARPS + warp;
+  float qn[QR];  // the warp's next query row, loaded ahead
+#pragma unroll
+  for (int r = 0; r < QR; ++r) {
+    const int d = lane + 32 * r;
+    qn[r] = (i < T && d < D) ? anvil_ld(q, (seq0 + i) * QS + ${Q_OFF} + h * D + d) : 0.f;
+  }
+  for (; i < T; i += step) {
+#pragma unroll
+    for (int r = 0; r < QR; ++r) {
+      const int d = lane + 32 * r;
+      if (d < D) qw[d] = qn[r] * ${SCALE}f;
+    }
+    const int next = i + step;
+#pragma unroll
+    for (int r = 0; r < QR; ++r) {
+      const int d = lane + 32 * r;
+      if (next < T && d < D) qn[r] = anvil_ld(q, (seq0 + next) * QS + ${Q_OFF} + h * D + d);
+    }
     __syncwarp();
     float mx = -ANVIL_INF;
     for (int j = lane; j < T; j += 32) {
       float s = -ANVIL_INF;
-      if (${HAS_MASK} == 0 || mask[(long)b * T + j] != 0) {
+      if (ms[j] != 0.f) {
         float dot = 0.f;
 #pragma unroll
         for (int d = 0; d < D; ++d) dot += qw[d] * ks[j * DP + d];
@@ -63,8 +90,9 @@ extern "C" __global__ void __launch_bounds__(${THREADS}) ${KERNEL}(
     const float inv = total > 0.f ? 1.f / total : 0.f;
     for (int d = lane; d < D; d += 32) {
       float acc = 0.f;
+#pragma unroll 4
       for (int j = 0; j < T; ++j) acc += pw[j] * vs[j * D + d];
-      anvil_st(out, ((long)b * T + i) * (H * D) + h * D + d, acc * inv);
+      anvil_st(out, (seq0 + i) * (H * D) + h * D + d, acc * inv);
     }
     __syncwarp();  // the next row overwrites qw and pw
   }
