@@ -19,6 +19,8 @@ extern "C" __global__ void anvil_f16_epilogue_v8(const uint4* tmp, const float* 
     uint4* out, long octs, int n8, int act) {
   for (long q = (long)blockIdx.x * blockDim.x + threadIdx.x; q < octs; q += (long)gridDim.x * blockDim.x) {
     const uint4 t = tmp[q];
+    uint4 r = {0u, 0u, 0u, 0u};
+    if (res) r = res[q];  // loaded before the activation's branches, not after them
     float v[8];
     anvil_h2x2(t.x, v[0], v[1]); anvil_h2x2(t.y, v[2], v[3]);
     anvil_h2x2(t.z, v[4], v[5]); anvil_h2x2(t.w, v[6], v[7]);
@@ -31,7 +33,6 @@ extern "C" __global__ void anvil_f16_epilogue_v8(const uint4* tmp, const float* 
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = anvil_act(v[i], act);
     if (res) {
-      const uint4 r = res[q];
       float w[8];
       anvil_h2x2(r.x, w[0], w[1]); anvil_h2x2(r.y, w[2], w[3]);
       anvil_h2x2(r.z, w[4], w[5]); anvil_h2x2(r.w, w[6], w[7]);
@@ -57,22 +58,33 @@ extern "C" __global__ void anvil_f16_epilogue_ln_warp(const unsigned int* tmp, c
   const int half_n = n >> 1;
   const long base = row * half_n;  // in pairs
   float v[2 * ANVIL_F16_LN_PAIRS];
-  // gamma and beta are read with the row, before the reductions: a small batch's epilogue is a chain
-  // of memory round trips (row in, statistics, gamma/beta in, row out), and this drops one of them
-  float ga[2 * ANVIL_F16_LN_PAIRS], be[2 * ANVIL_F16_LN_PAIRS];
-  float sum = 0.f;
+  // Every load of the row (tmp, bias, residual, gamma, beta) is issued before any arithmetic: a small
+  // batch's epilogue is a chain of memory round trips, and loads placed after the activation's
+  // branches waited for them, one pair at a time
+  unsigned int tw[ANVIL_F16_LN_PAIRS], rw[ANVIL_F16_LN_PAIRS];
+  float bi[2 * ANVIL_F16_LN_PAIRS], ga[2 * ANVIL_F16_LN_PAIRS], be[2 * ANVIL_F16_LN_PAIRS];
 #pragma unroll
   for (int k = 0; k < ANVIL_F16_LN_PAIRS; ++k) {
     const int p = lane + 32 * k;  // pair index: elements 2p, 2p + 1
+    const bool in = p < half_n;
+    tw[k] = in ? tmp[base + p] : 0u;
+    rw[k] = (in && res) ? res[base + p] : 0u;
+    bi[2 * k] = (in && bias) ? bias[2 * p] : 0.f;
+    bi[2 * k + 1] = (in && bias) ? bias[2 * p + 1] : 0.f;
+    ga[2 * k] = in ? gamma[2 * p] : 0.f;
+    ga[2 * k + 1] = in ? gamma[2 * p + 1] : 0.f;
+    be[2 * k] = in ? beta[2 * p] : 0.f;
+    be[2 * k + 1] = in ? beta[2 * p + 1] : 0.f;
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < ANVIL_F16_LN_PAIRS; ++k) {
     float a = 0.f, b = 0.f;
-    ga[2 * k] = ga[2 * k + 1] = be[2 * k] = be[2 * k + 1] = 0.f;
-    if (p < half_n) {
-      anvil_h2x2(tmp[base + p], a, b);
-      ga[2 * k] = gamma[2 * p]; ga[2 * k + 1] = gamma[2 * p + 1];
-      be[2 * k] = beta[2 * p]; be[2 * k + 1] = beta[2 * p + 1];
-      if (bias) { a += bias[2 * p]; b += bias[2 * p + 1]; }
+    if (lane + 32 * k < half_n) {
+      anvil_h2x2(tw[k], a, b);
+      if (bias) { a += bi[2 * k]; b += bi[2 * k + 1]; }
       a = anvil_act(a, act); b = anvil_act(b, act);
-      if (res) { float ra, rb; anvil_h2x2(res[base + p], ra, rb); a += ra; b += rb; }
+      if (res) { float ra, rb; anvil_h2x2(rw[k], ra, rb); a += ra; b += rb; }
     }
     v[2 * k] = a; v[2 * k + 1] = b;
     sum += a + b;
