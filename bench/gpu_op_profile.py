@@ -7,7 +7,10 @@ One command on a GPU host (no stack needed):
 For an HF sentence encoder (e.g. all-MiniLM-L6-v2) compiled unquantized, as an fp16 plan (fp16
 activations, cuBLAS fp16 + fp16 epilogues) and as an fp32 plan (cuBLAS TF32 + the fp32 epilogue), per
 (batch, tokens) shape:
-  - one CUDA-graph replay of the whole plan (median of 30, µs) and the rate it implies (sequences/s);
+  - one CUDA-graph replay of the whole plan (median of 30, µs) and the rate it implies (sequences/s):
+    events around one launch, so it includes the host's graph launch (what a lone batch meets, and it
+    differs between hosts); and back-to-back (`graph_steady_us`): STEADY launches between two events,
+    per launch, the device's own time for the graph (what compares kernels across hosts);
   - each launch timed alone (eager, CUDA events), summed per kernel kind (µs and share of the sum);
   - the same for each variant of --variants (fp16, fp16-lt: QKV's bias inside cuBLASLt, fp32,
     fp32-per-row: the previous attention kernel, one block per query row) for an A/B in one run.
@@ -104,6 +107,9 @@ def kernel_times(model: Any, graph: Any, reps: int) -> dict[str, float]:
     return per_kind
 
 
+STEADY = 10  # graph launches between the events of one back-to-back measurement
+
+
 def profile_shape(model: Any, b: int, t: int, reps: int) -> dict[str, Any]:
     import cupy as cp
 
@@ -120,6 +126,15 @@ def profile_shape(model: Any, b: int, t: int, reps: int) -> dict[str, Any]:
             end.record(model.stream)
             end.synchronize()
             replay.append(cp.cuda.get_elapsed_time(start, end) * 1e3)  # µs
+        steady = []
+        for _ in range(max(3, reps // STEADY)):
+            graph.launch(model.stream)  # the device is busy when `start` is recorded
+            start.record(model.stream)
+            for _ in range(STEADY):
+                graph.launch(model.stream)
+            end.record(model.stream)
+            end.synchronize()
+            steady.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / STEADY)
     try:
         per_kind = kernel_times(model, graph, reps)
     except Exception as exc:  # the breakdown is optional; the replay times stand
@@ -132,6 +147,7 @@ def profile_shape(model: Any, b: int, t: int, reps: int) -> dict[str, Any]:
         "batch": b,
         "tokens": t,
         "graph_replay_us": round(med, 1),
+        "graph_steady_us": round(statistics.median(steady), 1),
         "sequences_per_s": round(b / med * 1e6),
         "kernel_sum_us": round(total, 1),
         "per_kind_us": {k: round(v, 1) for k, v in ranked},
@@ -233,6 +249,7 @@ def main() -> None:
             for r in rows:
                 top = ", ".join(f"{k} {v:.0%}" for k, v in list(r["per_kind_share"].items())[:4])
                 head = f"  B={r['batch']:4d} T={r['tokens']:3d}: graph {r['graph_replay_us']:9.1f} us"
+                head += f" (back-to-back {r['graph_steady_us']:.1f} us)"
                 rate = f"({r['sequences_per_s']:,} seq/s); kernels {r['kernel_sum_us']:.0f} us"
                 print(f"{head} {rate}: {top}", flush=True)
             del model
