@@ -242,6 +242,7 @@ def live_row(s: dict[str, Any], duration_s: float) -> dict[str, Any]:
     return {
         "sent": s["sent"],
         "good": good,
+        "duration_s": round(duration_s, 3),
         "goodput_rps": round(good / max(duration_s, 1e-9), 1),
         "goodput_span_rps": s["goodput_rps"],
         "p1_attainment": pr.get("1", {}).get("slo_attainment"),
@@ -452,10 +453,10 @@ def write(
         ours = med("edf_pid", "goodput_rps")
         fixed = [g for p in dict.fromkeys(r["policy"] for r in rows) if p.startswith("fixed")
                  if (g := med(p, "goodput_rps")) is not None]  # fmt: skip
-        sent = med("edf_pid", "sent")
+        sent, span = med("edf_pid", "sent"), med("edf_pid", "duration_s")
         if ours is not None and fixed and max(fixed) > 0:
             # a policy that answered every request in time has goodput = offered: no ratio exceeds this
-            ceiling = f", ceiling {sent / args.seconds / max(fixed):.2f}x" if sent else ""
+            ceiling = f", ceiling {sent / span / max(fixed):.2f}x" if sent and span else ""
             md.append(f"- {trace}: {ours / max(fixed):.2f}x{ceiling}")
     if any(r.get("round", 0) for r in rows):
         md += ["", "## Per policy over the rounds (median, min-max)", ""]
