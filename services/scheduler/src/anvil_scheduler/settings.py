@@ -7,6 +7,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from anvil_core.settings import ServiceSettings
+from anvil_scheduler.core.config import SchedulerConfig
 
 __all__ = ["SchedulerSettings"]
 
@@ -33,11 +34,11 @@ class SchedulerSettings(ServiceSettings):
     # admission): slack_guard_us + slack_guard_fraction x the predicted horizon (core/config.py says
     # why 2 ms and 10%). What it covers lies outside the scheduler's view: the links, the gateway's
     # answer and the client's HTTP (bench/live_scheduling.py --model busy measures it).
-    slack_guard_us: Annotated[int, Field(ge=0, le=10_000_000)] = 2000
-    slack_guard_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.10
+    slack_guard_us: Annotated[int, Field(ge=0, le=10_000_000)] = SchedulerConfig.slack_guard_us
+    slack_guard_fraction: Annotated[float, Field(ge=0.0, lt=1.0)] = SchedulerConfig.slack_guard_fraction
     # EDF+PID releases a full batch of lower-priority work for a busy executor only as it is about to
     # free up (core/config.py). Off by default: it trades a little priority-1 attainment for goodput.
-    late_binding: bool = False
+    late_binding: bool = SchedulerConfig.late_binding
     # SLO attainment and p99 (published to `anvil:slo` for qos) are over answers of this window.
     slo_window_ms: int = 10000
     # Requests waiting per model before the lowest-priority ones are shed with OVERLOAD.
