@@ -1,7 +1,9 @@
-"""`python -m anvil_compiler.offline`: compile an HF directory into a content-addressed artifact
-directory, without the HTTP service (the executor runs it for its built-in `minilm`).
+"""`python -m anvil_compiler.offline`: compile an HF directory or an ONNX file into a
+content-addressed artifact directory, without the HTTP service (the executor runs it for its compiled
+built-ins: `minilm` from its HF directory; on a GPU, `mlp` and `mlp4x1024` from ONNX files it writes).
 
-    python -m anvil_compiler.offline --hf DIR --out-root ROOT --name NAME [--options JSON] [--no-build]
+    python -m anvil_compiler.offline (--hf DIR | --onnx FILE) --out-root ROOT --name NAME
+        [--options JSON] [--no-build]
 
 The artifact id is the compiler's own content address (``artifact_key``: model bytes, format,
 options, compiler version), the one `anvil deploy` of the same directory and options gets; when
@@ -26,7 +28,7 @@ from anvil_compiler.frontends.hf import bundle_from_dir
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.pipeline import compile_model
 
-__all__ = ["compile_dir", "main"]
+__all__ = ["compile_bytes", "compile_dir", "main"]
 
 
 def _say(doc: dict[str, object]) -> None:
@@ -37,8 +39,14 @@ def compile_dir(
     hf_dir: Path, out_root: Path, name: str, opts: CompileOptions, build: bool
 ) -> dict[str, object]:
     """Compile (or find) the artifact of ``hf_dir``; returns the final status line's fields."""
-    data = bundle_from_dir(hf_dir)
-    key = artifact_key(model_digest(data), "hf", opts)
+    return compile_bytes("hf", bundle_from_dir(hf_dir), out_root, name, opts, build)
+
+
+def compile_bytes(
+    fmt: str, data: bytes, out_root: Path, name: str, opts: CompileOptions, build: bool
+) -> dict[str, object]:
+    """Compile (or find) the artifact of ``data`` in format ``fmt`` (``hf`` bundle or ``onnx``)."""
+    key = artifact_key(model_digest(data), fmt, opts)
     final = out_root / key
     if read_manifest(final) is not None:
         return {"artifact": key, "path": str(final), "cached": True, "compile_s": 0.0}
@@ -47,7 +55,7 @@ def compile_dir(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         compile_model(
-            "hf",
+            fmt,
             data,
             name,
             opts,
@@ -73,7 +81,9 @@ def compile_dir(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--hf", type=Path, required=True, help="HF directory: config.json + model.safetensors")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--hf", type=Path, help="HF directory: config.json + model.safetensors")
+    src.add_argument("--onnx", type=Path, help="ONNX model file")
     ap.add_argument("--out-root", type=Path, required=True, help="artifact directory root")
     ap.add_argument("--name", required=True)
     ap.add_argument("--options", default="{}", help="CompileOptions fields as JSON")
@@ -82,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = CompileOptions.from_dict(json.loads(args.options))
         args.out_root.mkdir(parents=True, exist_ok=True)
-        _say(compile_dir(args.hf, args.out_root, args.name, opts, build=not args.no_build))
+        build = not args.no_build
+        if args.hf is not None:
+            _say(compile_dir(args.hf, args.out_root, args.name, opts, build))
+        else:
+            data = args.onnx.read_bytes()
+            _say(compile_bytes("onnx", data, args.out_root, args.name, opts, build))
     except (CompileError, OSError, ValueError) as exc:
         _say({"error": f"{type(exc).__name__}: {exc}"})
         return 1

@@ -2,8 +2,9 @@
 
 ``cpu`` runs compiled plans on the CPU backend (numba). ``cuda`` or ``cuda:N`` runs them on CUDA
 device N through CuPy; the executor refuses to start when CuPy or that device is missing (it never
-falls back to the CPU while claiming a GPU). Built-in models (identity, mlp, ...) are numpy models
-and run on the host in either case; the registry shows each model's platform.
+falls back to the CPU while claiming a GPU). On a CUDA device the built-ins identity, mlp and
+mlp4x1024 run there too unless ANVIL_GPU_BUILTINS=host (models/gpu_builtins.py); busy always sleeps
+on the host. The registry shows each model's platform.
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ from anvil_executor import metrics as m
 from anvil_executor.batch_runner import Pending, ShmResolver, account_batch, finish_batch, prepare_batch
 from anvil_executor.device import is_device_fault, open_device, parse_device
 from anvil_executor.loader import ModelLoader
-from anvil_executor.models import Model, load_builtin, minilm
+from anvil_executor.models import Model, gpu_builtins, load_builtin, minilm
 from anvil_executor.models.builtin import BusyModel
+from anvil_executor.models.compiled import BuiltinUnavailable
 from anvil_executor.peer_links import DirectSocket, deliver
 from anvil_executor.plan_runtime.lanes import set_lane, use_lane
 from anvil_executor.settings import ExecutorSettings
@@ -146,16 +147,30 @@ class Executor:
 
     def _load(self, name: str) -> dict[str, Model]:
         """A built-in, warmed up, under each of its served names ({} when it cannot load here)."""
+        art = Path(self.s.builtin_artifact_dir or self.s.artifact_dir)
         if name == minilm.SERVED_ID:
             try:
-                art = Path(self.s.builtin_artifact_dir or self.s.artifact_dir)
-                gpu = self._gpu_options()
-                models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu, self.s.lanes)
-            except minilm.MiniLMUnavailable as exc:  # said once; the executor serves the others
+                models, plan = minilm.load_minilm_plan(
+                    art, self.s.max_batch, self.device, self._gpu_options(), self.s.lanes
+                )
+            except BuiltinUnavailable as exc:  # said once; the executor serves the others
                 log.warning("built-in model not served", extra={"model": name, "reason": str(exc)})
                 return {}
             self._warm(models[name])  # the aliases share its model object
+            if self.device.is_cuda:
+                self._gpu_loaded(name, plan)
             return models
+        if self.device.is_cuda and self.s.gpu_builtins == "device" and name in gpu_builtins.DEVICE_BUILTINS:
+            try:
+                model, plan = gpu_builtins.load_device_builtin(
+                    name, art, self.s.max_batch, self.device, self._gpu_options(), self.s.lanes
+                )
+            except BuiltinUnavailable as exc:
+                log.warning("built-in model not served", extra={"model": name, "reason": str(exc)})
+                return {}
+            self._warm(model)
+            self._gpu_loaded(name, plan)
+            return {name: model}
         if name == "busy":
             return {
                 name: self._warm(BusyModel(self.s.max_batch, self.s.busy_base_us, self.s.busy_per_row_us))
@@ -171,9 +186,9 @@ class Executor:
             if twin is not None:
                 inner = twin.inner if isinstance(twin, minilm.AliasModel) else twin
                 return inner if name == minilm.SERVED_ID else minilm.AliasModel(inner, name)
-            art, gpu = Path(self.s.builtin_artifact_dir or self.s.artifact_dir), self._gpu_options()
-            models = minilm.load_minilm(art, self.s.max_batch, self.device, gpu, self.s.lanes)
-            self._warm(models[minilm.SERVED_ID])
+            models = self._load(minilm.SERVED_ID)
+            if not models:
+                raise BuiltinUnavailable(f"{name} cannot be loaded here (the log above says why)")
             return models[name]
         (model,) = self._load(name).values()
         return model
@@ -222,7 +237,6 @@ class Executor:
         self._warm(model)  # before the steady-state mark: its first runs may touch memory
         if self.device.is_cuda:
             self._gpu_loaded(name, plan)
-            self._plans[name] = plan
         return model
 
     def _gpu_options(self) -> dict[str, Any]:
@@ -236,8 +250,11 @@ class Executor:
         }
 
     def _gpu_loaded(self, name: str, plan: Any) -> None:
+        """A model now on the GPU: its graphs and device banks exported, its plan's run phases and
+        padding read at each scrape, and the steady state marked (after its warm-up)."""
         from anvil_executor.plan_runtime.cuda_arena import counter
 
+        self._plans[name] = plan
         m.graphs.labels(model=name).set(plan.graph_count)
         for bank, size in plan.arena.usage().items():
             m.device_bytes.labels(model=name, bank=bank).set(size)

@@ -87,6 +87,11 @@ class ExecutorSettings(ServiceSettings):
     # executors, spin/block interleaved twice, bench/results/gpu_sync_ab.md): spin served c16 at
     # 34.8k / 34.9k sentences/s, block at 30.0k / 33.2k; c1 and c64 within run-to-run noise. Spin stays.
     gpu_sync: Literal["block", "spin"] = "spin"
+    # Built-ins on a GPU executor: "device" serves `mlp` and `mlp4x1024` as compiled plans on the GPU
+    # (ONNX written from their seeded recipes, compiled once and cached in builtin_artifact_dir) and
+    # `identity` as a round trip through device memory; "host" keeps them numpy on the host, as on a
+    # CPU executor. `busy` always sleeps on the host; `minilm` is a compiled plan either way.
+    gpu_builtins: Literal["device", "host"] = "device"
     # A model whose load fails is retried after load_retry_base_ms, doubling at each failure up to
     # load_retry_max_ms (a broken artifact costs one attempt a minute, not one a beat).
     load_retry_base_ms: int = 1000

@@ -17,17 +17,12 @@ reach 0.954-0.997, bench/results/minilm.md); the embedding table is fp16 (exact 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from anvil_core.logs import get_logger
 from anvil_executor.device import DeviceSpec
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
+from anvil_executor.models.compiled import BuiltinUnavailable, compile_builtin
 
 __all__ = [
     "ALIASES",
@@ -38,20 +33,17 @@ __all__ = [
     "compile_options",
     "ensure_artifact",
     "load_minilm",
+    "load_minilm_plan",
     "package_dir",
 ]
-
-log = get_logger("anvil.executor.minilm")
 
 SERVED_ID = "all-MiniLM-L6-v2"
 ALIASES = ("minilm",)
 NAMES = (SERVED_ID, *ALIASES)  # names in ANVIL_MODELS that select this built-in
 MAX_SEQ = 256  # tokens: sentence-transformers' max_seq_length for this model
-COMPILE_TIMEOUT_S = 600
 
 
-class MiniLMUnavailable(RuntimeError):
-    """The built-in cannot be loaded here (package or compiler absent); the message says why."""
+MiniLMUnavailable = BuiltinUnavailable  # the name callers and tests know
 
 
 class AliasModel(Model):
@@ -88,50 +80,8 @@ def compile_options(max_batch: int) -> dict[str, Any]:
 def ensure_artifact(artifact_root: Path, max_batch: int, build_kernels: bool) -> Path:
     """The artifact directory of the built-in, compiled by the compiler's offline entry point on
     first use (progress logged per stage); MiniLMUnavailable when it cannot be made here."""
-    model_dir = package_dir()
-    if importlib.util.find_spec("anvil_compiler") is None:
-        raise MiniLMUnavailable("the compiler (anvil-compiler) is not installed next to this executor")
-    cmd = [
-        sys.executable,
-        "-m",
-        "anvil_compiler.offline",
-        "--hf",
-        str(model_dir),
-        "--out-root",
-        str(artifact_root),
-        "--name",
-        SERVED_ID,
-        "--options",
-        json.dumps(compile_options(max_batch)),
-        *([] if build_kernels else ["--no-build"]),
-    ]
-    last: dict[str, Any] = {}
-    with tempfile.TemporaryFile("w+") as errs:  # a file, not a pipe: a chatty stderr cannot block it
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errs, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:  # one JSON object a line (anvil_compiler.offline)
-            try:
-                last = json.loads(line)
-            except ValueError:
-                continue
-            if "stage" in last:
-                log.info("compiling built-in model", extra={"model": SERVED_ID, **last})
-        try:
-            proc.wait(timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise MiniLMUnavailable(f"compiling {SERVED_ID} took over {COMPILE_TIMEOUT_S} s") from None
-        errs.seek(0)
-        tail = errs.read().strip().splitlines()[-1:]
-    if proc.returncode != 0 or "path" not in last:
-        why = last.get("error") or (tail[0] if tail else f"exit {proc.returncode}")
-        raise MiniLMUnavailable(f"compiling {SERVED_ID} failed: {why}")
-    log.info(
-        "built-in model artifact",
-        extra={"model": SERVED_ID, "artifact": last["artifact"], "cached": last["cached"],
-               "compile_s": last["compile_s"]},
-    )  # fmt: skip
-    return Path(last["path"])
+    source = ("hf", package_dir())
+    return compile_builtin(source, artifact_root, SERVED_ID, compile_options(max_batch), build_kernels)
 
 
 def load_minilm(
@@ -144,8 +94,19 @@ def load_minilm(
     """{served name: model} for every name of the built-in; MiniLMUnavailable says why not.
     ``gpu``: GpuPlanModel options on a CUDA device (as for deployed artifacts); ``lanes``: plan
     instances, one per compute thread."""
+    return load_minilm_plan(artifact_root, max_batch, device, gpu, lanes)[0]
+
+
+def load_minilm_plan(
+    artifact_root: Path,
+    max_batch: int,
+    device: DeviceSpec,
+    gpu: dict[str, Any] | None = None,
+    lanes: int = 1,
+) -> tuple[dict[str, Model], Any]:
+    """``load_minilm`` and the plan under the text model (the executor reads its GPU metrics)."""
     from anvil_executor.artifact import load_artifact
 
     path = ensure_artifact(artifact_root, max_batch, build_kernels=device.is_cuda)
-    model, _ = load_artifact(path, device, SERVED_ID, gpu, lanes)
-    return {SERVED_ID: model, **{a: AliasModel(model, a) for a in ALIASES}}
+    model, plan = load_artifact(path, device, SERVED_ID, gpu, lanes)
+    return {SERVED_ID: model, **{a: AliasModel(model, a) for a in ALIASES}}, plan
