@@ -259,19 +259,22 @@ def emit_embed_ln(op: OpView) -> KernelSpec:
     return KernelSpec(name, src, ((numel(ids.shape), 1), (Dim(1), 1), (Dim(1), 1)), (128, 1, 1), args)
 
 
+POOL_THREADS = 256  # mean_pool_l2: 8 warps, each every 8th token of the row
+
+
 def emit_mean_pool_l2(op: OpView) -> KernelSpec:
     x = op.inputs["x"][1]
     mask = op.inputs["mask"][1]
     subs: dict[str, object] = {
         "H": int(x.shape[-1]),
-        "THREADS": 128,
+        "THREADS": POOL_THREADS,
         "MASK_T": CTYPES[mask.dtype],
         "NORMALIZE": int(bool(op.attrs.get("normalize", True))),
         "ACT_T": _act_t(op),
     }
     name, src = _specialize("mean_pool_l2", "mean_pool_l2", subs)
     args = [_t(op, "x"), _t(op, "mask"), Arg("tensor", op.outputs[0][0]), Arg("dim", dim=x.shape[1])]
-    return KernelSpec(name, src, ((x.shape[0], 1), (Dim(1), 1), (Dim(1), 1)), (128, 1, 1), args)
+    return KernelSpec(name, src, ((x.shape[0], 1), (Dim(1), 1), (Dim(1), 1)), (POOL_THREADS, 1, 1), args)
 
 
 def emit_unary(op: OpView) -> KernelSpec:
