@@ -44,6 +44,9 @@ python3 -m anvil_client.cli up --no-restart --timeout 180 > "$OUT/stack.txt" 2>&
 UP=$!
 for _ in $(seq 1 180); do curl -sf localhost:8000/v2/health/ready >/dev/null && break; sleep 1; done
 curl -s localhost:8000/v2/health/ready; echo
+if [ "${BUILTINS:-0}" = 1 ]; then  # the built-ins on the GPU (ANVIL_GPU_BUILTINS): platform and error vs numpy
+  timeout 60 python3 bench/gpu_builtins_check.py --out "$OUT/gpu_builtins.json" 2>&1 | tail -8
+fi
 if [ "${PA:-0}" = 1 ] && [ -f /tmp/site/perf_analyzer/bin/perf_analyzer ]; then
   # perf_analyzer (pip perf-analyzer, carried in .pa/: glibc 2.38, not runnable on the build machine)
   # over HTTP and gRPC, identity and mlp (PA_PROTOS, PA_MODELS choose), c1 and c16; server-side
