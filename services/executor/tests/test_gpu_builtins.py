@@ -116,3 +116,38 @@ def test_a_gpu_executor_serves_builtins_on_the_device_unless_told_host(
         assert loaded == [("mlp", "cuda:1")] and isinstance(ex._plans["mlp"], _Plan)
     else:
         assert loaded == [] and ex._plans == {} and isinstance(served["mlp"], MlpModel)
+
+
+def test_a_gpu_executor_starts_with_its_builtins_on_the_device(
+    fake: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The whole start-up (CuPy faked): identity is GpuIdentityModel, mlp comes from the device loader
+    (faked: no kernels are built here), busy stays on the host, each device model registered."""
+    import sys
+
+    from anvil_executor import service
+    from anvil_executor.plan_runtime.gpu_identity import GpuIdentityModel
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from wire_helpers import executor_settings
+
+    real = gpu_builtins.load_device_builtin
+
+    def load(name: str, root: Path, max_batch: int, device: Any, gpu: dict[str, Any], lanes: int) -> Any:
+        if name == "mlp":
+            return MlpModel(max_batch), _Plan()
+        return real(name, root, max_batch, device, gpu, lanes)
+
+    monkeypatch.setattr(gpu_builtins, "load_device_builtin", load)
+    monkeypatch.setattr(service, "open_device", lambda spec: "a faked device")
+    extra = {"device": "cuda:0", "models": "identity,mlp,busy", "lanes": 2}
+    settings = executor_settings("redis://127.0.0.1:1", tmp_path, "ex-gpu", **extra)
+    ex = service.Executor(settings)
+    try:
+        assert isinstance(ex.models["identity"], GpuIdentityModel)
+        assert isinstance(ex.models["busy"], BusyModel)
+        assert set(ex._plans) == {"identity", "mlp"}
+        out = ex.models["identity"].run([{"INPUT0": np.arange(6, dtype=np.float32).reshape(2, 3)}])
+        np.testing.assert_array_equal(out[0]["OUTPUT0"], np.arange(6, dtype=np.float32).reshape(2, 3))
+    finally:
+        ex.ctx.destroy(linger=0)

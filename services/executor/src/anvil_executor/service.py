@@ -86,6 +86,8 @@ class Executor:
         self._set_compute_threads()  # this thread loads and warms up the built-ins
         names = [n.strip() for n in settings.models.split(",") if n.strip()]
         self.bg = Background("executor-redis")
+        # model -> its plan on the GPU (GPU metrics); built-ins on a GPU are registered as they load
+        self._plans: dict[str, Any] = {}
         # warmed up before the registry starts: nothing is advertised cold (warmup.py)
         builtins: dict[str, Model] = {}
         for n in dict.fromkeys(minilm.SERVED_ID if n in minilm.NAMES else n for n in names):
@@ -126,7 +128,6 @@ class Executor:
         self._compute_s: dict[str, float] = {}  # model -> its last batch's compute time, s
         self._beat_seq = 0
         self.shm: Any = None
-        self._plans: dict[str, Any] = {}  # model -> its GpuPlanModel (GPU metrics)
         if self.device.is_cuda:  # the plans' run phases, read at each scrape
             m.register_gpu_phases(lambda: self._plans)
         self.registry = Registry(
