@@ -10,14 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_device import cupy_or_skip
 
 pytestmark = pytest.mark.gpu
-cp = pytest.importorskip("cupy", reason="the GPU backend needs CuPy")
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        pytest.skip("no CUDA device", allow_module_level=True)
-except Exception as exc:  # CUDARuntimeError: no driver
-    pytest.skip(f"no CUDA device: {exc}", allow_module_level=True)
+cp = cupy_or_skip()
 
 from anvil_executor.device import parse_device  # noqa: E402
 from anvil_executor.models import gpu_builtins  # noqa: E402

@@ -15,14 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_device import cupy_or_skip
 
 pytestmark = pytest.mark.gpu
-cp = pytest.importorskip("cupy", reason="the GPU backend needs CuPy")
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        pytest.skip("no CUDA device", allow_module_level=True)
-except Exception as exc:  # CUDARuntimeError: no driver
-    pytest.skip(f"no CUDA device: {exc}", allow_module_level=True)
+cp = cupy_or_skip()
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[2] / "compiler" / "tests"))
