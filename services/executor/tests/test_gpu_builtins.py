@@ -151,3 +151,28 @@ def test_a_gpu_executor_starts_with_its_builtins_on_the_device(
         np.testing.assert_array_equal(out[0]["OUTPUT0"], np.arange(6, dtype=np.float32).reshape(2, 3))
     finally:
         ex.ctx.destroy(linger=0)
+
+
+def test_a_device_builtin_that_cannot_be_made_is_not_served_and_its_reload_raises(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from anvil_executor.models.compiled import BuiltinUnavailable
+
+    def fail(*args: Any) -> Any:
+        raise BuiltinUnavailable("the compiler (anvil-compiler) is not installed next to this executor")
+
+    monkeypatch.setattr(gpu_builtins, "load_device_builtin", fail)
+    ex = Executor.__new__(Executor)
+    ex.s = ExecutorSettings(artifact_dir=str(tmp_path), max_batch=8)
+    ex.device = parse_device("cuda:0")
+    ex._plans = {}
+    ex.models = {}
+    with caplog.at_level(logging.WARNING, logger="anvil.executor"):
+        assert ex._load("mlp") == {}
+    said = [r for r in caplog.records if r.getMessage() == "built-in model not served"]
+    assert len(said) == 1 and "anvil-compiler" in said[0].__dict__["reason"]
+    with pytest.raises(BuiltinUnavailable, match="mlp cannot be loaded here"):
+        ex._reload_builtin("mlp")  # the loader logs it and retries with back-off
+    assert ex._plans == {}

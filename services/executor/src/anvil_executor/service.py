@@ -187,12 +187,10 @@ class Executor:
             if twin is not None:
                 inner = twin.inner if isinstance(twin, minilm.AliasModel) else twin
                 return inner if name == minilm.SERVED_ID else minilm.AliasModel(inner, name)
-            models = self._load(minilm.SERVED_ID)
-            if not models:
-                raise BuiltinUnavailable(f"{name} cannot be loaded here (the log above says why)")
-            return models[name]
-        (model,) = self._load(name).values()
-        return model
+        models = self._load(minilm.SERVED_ID if name in minilm.NAMES else name)
+        if not models:  # a compiled built-in that cannot be made here: the loader retries, with back-off
+            raise BuiltinUnavailable(f"{name} cannot be loaded here (the log above says why)")
+        return models[name]
 
     def _warm(self, model: Model) -> Model:
         """Every lane warmed up: each runs its own plan instance (a stateless model: the same runs)."""
