@@ -102,7 +102,7 @@ def served_in_process(max_batch: int = 64) -> Any:
     from anvil_executor.models.minilm import SERVED_ID, load_minilm
 
     art = Path(tempfile.mkdtemp(prefix="anvil-minilm-art-"))
-    return load_minilm(art, max_batch, parse_device("cpu"))[SERVED_ID]
+    return load_minilm(art, max_batch, parse_device("cpu"))[0][SERVED_ID]
 
 
 def inproc_speed(model: Any, texts: list[str], batch: int, seconds: float) -> dict[str, float]:

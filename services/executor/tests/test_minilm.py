@@ -99,7 +99,7 @@ def test_minilm_is_a_cached_artifact_served_under_both_names(tmp_path: Path) -> 
     assert minilm.ensure_artifact(tmp_path, 8, build_kernels=False) == first  # the content address
     assert (first / "plan.bin").stat().st_mtime_ns == mtime  # found, not compiled again
 
-    models = minilm.load_minilm(tmp_path, 8, parse_device("cpu"))
+    models, _ = minilm.load_minilm(tmp_path, 8, parse_device("cpu"))
     assert set(models) == {"all-MiniLM-L6-v2", "minilm"}
     served, alias = models["all-MiniLM-L6-v2"], models["minilm"]
     assert isinstance(alias, minilm.AliasModel) and alias.inner is served

@@ -45,35 +45,28 @@ class ModelLoading:
 
     def _load(self, name: str) -> dict[str, Model]:
         """A built-in, warmed up, under each of its served names ({} when it cannot load here)."""
-        art = Path(self.s.builtin_artifact_dir or self.s.artifact_dir)
-        if name == minilm.SERVED_ID:
-            try:
-                models, plan = minilm.load_minilm_plan(
-                    art, self.s.max_batch, self.device, self._gpu_options(), self.s.lanes
-                )
-            except BuiltinUnavailable as exc:  # said once; the executor serves the others
-                log.warning("built-in model not served", extra={"model": name, "reason": str(exc)})
-                return {}
-            self._warm(models[name])  # the aliases share its model object
-            if self.device.is_cuda:
-                self._gpu_loaded(name, plan)
-            return models
-        if self.device.is_cuda and self.s.gpu_builtins == "device" and name in gpu_builtins.DEVICE_BUILTINS:
-            try:
-                model, plan = gpu_builtins.load_device_builtin(
-                    name, art, self.s.max_batch, self.device, self._gpu_options(), self.s.lanes
-                )
-            except BuiltinUnavailable as exc:
-                log.warning("built-in model not served", extra={"model": name, "reason": str(exc)})
-                return {}
-            self._warm(model)
-            self._gpu_loaded(name, plan)
-            return {name: model}
         if name == "busy":
             return {
                 name: self._warm(BusyModel(self.s.max_batch, self.s.busy_base_us, self.s.busy_per_row_us))
             }
-        return {name: self._warm(load_builtin(name, self.s.max_batch))}
+        on_device = self.device.is_cuda and self.s.gpu_builtins == "device"
+        if name != minilm.SERVED_ID and not (on_device and name in gpu_builtins.DEVICE_BUILTINS):
+            return {name: self._warm(load_builtin(name, self.s.max_batch))}  # numpy, on the host
+        art = Path(self.s.builtin_artifact_dir or self.s.artifact_dir)
+        mb, dev, gpu, lanes = self.s.max_batch, self.device, self._gpu_options(), self.s.lanes
+        try:  # a compiled built-in (or identity's device round trip)
+            if name == minilm.SERVED_ID:
+                models, plan = minilm.load_minilm(art, mb, dev, gpu, lanes)
+            else:
+                model, plan = gpu_builtins.load_device_builtin(name, art, mb, dev, gpu, lanes)
+                models = {name: model}
+        except BuiltinUnavailable as exc:  # said once; the executor serves the others
+            log.warning("built-in model not served", extra={"model": name, "reason": str(exc)})
+            return {}
+        self._warm(models[name])  # minilm's aliases share its model object
+        if self.device.is_cuda:
+            self._gpu_loaded(name, plan)
+        return models
 
     def _reload_builtin(self, name: str) -> Model:
         """The loader's hook for a built-in that was unloaded and is loaded again (one served name;

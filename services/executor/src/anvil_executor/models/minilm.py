@@ -33,7 +33,6 @@ __all__ = [
     "compile_options",
     "ensure_artifact",
     "load_minilm",
-    "load_minilm_plan",
     "package_dir",
 ]
 
@@ -90,21 +89,10 @@ def load_minilm(
     device: DeviceSpec,
     gpu: dict[str, Any] | None = None,
     lanes: int = 1,
-) -> dict[str, Model]:
-    """{served name: model} for every name of the built-in; MiniLMUnavailable says why not.
-    ``gpu``: GpuPlanModel options on a CUDA device (as for deployed artifacts); ``lanes``: plan
-    instances, one per compute thread."""
-    return load_minilm_plan(artifact_root, max_batch, device, gpu, lanes)[0]
-
-
-def load_minilm_plan(
-    artifact_root: Path,
-    max_batch: int,
-    device: DeviceSpec,
-    gpu: dict[str, Any] | None = None,
-    lanes: int = 1,
 ) -> tuple[dict[str, Model], Any]:
-    """``load_minilm`` and the plan under the text model (the executor reads its GPU metrics)."""
+    """({served name: model} for every name of the built-in, the plan under the text model: the
+    executor reads its GPU metrics); MiniLMUnavailable says why not. ``gpu``: GpuPlanModel options on
+    a CUDA device (as for deployed artifacts); ``lanes``: plan instances, one per compute thread."""
     from anvil_executor.artifact import load_artifact
 
     path = ensure_artifact(artifact_root, max_batch, build_kernels=device.is_cuda)
