@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # W4A16 kernels on one H200, in one device call (about 6-7 minutes): build the kernels with nvcc,
-# test the wg (wgmma) tiles and the gv (shared-memory ring GEMV) configs alone (a faulting or
+# test the wg (wgmma) tiles, the wgs (warp-specialized wg) tiles and the gv (shared-memory ring
+# GEMV) configs alone (a faulting or
 # hanging one is left out of the bench), run
 # bench/kernels_gpu.py (while the full test fatbin builds), then the GPU tests of libs/kernels,
 # then print a compact summary against issue #17's targets. Needs python3 with numpy, numba, cupy,
@@ -51,13 +52,27 @@ echo "== wg smoke (test_mtc_matches_twin, wg tiles, bf16 g128) =="
 WG_RC=0
 EXCLUDE=""  # configs the bench leaves out (--exclude-configs, given once)
 ANVIL_W4A16_FATBIN="$BENCH_FATBIN" timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu \
-  -k "test_mtc_matches_twin and wg and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_mtc.py \
+  -k "test_mtc_matches_twin and wg and not wgs and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_mtc.py \
   > "$OUT/wg_smoke.txt" 2>&1 || WG_RC=$?
 tail -3 "$OUT/wg_smoke.txt"
 if [ "$WG_RC" != 0 ]; then
-  WG=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(','.join(c for c, v in MTC_CONFIGS.items() if v.wg))")
+  WG=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(','.join(c for c, v in MTC_CONFIGS.items() if v.wg and not v.ws))")
   echo "   wg smoke FAILED (rc=$WG_RC): the bench leaves out $WG"
   EXCLUDE="$EXCLUDE,$WG"
+fi
+# The warp-specialized wg tiles (wgs: bulk copies on mbarriers; a wrong phase spins forever) alone,
+# under a shorter timeout; on failure the bench and the GPU tests leave them out.
+echo "== wgs smoke (test_mtc_matches_twin, wgs tiles, bf16 g128) =="
+WGS_RC=0
+ANVIL_W4A16_FATBIN="$BENCH_FATBIN" timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu \
+  -k "test_mtc_matches_twin and wgs and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_mtc.py \
+  > "$OUT/wgs_smoke.txt" 2>&1 || WGS_RC=$?
+tail -3 "$OUT/wgs_smoke.txt"
+if [ "$WGS_RC" != 0 ]; then
+  WGS=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(','.join(c for c, v in MTC_CONFIGS.items() if v.ws))")
+  echo "   wgs smoke FAILED (rc=$WGS_RC): the bench and the GPU tests leave out $WGS"
+  EXCLUDE="$EXCLUDE,$WGS"
+  TEST_K="${TEST_K:+($TEST_K) and }not wgs"
 fi
 
 # The gv configs likewise (their cp.async.bulk / mbarrier ring is new: a fault ends the context, a

@@ -104,13 +104,24 @@ class ModelKernel:
         from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS
         from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits
 
-        hit = re.match(r"w4a16((?:m?tc)\w+?)_(bf16|fp16)_c(\d)$", self.name)
+        if self.name == "w4a16_tile_x":  # mtc_model.tile_x, on the 16-bit values as they are
+            x, xt, m, mpad, k = args
+            assert block == (256,) and grid == (-(-int(mpad) * int(k) // 8 // 256),)
+            tiled = mtc_model.tile_x(np.asarray(x, np.float64).reshape(int(m), int(k)), int(mpad))
+            xt.reshape(-1)[: tiled.size] = tiled.astype(xt.dtype)
+            return
+        hit = re.match(r"w4a16((?:m?tc|wgs?)\w+?)_(bf16|fp16)_c(\d)$", self.name)
         assert hit is not None, self.name
         cfg, dt, cpg = hit.group(1), hit.group(2), int(hit.group(3))
         qw, sz, x, y, bias, res, ws, counters, m, n, k, act, flags = args
         mtc = cfg in MTC_CONFIGS
         c = MTC_CONFIGS[cfg] if mtc else TC_CONFIGS[cfg]
         assert block == (c.threads,) and shared_mem == c.smem
+        xt = None
+        if mtc and MTC_CONFIGS[cfg].ws:  # x arrives retiled (w4a16_tile_x), whole tiles of rows
+            mpad = int(grid[0]) * c.bm
+            xt = np.asarray(x).reshape(-1)[: mpad * int(k)].copy()
+            x = mtc_model.untile_x(xt, int(m), int(k), mpad).astype(xt.dtype)
         assert shared_mem <= 48 * 1024 or self.max_dynamic_shared_size_bytes >= shared_mem
         assert tuple(grid[:2]) == (-(-int(m) // c.bm), -(-int(n) // c.bn))
         assert grid[2] == 1 or ws.size >= grid[0] * grid[1] * grid[2] * c.bm * c.bn
@@ -122,7 +133,8 @@ class ModelKernel:
         meta = np.array([int(k), int(n), 64 * cpg, int(flags) & 1], np.int64)
         if mtc:
             packed = {"mq": qw, "msz": sz, "meta": meta}
-            out, writes = mtc_model.simulate(packed, f64(x), cfg, int(grid[2]), dt)
+            xt64 = None if xt is None else f64(xt)
+            out, writes = mtc_model.simulate(packed, f64(x), cfg, int(grid[2]), dt, xt=xt64)
         else:
             packed = {"qweight": qw, "sz": sz, "meta": meta}
             out, writes = tc_model.simulate(packed, f64(x), cfg, int(grid[2]), dt)

@@ -116,6 +116,8 @@ def _kernel_weight(w: Int4Weight, sa: bool, dt: str) -> np.ndarray:
         ("wg128w", 257, 256, 160, 256, 1, "bf16"),  # three M tiles
         ("wg64d", 70, 1024, 288, 128, 1, "bf16"),  # 16 chunks through an 8-stage ring
         ("wg128wd", 40, 768, 160, 64, 2, "fp16"),  # 6 chunks a split: fewer than the ring holds
+        ("wgs64", 70, 1024, 288, 128, 2, "bf16"),  # x from tile_x: two M tiles, the second padded
+        ("wgs64n", 9, 768, 160, 64, 3, "fp16"),
     ],
 )
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
@@ -241,12 +243,17 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[st
     the SASS has the tensor-core, ldmatrix and cp.async instructions and no local memory."""
     stderr, cubins = _ptxas(tmp_path, "bf16")
     seen = set()
+    tile_x = False
     for name, regs in ptxas_registers(stderr).items():
+        if name == "w4a16_tile_x":  # in each wgs config's unit (the x retiling it reads)
+            tile_x = True
+            continue
         hit = re.match(r"w4a16((?:mtc|wg)\w+?)_bf16_c2$", name)
         assert hit is not None, name
         seen.add(name)
         assert regs <= MTC_CONFIGS[hit.group(1)].regs, f"{name}: {regs} registers"
     assert len(seen) == len(MTC_CONFIGS), stderr
+    assert tile_x == any(c.ws for c in MTC_CONFIGS.values())
     # e.g. C7513: wgmmas serialized because their input registers are redefined while they may run
     assert "Potential Performance Loss" not in stderr, stderr
     if shutil.which("cuobjdump") is None:
@@ -254,16 +261,27 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[st
     for cubin in cubins:
         cmd = ["cuobjdump", "-sass", str(cubin)]
         sass = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        wg = MTC_CONFIGS[cubin.stem.rsplit("_", 1)[0]].wg
-        ops = ("HGMMA.64x", "LDGSTS.E.BYPASS.128") if wg else ("HMMA.16816.F32.BF16", "LDSM.16.M88.4")
-        for op in (*ops, "LDGSTS.E.BYPASS.128"):
+        c = MTC_CONFIGS[cubin.stem.rsplit("_", 1)[0]]
+        if c.ws:  # bulk copies completed on mbarriers, no cp.async
+            ops: tuple[str, ...] = ("HGMMA.64x", "UBLKCP", "SYNCS")
+        elif c.wg:
+            ops = ("HGMMA.64x", "LDGSTS.E.BYPASS.128")
+        else:
+            ops = ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128")
+        for op in ops:
             assert op in sass, f"{cubin.name}: no {op}"
         assert "LDL" not in sass and "STL" not in sass, f"{cubin.name}: local memory"
 
 
 @pytest.mark.parametrize(
     ("cfg", "dt", "m", "k", "n", "g", "split"),
-    [("mtc8", "bf16", 3, 512, 288, 128, 3), ("mtc64", "fp16", 70, 256, 160, 64, 1)],
+    [
+        ("mtc8", "bf16", 3, 512, 288, 128, 3),
+        ("mtc64", "fp16", 70, 256, 160, 64, 1),
+        ("wg64", "bf16", 70, 256, 288, 128, 2),
+        ("wgs64", "bf16", 70, 512, 288, 128, 2),  # x retiled by the tile_x stand-in first
+        ("wgs64n", "fp16", 5, 256, 160, 64, 1),
+    ],
 )
 def test_launcher_drives_the_model(
     fake_cupy: Callable[[np.ndarray], Any],
@@ -343,7 +361,8 @@ def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: i
     packed = prepack(w) | prepack_mtc(w)
     cases = (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256))
     wg = (("wg64", 64), ("wg64n", 64), ("wg128", 128), ("wg128w", 256), ("wg64d", 64), ("wg128wd", 256))
-    for cfg, m in (*cases, *wg):
+    wgs = (("wgs64", 64), ("wgs64", 256), ("wgs64n", 64))
+    for cfg, m in (*cases, *wg, *wgs):
         layer = W4A16Linear(module, packed, m, kernel=cfg)
         x_d, x = to_dev(rng.standard_normal((m, k)).astype(np.float32), "bf16")
         out = cp.full((m, n), 0xFFFF, dtype=cp.uint16)  # bf16 NaN
@@ -402,3 +421,51 @@ def test_mtc_split_is_deterministic_and_reusable(module: object, rng: np.random.
     c = cp.empty((9, n), np.float16)
     layer(x[:9], c)
     assert bool(cp.all(c.view(np.uint16) == a[:9].view(np.uint16)))
+
+
+# ------------------------------------------------------------------------------ wgs: x retiled
+
+
+@pytest.mark.parametrize(("m", "bm", "k"), [(70, 64, 256), (5, 64, 128), (64, 64, 512), (130, 128, 192)])
+def test_tile_x_slices_are_the_wg_stages(rng: np.random.Generator, m: int, bm: int, k: int) -> None:
+    """The producer's one bulk copy of x per chunk (XT from (c * mpad + m0) * 64, BM * 64 values)
+    lands what the wg kernel's cp.async pieces land (``stage_x_wg``), zeros past M included; and
+    ``untile_x`` inverts ``tile_x``."""
+    from anvil_kernels.cuda.mtc_model import stage_x_wg, tile_x, untile_x
+
+    x = rng.standard_normal((m, k))
+    mpad = -(-m // bm) * bm
+    xt = tile_x(x, mpad)
+    assert xt.size == mpad * k
+    for m0 in range(0, mpad, bm):
+        for c in range(k // 64):
+            want = np.full(bm * 64, np.nan)
+            stage_x_wg(want, x, c, bm, m0, m)
+            start = (c * mpad + m0) * 64
+            np.testing.assert_array_equal(xt[start : start + bm * 64], want)
+    np.testing.assert_array_equal(untile_x(xt, m, k, mpad), x)
+
+
+def test_tile_x_kernel_index_expressions(rng: np.random.Generator) -> None:
+    """w4a16_tile_x's index arithmetic (as written in the .cu, one thread per 16-byte piece p)
+    reproduces ``tile_x``; a change to the .cu's expressions fails the text check."""
+    from anvil_kernels.cuda.mtc_model import tile_x
+
+    src = (Path(__file__).parents[1] / "src/anvil_kernels/cuda/w4a16_wgs.cu").read_text()
+    for expr in (
+        "const long long blk = p >> 6;",
+        "const int groups = mpad >> 3;",
+        "const int r = static_cast<int>(blk % groups) * 8 + static_cast<int>(p & 7);",
+        "const int piece = static_cast<int>(blk / groups) * 8 + static_cast<int>((p >> 3) & 7);",
+        "XT[p] = r < M ? X[static_cast<long long>(r) * (K >> 3) + piece] : make_uint4(0, 0, 0, 0);",
+    ):
+        assert expr in src, expr
+    m, mpad, k = 13, 64, 192
+    x = rng.standard_normal((m, k))
+    pieces = x.reshape(m, k // 8, 8)  # X as uint4 pieces of 8 values
+    p = np.arange(mpad * (k >> 3))
+    blk, groups = p >> 6, mpad >> 3
+    r = (blk % groups) * 8 + (p & 7)
+    piece = (blk // groups) * 8 + ((p >> 3) & 7)
+    xt = np.where((r < m)[:, None], pieces[np.minimum(r, m - 1), piece], 0.0)
+    np.testing.assert_array_equal(xt.reshape(-1), tile_x(x, mpad))

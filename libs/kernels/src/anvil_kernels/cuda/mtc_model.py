@@ -66,6 +66,22 @@ def stage_x_wg(
     stage[dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
 
 
+def tile_x(x: NDArray[np.float64], mpad: int) -> NDArray[np.float64]:
+    """What ``w4a16_tile_x`` writes for a wgs config: x (M, K) as [K/64 chunks][mpad/8 row groups]
+    [8 k pieces][8 rows][8 values], flat, rows M .. mpad - 1 zero; so the stage of (chunk c, rows
+    m0 .. m0 + BM) is the contiguous slice from (c * mpad + m0) * 64, in ``stage_x_wg``'s order."""
+    m, k = x.shape
+    assert mpad % 8 == 0 and mpad >= m and k % 64 == 0
+    xp = np.zeros((mpad, k))
+    xp[:m] = x
+    return xp.reshape(mpad // 8, 8, k // 64, 8, 8).transpose(2, 0, 3, 1, 4).reshape(-1)
+
+
+def untile_x(xt: NDArray[np.float64], m: int, k: int, mpad: int) -> NDArray[np.float64]:
+    """The inverse of ``tile_x`` (the first m rows)."""
+    return xt[: mpad * k].reshape(k // 64, mpad // 8, 8, 8, 8).transpose(1, 3, 0, 2, 4).reshape(mpad, k)[:m]
+
+
 def wgmma_b(stage_x: NDArray[np.float64], start: int, lbo: int, sbo: int, n: int) -> NDArray[np.float64]:
     """B (16 k x n columns) of wgmma from a no-swizzle K-major descriptor (bytes): element (k, col)
     at start + (col >> 3) * sbo + (k >> 3) * lbo + (col & 7) * 16 + (k & 7) * 2."""
@@ -111,17 +127,20 @@ def simulate(
     cfg_name: str,
     split: int,
     dtype: str = "bf16",
+    xt: NDArray[np.float64] | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """Run the kernel's data movement and math for x (M, K) on ``prepack_mtc`` output; returns
     (out (M, N) float64, NaN where never written; writes (M, N): how many times the epilogue
     wrote each element). ``dtype`` sets the rounding of the scaled A fragments of an ``sa``
-    config (``round_a``); exact configs ignore it."""
+    config (``round_a``); exact configs ignore it. A wgs config (``ws``) reads its stages' x from
+    ``xt`` (``tile_x``'s layout, what the launcher's ``w4a16_tile_x`` wrote; made from x when None)
+    at the producer's offsets, one contiguous slice a chunk; its ring is modelled as wg's."""
     c = MTC_CONFIGS[cfg_name]
     k, n, g, kind = (int(v) for v in packed["meta"])
     m_rows = x.shape[0]
     W = packed["mq"].reshape(-1, 4)  # uint4 view: (chunk, strip, lane) flattened
     SZ = packed["msz"].reshape(-1, 4)  # uint4 view: (group, strip, 16 B piece) flattened
-    BM, BS, NT, MT, NS, WN, ST = c.bm, c.ns * c.wn, c.threads, c.mt, c.ns, c.wn, c.st
+    BM, BS, NT, MT, NS, WN, ST = c.bm, c.ns * c.wn, c.consumers, c.mt, c.ns, c.wn, c.st
     strips, KC = n >> 4, k >> 6
     CPG = g // 64
     G = KC // CPG
@@ -132,6 +151,16 @@ def simulate(
     REGS = NS * MT * 4
     nwarps = NT // 32
     xrow = WG_XROW_BYTES if c.wg else XROW
+    mpad = mtiles * BM
+    if c.ws and xt is None:
+        xt = tile_x(x, mpad)
+
+    def issue(stages: tuple[np.ndarray, ...], buf: int, chunk: int, geo: tuple[int, ...], m0: int) -> None:
+        _issue(stages, buf, chunk, geo, W, SZ, x)  # type: ignore[arg-type]
+        if c.ws:  # the producer's bulk copy of x: BM/8 x 1024 bytes from XT + (chunk * mpad + m0) * 64
+            assert xt is not None
+            start = (chunk * mpad + m0) * 64
+            stages[2][buf] = xt[start : start + BM * 64]
 
     for bx in range(mtiles):
         for by in range(ntiles):
@@ -151,7 +180,7 @@ def simulate(
                 PF = ST - 2 if c.wg else ST - 1
                 for s in range(PF):
                     if s < nck:
-                        _issue(stages, s, c0 + s, geo, W, SZ, x)
+                        issue(stages, s, c0 + s, geo, m0)
                 acc = np.zeros((nwarps, NS, MT, 4, 32))
                 cg = np.zeros_like(acc)
                 slo = np.zeros((nwarps, NS, 32))
@@ -162,7 +191,7 @@ def simulate(
                         # never the stage of a chunk whose wgmmas may be pending (wg: i - 1, i)
                         busy = c0 + i - (1 if c.wg else 0)  # the oldest chunk still being read
                         assert held[wr] < 0 or held[wr] < busy, f"stage {wr} holds chunk {held[wr]}, in use"
-                        _issue(stages, wr, c0 + i + PF, geo, W, SZ, x)
+                        issue(stages, wr, c0 + i + PF, geo, m0)
                     buf = rd
                     rd, wr = (rd + 1) % ST, (wr + 1) % ST
                     assert held[buf] == c0 + i, f"stage {buf} holds chunk {held[buf]}, not {c0 + i}"

@@ -34,7 +34,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from anvil_kernels.cuda.w4a16_gv import GV_CONFIGS, gv_instantiations
-from anvil_kernels.cuda.w4a16_mtc import mtc_instantiation
+from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS, TILE_X_INSTANTIATION, mtc_instantiation
 from anvil_kernels.cuda.w4a16_tc import TC_CONFIGS, tc_instantiation
 from anvil_kernels.format import Int4Weight, f32_to_bf16_bits, pack_nibbles, unpack_nibbles
 
@@ -49,6 +49,7 @@ _TC_SRC_PATH = Path(__file__).with_name("w4a16_tc.cu")
 _MTC_SRC_PATH = Path(__file__).with_name("w4a16_mtc.cu")
 _WG_SRC_PATH = Path(__file__).with_name("w4a16_wg.cu")
 _GV_SRC_PATH = Path(__file__).with_name("w4a16_gv.cu")
+_WGS_SRC_PATH = Path(__file__).with_name("w4a16_wgs.cu")
 
 
 @dataclass(frozen=True)
@@ -110,13 +111,14 @@ class W4A16Params:
 
 
 def w4a16_source(params: W4A16Params | None = None) -> str:
-    """The CUDA source: w4a16.cu, w4a16_tc.cu, w4a16_mtc.cu, w4a16_wg.cu and w4a16_gv.cu plus one
-    extern "C" kernel per variant."""
+    """The CUDA source: w4a16.cu, w4a16_tc.cu, w4a16_mtc.cu, w4a16_wg.cu, w4a16_gv.cu and
+    w4a16_wgs.cu plus one extern "C" kernel per variant (and ``w4a16_tile_x`` with any wgs config)."""
     return "\n".join([*_sources(), *_instantiations(params)]) + "\n"
 
 
 def _sources() -> list[str]:
-    return [p.read_text() for p in (_SRC_PATH, _TC_SRC_PATH, _MTC_SRC_PATH, _WG_SRC_PATH, _GV_SRC_PATH)]
+    paths = (_SRC_PATH, _TC_SRC_PATH, _MTC_SRC_PATH, _WG_SRC_PATH, _GV_SRC_PATH, _WGS_SRC_PATH)
+    return [p.read_text() for p in paths]
 
 
 def _instantiations(params: W4A16Params | None) -> list[str]:
@@ -139,6 +141,8 @@ def _costed_instantiations(params: W4A16Params | None) -> list[tuple[str, float]
                 out.append((line, _MTC_COMPILE_S.get(cfg, 10.0)))
             for cfg in params.gv_configs:
                 out += [(line, 1.5) for line in gv_instantiations(_DT_CODE[dt], dt, cfg, g // 64)]
+    if any(MTC_CONFIGS[c].ws for c in params.mtc_configs):
+        out.append((TILE_X_INSTANTIATION, 0.5))  # the x retiling the wgs kernels read
     return out
 
 

@@ -34,7 +34,15 @@ from anvil_kernels.cuda.w4a16 import (
 )
 from anvil_kernels.cuda.w4a16_dispatch import GEMV, GEMV_LIKE, DispatchTable, KernelChoice, choose
 from anvil_kernels.cuda.w4a16_gv import GV_CONFIGS, gv_kernel_name
-from anvil_kernels.cuda.w4a16_mtc import MTC_CONFIGS, mtc_from_prepack, mtc_kernel_name, plan_mtc
+from anvil_kernels.cuda.w4a16_mtc import (
+    MTC_CONFIGS,
+    TILE_X_KERNEL,
+    TILE_X_THREADS,
+    mtc_from_prepack,
+    mtc_kernel_name,
+    plan_mtc,
+    tile_x_rows,
+)
 from anvil_kernels.cuda.w4a16_tc import TcPlan, plan_tc, tc_kernel_name
 
 
@@ -74,6 +82,7 @@ class _Launch:
     choice: KernelChoice
     plan: LaunchPlan | TcPlan
     fn: Any
+    xt_rows: int = 0  # a wgs kernel: rows of x retiled by w4a16_tile_x before it (0: x as it is)
 
 
 class W4A16Linear:
@@ -135,6 +144,8 @@ class W4A16Linear:
         self._table = table
         self._ws = cupy.zeros(1, np.float32)
         self._counters = cupy.zeros(1, np.int32)
+        self._xt = cupy.zeros(8, self.xdtype)  # x retiled for the wgs kernels, grown by set_kernel
+        self._tile_x: Any = None
         self._launches: dict[int, _Launch] = {}
         self.set_kernel(kernel, split, overrides)
         if not keep_host:
@@ -178,7 +189,7 @@ class W4A16Linear:
             kernel = GEMV
         self._force = None if kernel is None else KernelChoice(kernel, split, source="forced")
         self._launches.clear()
-        ws, tiles = 1, 1
+        ws, tiles, xt = 1, 1, 0
         mtc = old = False
         for m in range(1, self.m_max + 1):
             ch = self.choice(m)
@@ -186,6 +197,8 @@ class W4A16Linear:
             mtc, old = mtc or ch.kernel in MTC_CONFIGS, old or ch.kernel not in MTC_CONFIGS
             if isinstance(plan, TcPlan):
                 ws, tiles = max(ws, plan.ws_floats), max(tiles, plan.tiles)
+            if ch.kernel in MTC_CONFIGS:
+                xt = max(xt, tile_x_rows(m, ch.kernel) * self.k)
         packed = self._packed
         if packed is None and ((old and self.qweight is None) or (mtc and self.mq is None)):
             raise ValueError("this kernel reads a weight layout not uploaded: construct with keep_host=True")
@@ -200,6 +213,10 @@ class W4A16Linear:
             self._ws = cupy.zeros(ws, np.float32)
         if tiles > self._counters.size:
             self._counters = cupy.zeros(tiles, np.int32)
+        if xt > self._xt.size:
+            self._xt = cupy.zeros(xt, self.xdtype)
+        if xt and self._tile_x is None:
+            self._tile_x = self._module.get_function(TILE_X_KERNEL)
         self._make(1)  # fail early if the module lacks this layer's kernels
         self._make(self.m_max)
 
@@ -247,7 +264,8 @@ class W4A16Linear:
         # grows with its plan's split-K: only ever raise it
         if plan.smem > 48 * 1024 and int(fn.max_dynamic_shared_size_bytes) < plan.smem:
             fn.max_dynamic_shared_size_bytes = plan.smem
-        launch = _Launch(ch, plan, fn)
+        xt_rows = tile_x_rows(m, plan.cfg) if isinstance(plan, TcPlan) and plan.cfg in MTC_CONFIGS else 0
+        launch = _Launch(ch, plan, fn, xt_rows)
         self._launches[m] = launch
         return launch
 
@@ -290,8 +308,15 @@ class W4A16Linear:
             # the mtc kernels take no L2 policy: their copies with an evict_first cache hint
             # (cp.async ... L2::cache_hint) raised an illegal instruction on the H200
             wq, wsz = (self.mq, self.msz) if plan.cfg in MTC_CONFIGS else (self.qweight, self.sz)
+            xs = x
+            if launch.xt_rows:  # a wgs kernel reads x retiled, rows past M zero
+                pieces = launch.xt_rows * (self.k // 8)
+                grid = (-(-pieces // TILE_X_THREADS),)
+                targs = (x, self._xt, np.int32(m), np.int32(launch.xt_rows), np.int32(self.k))
+                self._tile_x(grid, (TILE_X_THREADS,), targs)
+                xs = self._xt
             args = (
-                wq, wsz, x, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
+                wq, wsz, xs, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
                 *dims, np.int32(self._act), np.int32(self._scale_flag),
             )  # fmt: skip
             launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)

@@ -42,10 +42,15 @@ class MtcConfig:
     sa: bool
     minb: int = 1
     wg: bool = False  # the wgmma kernel (w4a16_wg.cu, sm_90a): wm = 1, whole warpgroups, sa
+    # warp-specialized wg (w4a16_wgs.cu): one more warp copies (bulk copies, mbarriers) from x
+    # retiled by w4a16_tile_x (``tile_x_rows``); the wn warps only dequantize and multiply
+    ws: bool = False
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (8, 16)):
             raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 64 or 128")
+        if self.ws and not self.wg:
+            raise ValueError("a ws config is a wg config (the same math, its copies on a producer warp)")
 
     @property
     def bm(self) -> int:
@@ -56,8 +61,13 @@ class MtcConfig:
         return 16 * self.ns * self.wn
 
     @property
-    def threads(self) -> int:
+    def consumers(self) -> int:
+        """Threads that hold the tile's accumulators (the split-K partials' layout)."""
         return 32 * self.wm * self.wn
+
+    @property
+    def threads(self) -> int:
+        return self.consumers + (32 if self.ws else 0)
 
     @property
     def stage_bytes(self) -> int:
@@ -66,7 +76,8 @@ class MtcConfig:
 
     @property
     def smem(self) -> int:
-        return self.st * self.stage_bytes
+        # ws: a full and an empty mbarrier (8 bytes each) per stage after the stages
+        return self.st * self.stage_bytes + (16 * self.st if self.ws else 0)
 
     @property
     def blocks_per_sm(self) -> int:
@@ -98,6 +109,12 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 102 / 128 KiB here (136 / 175 KiB of shared memory)
     "wg64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=157, sa=True, minb=1, wg=True),  # 64 x 256
     "wg128wd": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=7, regs=255, sa=True, minb=1, wg=True),  # 128 x 256
+    # warp-specialized wg tiles (issue #17, twentieth session): 8 consumer warps and a
+    # producer warp; no block-wide barrier in the loop, st - 1 chunks of copies in flight. No 128-row
+    # tile: 288 threads leave ptxas 168 registers (224 with __maxnreg__), and wg128w's epilogue
+    # spills at either
+    "wgs64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=152, sa=True, minb=1, wg=True, ws=True),  # 64 x 256
+    "wgs64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=6, regs=80, sa=True, minb=2, wg=True, ws=True),  # 64 x 128
 }
 
 
@@ -108,12 +125,27 @@ def mtc_kernel_name(dtype: str, cfg_name: str, cpg: int) -> str:
 def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = MTC_CONFIGS[cfg_name]
     name = mtc_kernel_name(dtype, cfg_name, cpg)
+    if c.ws:
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
+        return f"ANVIL_W4A16_WGS_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
         return f"ANVIL_W4A16_WG_KERNEL({args})"
     sa = "true" if c.sa else "false"
     args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wm}, {c.wn}, {c.st}, {cpg}, {sa}, {c.minb}"
     return f"ANVIL_W4A16_MTC_KERNEL({args})"
+
+
+TILE_X_KERNEL = "w4a16_tile_x"
+TILE_X_INSTANTIATION = "ANVIL_W4A16_TILE_X_KERNEL()"
+TILE_X_THREADS = 256
+
+
+def tile_x_rows(m: int, cfg_name: str) -> int:
+    """Rows of the retiled x a ws config reads for M = m (whole tiles of BM rows; the rows past m
+    are zero); 0 for any other config."""
+    c = MTC_CONFIGS[cfg_name]
+    return -(-m // c.bm) * c.bm if c.ws else 0
 
 
 def plan_mtc(

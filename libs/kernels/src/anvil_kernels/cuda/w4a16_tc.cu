@@ -134,8 +134,19 @@ __device__ __forceinline__ void tile_zero(float (&acc)[NS][MT][4]) {
 // Split-K (S = gridDim.z > 1): the partials of every split go to ws in fragment order
 // ([tile][z][reg][thread], coalesced) and the last block of a tile to arrive (atomic counter, reset
 // to 0 by that block) adds them in z order (deterministic); then the epilogue (bias, activation,
-// residual, one rounding) by the block that holds the sum.
-template <int DT, int MT, int NS, int WM, int WN>
+// residual, one rounding) by the block that holds the sum. BAR 0: the block's threads are the
+// tile's NT (__syncthreads); BAR > 0: named barrier BAR over the NT threads 0 .. NT - 1 (a block
+// with other warps besides them, the wgs kernel's producer).
+template <int BAR, int NT>
+__device__ __forceinline__ void tile_sync() {
+    if constexpr (BAR == 0) {
+        __syncthreads();
+    } else {
+        asm volatile("bar.sync %0, %1;" ::"n"(BAR), "n"(NT) : "memory");
+    }
+}
+
+template <int DT, int MT, int NS, int WM, int WN, int BAR = 0>
 __device__ __forceinline__ void tile_finish(float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
                                            const uint16_t* __restrict__ bias,
                                            const uint16_t* __restrict__ res, float* __restrict__ ws,
@@ -158,9 +169,9 @@ __device__ __forceinline__ void tile_finish(float (&acc)[NS][MT][4], uint16_t* _
                     __stcg(wt + (static_cast<size_t>(z) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid,
                            acc[j][mt][q]);
         __threadfence();  // partials visible device-wide before the counter moves
-        __syncthreads();
+        tile_sync<BAR, T::NT>();
         if (tid == 0) last = atomicAdd(counters + tile, 1) == S - 1;
-        __syncthreads();
+        tile_sync<BAR, T::NT>();
         if (!last) return;
         __threadfence();
         // ZB splits' partials per round trip (at least 32 loads in flight per thread: the reduction

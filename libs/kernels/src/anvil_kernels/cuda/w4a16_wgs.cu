@@ -1,0 +1,154 @@
+// Anvil W4A16 "wgs" kernel: the wg kernel (w4a16_wg.cu) with its copies taken off the tensor-core
+// warps (issue #17). Appended after w4a16_gv.cu (reuses the mbarrier and bulk-copy helpers there,
+// and the wg kernel's wg_half, MtcTile, MtcScales and tile_finish).
+//
+// Same math, weight layout, stage layout and accumulators as wg: out^T = W^T . x^T on
+// wgmma.mma_async m64nBMk16, A = 64 dequantized weight columns from registers, B = x^T from a stage
+// through a descriptor. What differs is who copies and how the warps wait:
+//   - one more warp, the producer (warp WN), whose lane 0 fills each stage with three bulk copies
+//     (cp.async.bulk, no tensor map): the chunk's weight words (BS strips x 512 B, one contiguous
+//     run of the mtc layout), with a group's first chunk its scale/zero words (BS x 64 B), and the
+//     chunk's x tile (BM/8 x 1024 B);
+//   - x is that tile contiguous in global memory because the launcher first runs w4a16_tile_x,
+//     which writes x in the stage's own order: XT [K/64 chunks][Mpad/8 row groups][8 k pieces]
+//     [8 rows][8 values], Mpad = gridDim.x * BM, rows past M zero. A stage is then one slice of XT;
+//   - per stage two mbarriers: full (the producer's expect_tx, completed by the copies' bytes) and
+//     empty (every consumer thread arrives once the wgmma groups that read the stage are retired).
+//     No __syncthreads in the loop: each consumer warp waits only for the chunk it multiplies, and
+//     the producer only for the stage it refills, ST chunks ahead of the slowest warp.
+// The copies are async-proxy writes completed on the mbarrier, which the wgmmas (async proxy) and
+// the scale/weight loads (generic) read after waiting on it: no proxy fence is needed.
+// The producer warp leaves after its last copy; the consumers' split-K barriers in tile_finish are
+// a named barrier over the 32*WN consumer threads (BAR = 1).
+
+namespace anvil_w4a16 {
+
+__device__ __forceinline__ void mbar_init_n(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// blockDim.x = 32*(WN + 1); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
+template <int DT, int MT, int NS, int WN, int ST, int CPG>
+__device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
+                                               const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
+                                               const uint16_t* __restrict__ bias,
+                                               const uint16_t* __restrict__ res, float* __restrict__ ws,
+                                               int* __restrict__ counters, int M, int N, int K, int act,
+                                               int flags) {
+    static_assert(WN % 4 == 0, "whole warpgroups");
+    static_assert(MT == 8 || MT == 16, "wgmma N = 8*MT: 64 or 128");
+    static_assert(ST >= 2, "a stage being multiplied and one being filled");
+    using T = MtcTile<MT, NS, 1, WN, true>;
+    extern __shared__ uint4 smem4[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
+    const uint32_t smem_s = smem_u32(smem);
+    const uint32_t full0 = smem_s + ST * T::STAGE;  // full[s] = full0 + 8 s, empty[s] = full0 + 8 (ST + s)
+    const uint32_t empty0 = full0 + 8 * ST;
+    const int lane = threadIdx.x & 31;
+    const int wn = threadIdx.x >> 5;
+    const int m0 = blockIdx.x * T::BM;
+    const int strip0 = blockIdx.y * T::BS;
+    const int strips = N >> 4;
+    const int2 chunks = mtc_split_chunks<CPG>(K);
+    const int c0 = chunks.x;
+    const int nck = chunks.y;
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < ST; ++s) {
+            mbar_init_n(full0 + 8 * s, 1);    // the producer's arrive (with the bytes expected)
+            mbar_init_n(empty0 + 8 * s, 32 * WN);  // every consumer thread arrives
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wn == WN) {  // the producer
+        if (lane == 0 && nck > 0) {
+            const int vs = min(T::BS, strips - strip0);  // strips of this tile inside N
+            const uint32_t wbytes = vs * 512, szbytes = vs * 64, xbytes = T::X_BYTES;
+            const int mpad = gridDim.x * T::BM;
+            const uint4* w = W + (static_cast<size_t>(c0) * strips + strip0) * 32;
+            const uint4* sz = SZ + (static_cast<size_t>(c0 / CPG) * strips + strip0) * 4;
+            const uint16_t* xt = XT + (static_cast<size_t>(c0) * mpad + m0) * 64;
+            const size_t wstep = static_cast<size_t>(strips) * 32, szstep = static_cast<size_t>(strips) * 4;
+            const size_t xstep = static_cast<size_t>(mpad) * 64;
+            for (int i = 0; i < nck; ++i) {
+                const int s = i % ST;
+                // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1
+                if (i >= ST) mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
+                const uint32_t st = smem_s + s * T::STAGE;
+                const uint32_t full = full0 + 8 * s;
+                const bool first = i % CPG == 0;  // c0 is a multiple of CPG
+                mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));
+                bulk_g2s(st, w, wbytes, full);
+                if (first) {
+                    bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
+                    sz += szstep;
+                }
+                bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full);
+                w += wstep;
+                xt += xstep;
+            }
+        }
+        return;
+    }
+
+    float acc[NS][MT][4];
+    tile_zero(acc);
+    const uint32_t one = Dt<DT>::pack2(1.0f);
+    MtcScales<DT, NS> sc;
+    uint32_t a[4][NS][4];
+    for (int i = 0; i < nck; ++i) {
+        const int s = i % ST;
+        mbar_wait(full0 + 8 * s, static_cast<uint32_t>((i / ST) & 1));  // chunk i's bytes have landed
+        const uint32_t st_s = smem_s + s * T::STAGE;
+        const unsigned char* st = smem + s * T::STAGE;
+        if (i % CPG == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, lane >> 2, flags);
+        const uint4* sW = reinterpret_cast<const uint4*>(st) + wn * NS * 32 + lane;  // this warp's strips
+        const uint32_t sx = st_s + T::W_BYTES + T::SZ_BYTES;
+        uint4 w[NS];
+        wg_half<0>(acc, a, w, sW, sc, one, sx);
+        wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
+        // every consumer thread arrives (a branch on the lane between the groups made ptxas
+        // serialize the wgmmas: C7513)
+        if (i > 0) mbar_arrive(empty0 + 8 * ((i - 1) % ST));
+        wg_half<1>(acc, a, w, sW, sc, one, sx);
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
+    tile_finish<DT, MT, NS, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
+}
+
+}  // namespace anvil_w4a16
+
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, MINB)                                     \
+    extern "C" __global__ void __launch_bounds__(32 * (WN + 1), MINB)                                   \
+        NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
+             uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
+             const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
+             int M, int N, int K, int act, int flags) {                                                \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG>(W, SZ, X, Y, bias, res, ws, counters, M, \
+                                                             N, K, act, flags);                        \
+    }
+
+// x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
+// rows M .. mpad - 1 zero. One thread a 16-byte piece, in XT order (the stores coalesce; a warp
+// reads 4 pieces of 8 rows).
+#define ANVIL_W4A16_TILE_X_KERNEL()                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) w4a16_tile_x(                                     \
+        const uint4* __restrict__ X, uint4* __restrict__ XT, int M, int mpad, int K) {                 \
+        const long long p = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;                    \
+        const long long total = static_cast<long long>(mpad) * (K >> 3);                               \
+        if (p >= total) return;                                                                        \
+        const long long blk = p >> 6; /* (chunk, row group): 64 pieces, 1024 bytes */                  \
+        const int groups = mpad >> 3;                                                                  \
+        const int r = static_cast<int>(blk % groups) * 8 + static_cast<int>(p & 7);                    \
+        const int piece = static_cast<int>(blk / groups) * 8 + static_cast<int>((p >> 3) & 7);         \
+        XT[p] = r < M ? X[static_cast<long long>(r) * (K >> 3) + piece] : make_uint4(0, 0, 0, 0);     \
+    }
