@@ -48,30 +48,31 @@ BUILD_PID=$!
 
 # The wg (wgmma) tiles first, alone: a tile that faults (illegal instruction, trap) ends its CUDA
 # context, and in the bench it would end every measurement after it. One shape, every M of the test.
-echo "== wg smoke (test_mtc_matches_twin, wg tiles, bf16 g128) =="
-WG_RC=0
+# Then the warp-specialized wg tiles (wgs: bulk copies on mbarriers; a wrong phase spins forever)
+# alone, under a shorter timeout; the GPU tests leave them out too if they fail.
 EXCLUDE=""  # configs the bench leaves out (--exclude-configs, given once)
-ANVIL_W4A16_FATBIN="$BENCH_FATBIN" timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu \
-  -k "test_mtc_matches_twin and wg and not wgs and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_mtc.py \
-  > "$OUT/wg_smoke.txt" 2>&1 || WG_RC=$?
-tail -3 "$OUT/wg_smoke.txt"
-if [ "$WG_RC" != 0 ]; then
-  WG=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(','.join(c for c, v in MTC_CONFIGS.items() if v.wg and not v.ws))")
-  echo "   wg smoke FAILED (rc=$WG_RC): the bench leaves out $WG"
-  EXCLUDE="$EXCLUDE,$WG"
-fi
-# The warp-specialized wg tiles (wgs: bulk copies on mbarriers; a wrong phase spins forever) alone,
-# under a shorter timeout; on failure the bench and the GPU tests leave them out.
-echo "== wgs smoke (test_mtc_matches_twin, wgs tiles, bf16 g128) =="
-WGS_RC=0
-ANVIL_W4A16_FATBIN="$BENCH_FATBIN" timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu \
-  -k "test_mtc_matches_twin and wgs and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_mtc.py \
-  > "$OUT/wgs_smoke.txt" 2>&1 || WGS_RC=$?
-tail -3 "$OUT/wgs_smoke.txt"
+# tile_smoke NAME SECONDS K_EXPR CONFIG_FILTER: test_mtc_matches_twin on one family of tiles (bf16,
+# g128, one shape, every M); on failure the configs CONFIG_FILTER selects (a Python expression over
+# the MtcConfig v) go to EXCLUDE. Sets SMOKE_RC.
+tile_smoke() {
+  echo "== $1 smoke (test_mtc_matches_twin, $1 tiles, bf16 g128) =="
+  SMOKE_RC=0
+  ANVIL_W4A16_FATBIN="$BENCH_FATBIN" timeout "$2" python3 -m pytest -q -p no:cacheprovider -m gpu \
+    -k "test_mtc_matches_twin and $3 and bf16 and 1024" libs/kernels/tests/test_cuda_w4a16_mtc.py \
+    > "$OUT/$1_smoke.txt" 2>&1 || SMOKE_RC=$?
+  tail -3 "$OUT/$1_smoke.txt"
+  if [ "$SMOKE_RC" != 0 ]; then
+    local cfgs
+    cfgs=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(','.join(c for c, v in MTC_CONFIGS.items() if $4))")
+    echo "   $1 smoke FAILED (rc=$SMOKE_RC): the bench leaves out $cfgs"
+    EXCLUDE="$EXCLUDE,$cfgs"
+  fi
+}
+tile_smoke wg 120 "wg and not wgs" "v.wg and not v.ws"
+WG_RC=$SMOKE_RC
+tile_smoke wgs 60 "wgs" "v.ws"
+WGS_RC=$SMOKE_RC
 if [ "$WGS_RC" != 0 ]; then
-  WGS=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(','.join(c for c, v in MTC_CONFIGS.items() if v.ws))")
-  echo "   wgs smoke FAILED (rc=$WGS_RC): the bench and the GPU tests leave out $WGS"
-  EXCLUDE="$EXCLUDE,$WGS"
   TEST_K="${TEST_K:+($TEST_K) and }not wgs"
 fi
 
@@ -159,7 +160,7 @@ for (k, n) in ((8192, 8192), (4096, 14336), (14336, 4096)):
     print("  ".join(t))
 print("INT4 slower than cuBLAS bf16 (the table marks bf16_faster) at:", ", ".join(slower) or "none")
 EOF
-echo "wg smoke rc=$WG_RC  gv smoke rc=$GV_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
+echo "wg smoke rc=$WG_RC  wgs smoke rc=$WGS_RC  gv smoke rc=$GV_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
 # a device call brings back at most 8 files: the three smaller logs as one (logs.txt), so that the
 # results (kernels_gpu.{json,md}, w4a16_dispatch.json) and the bench and test logs always fit
 for f in wg_smoke gv_smoke build_all; do
