@@ -13,7 +13,9 @@ which backend runs each linear there. Both are recorded in the plan (op attrs ``
 
 ``W4A16_MAX_M``: the H200 measurement (bench/results/kernels_gpu.md, w4a16_dispatch.json) has the
 GEMV-like W4A16 kernel 1.5-1.8x faster than cuBLAS bf16 up to M = 16 on the three large shapes
-(8192x8192, 4096x14336, 14336x4096) and every INT4 kernel slower than cuBLAS from M = 64 on. Per
+(8192x8192, 4096x14336, 14336x4096). Above 16 rows the tensor-core tiles take over (since the
+twentieth session the wgs tiles beat cuBLAS at M = 64 there, and every INT4 kernel is slower from
+M = 128 on), but plans do not carry those tiles or their weight layout: 16 stays the cap. Per
 linear shape the measured table kept with the kernels (``anvil_kernels.cuda.packaged_table`` for each
 of the plan's archs that has one) lowers that: where cuBLAS on dense weights measured faster at the
 smallest M (MiniLM's 384x1152 and 384x1536: 2.9 vs 4.0 us at M = 16), the linear runs
