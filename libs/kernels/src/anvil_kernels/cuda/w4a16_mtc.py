@@ -115,9 +115,10 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # spills at either
     "wgs64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=152, sa=True, minb=1, wg=True, ws=True),  # 64 x 256
     "wgs64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=6, regs=80, sa=True, minb=2, wg=True, ws=True),  # 64 x 128
-    # deeper rings of the same two (12 stages, 209 KiB; 8 stages, 100 KiB, still two blocks a SM)
-    "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=152, sa=True, minb=1, wg=True, ws=True),  # 64 x 256
-    "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=True),  # 64 x 128
+    # deeper rings of the same two: 64 x 256 at 12 stages (209 KiB), 64 x 128 at 8 (100 KiB, still
+    # two blocks a SM)
+    "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=152, sa=True, minb=1, wg=True, ws=True),
+    "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=True),
 }
 
 
