@@ -271,6 +271,9 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[st
         for op in ops:
             assert op in sass, f"{cubin.name}: no {op}"
         assert "LDL" not in sass and "STL" not in sass, f"{cubin.name}: local memory"
+        if c.wg:  # a wait before each half's registers are written again: two per chunk (a missing
+            # one lets a half's dequantization overwrite the A registers of a group still running)
+            assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 2, f"{cubin.name}: a wgmma wait missing"
 
 
 @pytest.mark.parametrize(

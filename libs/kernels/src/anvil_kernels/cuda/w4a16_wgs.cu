@@ -112,6 +112,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         const uint4* sW = reinterpret_cast<const uint4*>(st) + wn * NS * 32 + lane;  // this warp's strips
         const uint32_t sx = st_s + T::W_BYTES + T::SZ_BYTES;
         uint4 w[NS];
+        wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
         wg_half<0>(acc, a, w, sW, sc, one, sx);
         wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
         // every consumer thread arrives (a branch on the lane between the groups made ptxas
