@@ -118,6 +118,7 @@ def _kernel_weight(w: Int4Weight, sa: bool, dt: str) -> np.ndarray:
         ("wg128wd", 40, 768, 160, 64, 2, "fp16"),  # 6 chunks a split: fewer than the ring holds
         ("wgs64", 70, 1024, 288, 128, 2, "bf16"),  # x from tile_x: two M tiles, the second padded
         ("wgs64n", 9, 768, 160, 64, 3, "fp16"),
+        ("wgs128w", 130, 512, 288, 128, 2, "bf16"),  # producer warpgroup: two M tiles, partial N
     ],
 )
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
@@ -284,6 +285,7 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[st
         ("wg64", "bf16", 70, 256, 288, 128, 2),
         ("wgs64", "bf16", 70, 512, 288, 128, 2),  # x retiled by the tile_x stand-in first
         ("wgs64n", "fp16", 5, 256, 160, 64, 1),
+        ("wgs128w", "bf16", 40, 256, 288, 128, 2),
     ],
 )
 def test_launcher_drives_the_model(
@@ -364,7 +366,7 @@ def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: i
     packed = prepack(w) | prepack_mtc(w)
     cases = (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256))
     wg = (("wg64", 64), ("wg64n", 64), ("wg128", 128), ("wg128w", 256), ("wg64d", 64), ("wg128wd", 256))
-    wgs = (("wgs64", 64), ("wgs64", 256), ("wgs64n", 64))
+    wgs = (("wgs64", 64), ("wgs64", 256), ("wgs64n", 64), ("wgs128w", 128), ("wgs128w", 256))
     for cfg, m in (*cases, *wg, *wgs):
         layer = W4A16Linear(module, packed, m, kernel=cfg)
         x_d, x = to_dev(rng.standard_normal((m, k)).astype(np.float32), "bf16")

@@ -42,15 +42,19 @@ class MtcConfig:
     sa: bool
     minb: int = 1
     wg: bool = False  # the wgmma kernel (w4a16_wg.cu, sm_90a): wm = 1, whole warpgroups, sa
-    # warp-specialized wg (w4a16_wgs.cu): one more warp copies (bulk copies, mbarriers) from x
-    # retiled by w4a16_tile_x (``tile_x_rows``); the wn warps only dequantize and multiply
-    ws: bool = False
+    # warp-specialized wg (w4a16_wgs.cu), ws = the producer's warps: 1, or 4 (a warpgroup, whose
+    # setmaxnreg gives the consumers 232 registers a thread); the producer copies (bulk copies,
+    # mbarriers) from x retiled by w4a16_tile_x (``tile_x_rows``); the wn warps only dequantize
+    # and multiply. 0: not warp-specialized
+    ws: int = 0
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (8, 16)):
             raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 64 or 128")
         if self.ws and not self.wg:
             raise ValueError("a ws config is a wg config (the same math, its copies on a producer warp)")
+        if self.ws not in (0, 1, 4):
+            raise ValueError("ws: 0, a producer warp (1) or a producer warpgroup (4)")
 
     @property
     def bm(self) -> int:
@@ -67,7 +71,7 @@ class MtcConfig:
 
     @property
     def threads(self) -> int:
-        return self.consumers + (32 if self.ws else 0)
+        return self.consumers + 32 * self.ws
 
     @property
     def stage_bytes(self) -> int:
@@ -109,16 +113,18 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 102 / 128 KiB here (136 / 175 KiB of shared memory)
     "wg64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=157, sa=True, minb=1, wg=True),  # 64 x 256
     "wg128wd": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=7, regs=255, sa=True, minb=1, wg=True),  # 128 x 256
-    # warp-specialized wg tiles (issue #17, twentieth session): 8 consumer warps and a
-    # producer warp; no block-wide barrier in the loop, st - 1 chunks of copies in flight. No 128-row
-    # tile: 288 threads leave ptxas 168 registers (224 with __maxnreg__), and wg128w's epilogue
-    # spills at either
-    "wgs64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=152, sa=True, minb=1, wg=True, ws=True),  # 64 x 256
-    "wgs64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=6, regs=80, sa=True, minb=2, wg=True, ws=True),  # 64 x 128
+    # warp-specialized wg tiles (issue #17, twentieth session): 8 consumer warps and a producer
+    # warp; no block-wide barrier in the loop, st - 1 chunks of copies in flight. 288 threads leave
+    # ptxas 168 registers a thread: too few for a 128-row tile, hence wgs128w's producer warpgroup
+    "wgs64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=152, sa=True, minb=1, wg=True, ws=1),  # 64 x 256
+    "wgs64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=6, regs=80, sa=True, minb=2, wg=True, ws=1),  # 64 x 128
     # deeper rings of the same two: 64 x 256 at 12 stages (209 KiB), 64 x 128 at 8 (100 KiB, still
     # two blocks a SM)
-    "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=152, sa=True, minb=1, wg=True, ws=True),
-    "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=True),
+    "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=152, sa=True, minb=1, wg=True, ws=1),
+    "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1),
+    # 128 x 256 (wg128w's tile): a producer warpgroup hands its registers to the consumers
+    # (setmaxnreg: 40 / 232; ptxas reports the launch's 168)
+    "wgs128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4),
 }
 
 
@@ -130,7 +136,7 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = MTC_CONFIGS[cfg_name]
     name = mtc_kernel_name(dtype, cfg_name, cpg)
     if c.ws:
-        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}"
         return f"ANVIL_W4A16_WGS_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"

@@ -5,7 +5,8 @@
 // Same math, weight layout, stage layout and accumulators as wg: out^T = W^T . x^T on
 // wgmma.mma_async m64nBMk16, A = 64 dequantized weight columns from registers, B = x^T from a stage
 // through a descriptor. What differs is who copies and how the warps wait:
-//   - one more warp, the producer (warp WN), whose lane 0 fills each stage with three bulk copies
+//   - PW more warps, the producer (warp WN's lane 0 copies; PW = 4 makes it a warpgroup, so that
+//     setmaxnreg can move its registers to the consumers), which fills each stage with three bulk copies
 //     (cp.async.bulk, no tensor map): the chunk's weight words (BS strips x 512 B, one contiguous
 //     run of the mtc layout), with a group's first chunk its scale/zero words (BS x 64 B), and the
 //     chunk's x tile (BM/8 x 1024 B);
@@ -18,7 +19,7 @@
 //     the producer only for the stage it refills, ST chunks ahead of the slowest warp.
 // The copies are async-proxy writes completed on the mbarrier, which the wgmmas (async proxy) and
 // the scale/weight loads (generic) read after waiting on it: no proxy fence is needed.
-// The producer warp leaves after its last copy; the consumers' split-K barriers in tile_finish are
+// The producer warps leave after the last copy; the consumers' split-K barriers in tile_finish are
 // a named barrier over the 32*WN consumer threads (BAR = 1).
 
 namespace anvil_w4a16 {
@@ -31,8 +32,8 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-// blockDim.x = 32*(WN + 1); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-template <int DT, int MT, int NS, int WN, int ST, int CPG>
+// blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
@@ -42,6 +43,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     static_assert(WN % 4 == 0, "whole warpgroups");
     static_assert(MT == 8 || MT == 16, "wgmma N = 8*MT: 64 or 128");
     static_assert(ST >= 2, "a stage being multiplied and one being filled");
+    static_assert(PW == 1 || PW == 4, "a producer warp, or a producer warpgroup that gives its registers away");
     using T = MtcTile<MT, NS, 1, WN, true>;
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -67,8 +69,11 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     }
     __syncthreads();
 
-    if (wn == WN) {  // the producer
-        if (lane == 0 && nck > 0) {
+    if (wn >= WN) {  // the producer
+        // PW = 4: the producer warpgroup keeps 40 registers a thread and the consumers take the
+        // rest (232: a 128 x 256 tile's 128 accumulators a thread without spilling)
+        if constexpr (PW == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
+        if (wn == WN && lane == 0 && nck > 0) {
             const int vs = min(T::BS, strips - strip0);  // strips of this tile inside N
             const uint32_t wbytes = vs * 512, szbytes = vs * 64, xbytes = T::X_BYTES;
             const int mpad = gridDim.x * T::BM;
@@ -98,6 +103,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         return;
     }
 
+    if constexpr (PW == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;" ::: "memory");
     float acc[NS][MT][4];
     tile_zero(acc);
     const uint32_t one = Dt<DT>::pack2(1.0f);
@@ -128,14 +134,14 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 
 }  // namespace anvil_w4a16
 
-#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, MINB)                                     \
-    extern "C" __global__ void __launch_bounds__(32 * (WN + 1), MINB)                                   \
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB)                                  \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG>(W, SZ, X, Y, bias, res, ws, counters, M, \
-                                                             N, K, act, flags);                        \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW>(W, SZ, X, Y, bias, res, ws, counters, \
+                                                                 M, N, K, act, flags);                 \
     }
 
 // x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
