@@ -123,9 +123,7 @@ class ModelKernel:
             xt = np.asarray(x).reshape(-1)[: mpad * int(k)].copy()
             x = mtc_model.untile_x(xt, int(m), int(k), mpad).astype(xt.dtype)
         assert shared_mem <= 48 * 1024 or self.max_dynamic_shared_size_bytes >= shared_mem
-        ntiles = -(-int(n) // c.bn)
-        ntiles += -ntiles % getattr(c, "cl", 1)  # a wgs cluster config pads to whole clusters
-        assert tuple(grid[:2]) == (-(-int(m) // c.bm), ntiles)
+        assert tuple(grid[:2]) == (-(-int(m) // c.bm), -(-int(n) // c.bn))
         assert grid[2] == 1 or ws.size >= grid[0] * grid[1] * grid[2] * c.bm * c.bn
         assert counters.size >= grid[0] * grid[1] and not counters.any()
 

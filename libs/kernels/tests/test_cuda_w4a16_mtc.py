@@ -119,8 +119,6 @@ def _kernel_weight(w: Int4Weight, sa: bool, dt: str) -> np.ndarray:
         ("wgs64", 70, 1024, 288, 128, 2, "bf16"),  # x from tile_x: two M tiles, the second padded
         ("wgs64n", 9, 768, 160, 64, 3, "fp16"),
         ("wgs128w", 130, 512, 288, 128, 2, "bf16"),  # producer warpgroup: two M tiles, partial N
-        ("wgs128wc", 70, 512, 160, 128, 1, "fp16"),  # a cluster whose second tile is past N
-        ("wgs64nc", 33, 256, 288, 64, 2, "bf16"),  # three column tiles padded to two clusters
     ],
 )
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
@@ -216,8 +214,6 @@ def test_plan_mtc_geometry() -> None:
         plan_mtc(64, 256, 512, 128, "tc64")
     for cfg in MTC_CONFIGS.values():
         assert cfg.smem <= 227 * 1024
-    assert plan_mtc(64, 288, 512, 128, "wgs64nc", split=1).grid == (1, 4, 1)  # 3 tiles -> 2 clusters
-    assert plan_mtc(64, 256, 512, 128, "wgs64nc", split=1).grid == (1, 2, 1)
 
 
 def _ptxas(tmp_path: Path, dtype: str) -> tuple[str, list[Path]]:
@@ -290,7 +286,6 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[st
         ("wgs64", "bf16", 70, 512, 288, 128, 2),  # x retiled by the tile_x stand-in first
         ("wgs64n", "fp16", 5, 256, 160, 64, 1),
         ("wgs128w", "bf16", 40, 256, 288, 128, 2),
-        ("wgs64nc", "fp16", 20, 256, 288, 128, 2),  # grid (1, 4, 2): the fourth column tile pads
     ],
 )
 def test_launcher_drives_the_model(
@@ -372,7 +367,6 @@ def test_mtc_large_shapes(module: object, rng: np.random.Generator, k: int, n: i
     cases = (("mtc8", 1), ("mtc8x", 1), ("mtc16x", 16), ("mtc64", 64), ("mtc128w", 256))
     wg = (("wg64", 64), ("wg64n", 64), ("wg128", 128), ("wg128w", 256), ("wg64d", 64), ("wg128wd", 256))
     wgs = (("wgs64", 64), ("wgs64", 256), ("wgs64n", 64), ("wgs128w", 128), ("wgs128w", 256))
-    wgs += (("wgs64nc", 64), ("wgs128wc", 256))
     for cfg, m in (*cases, *wg, *wgs):
         layer = W4A16Linear(module, packed, m, kernel=cfg)
         x_d, x = to_dev(rng.standard_normal((m, k)).astype(np.float32), "bf16")

@@ -47,9 +47,6 @@ class MtcConfig:
     # mbarriers) from x retiled by w4a16_tile_x (``tile_x_rows``); the wn warps only dequantize
     # and multiply. 0: not warp-specialized
     ws: int = 0
-    # wgs only: column tiles per cluster (2: a pair of column tiles shares each x chunk, copied once
-    # by a multicast bulk copy; the grid's column tiles are rounded up to pairs)
-    cl: int = 1
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (8, 16)):
@@ -58,8 +55,6 @@ class MtcConfig:
             raise ValueError("a ws config is a wg config (the same math, its copies on a producer warp)")
         if self.ws not in (0, 1, 4):
             raise ValueError("ws: 0, a producer warp (1) or a producer warpgroup (4)")
-        if self.cl not in (1, 2) or (self.cl == 2 and not self.ws):
-            raise ValueError("cl: 1, or a cluster of 2 column tiles (wgs configs only)")
 
     @property
     def bm(self) -> int:
@@ -130,10 +125,6 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 128 x 256 (wg128w's tile): a producer warpgroup hands its registers to the consumers
     # (setmaxnreg: 40 / 232; ptxas reports the launch's 168)
     "wgs128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4),
-    # clusters of two column tiles sharing each x chunk (one multicast bulk copy): x's reads from L2
-    # halved, the dominant traffic of these tiles (x is re-read by every column tile)
-    "wgs128wc": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, cl=2),
-    "wgs64nc": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=6, regs=80, sa=True, minb=2, wg=True, ws=1, cl=2),
 }
 
 
@@ -145,7 +136,7 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = MTC_CONFIGS[cfg_name]
     name = mtc_kernel_name(dtype, cfg_name, cpg)
     if c.ws:
-        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.cl}, {c.minb}"
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}"
         return f"ANVIL_W4A16_WGS_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
@@ -179,7 +170,6 @@ def plan_mtc(
     c = MTC_CONFIGS[cfg_name]
     mtiles = -(-m // c.bm)
     ntiles = -(-n // c.bn)
-    ntiles += -ntiles % c.cl  # whole clusters (a padding tile past N copies no weights, stores nothing)
     groups = k // g
     if split is None:
         split = choose_split(mtiles * ntiles, groups, sm_count, c.blocks_per_sm, max_split=MTC_MAX_SPLIT)

@@ -19,11 +19,6 @@
 //     the producer only for the stage it refills, ST chunks ahead of the slowest warp.
 // The copies are async-proxy writes completed on the mbarrier, which the wgmmas (async proxy) and
 // the scale/weight loads (generic) read after waiting on it: no proxy fence is needed.
-// Cluster (CL = 2, `__cluster_dims__(1, 2, 1)`): two column tiles of the same rows; rank 0's producer
-// multicasts each x chunk into both CTAs' stages (x is what every column tile re-reads from L2), each
-// CTA copies its own weights; rank 0 refills a stage once its consumers and rank 1's producer (after
-// rank 1's consumers) have released it. Both CTAs meet at cluster barriers after the barriers' init
-// and before the epilogue, so nothing reaches a CTA that has left.
 // The producer warps leave after the last copy; the consumers' split-K barriers in tile_finish are
 // a named barrier over the 32*WN consumer threads (BAR = 1).
 
@@ -37,52 +32,8 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
-// The same barrier (CTA-relative address bar) in the cluster's CTA `rank`: arrive, release at
-// cluster scope (what this thread read of its stage happens before the peer's producer refills it).
-__device__ __forceinline__ void mbar_arrive_peer(uint32_t bar, uint32_t rank) {
-    asm volatile(
-        "{\n.reg .b32 r;\n"
-        "mapa.shared::cluster.u32 r, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}" ::"r"(bar),
-        "r"(rank)
-        : "memory");
-}
-
-// mbar_wait with acquire at cluster scope (arrivals from the peer CTA).
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "WAITC_%=:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAITC_%=;\n"
-        "}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-
-// bulk_g2s to the same CTA-relative offsets (dst, bar) in every CTA of the cluster in mask.
-__device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                                   uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-        "[%0], [%1], %2, [%3], %4;" ::"r"(dst),
-        "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-        : "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 // blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int CL>
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
@@ -93,7 +44,6 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     static_assert(MT == 8 || MT == 16, "wgmma N = 8*MT: 64 or 128");
     static_assert(ST >= 2, "a stage being multiplied and one being filled");
     static_assert(PW == 1 || PW == 4, "a producer warp, or a producer warpgroup that gives its registers away");
-    static_assert(CL == 1 || CL == 2, "alone, or a cluster of two column tiles sharing x");
     using T = MtcTile<MT, NS, 1, WN, true>;
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -109,34 +59,22 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     const int c0 = chunks.x;
     const int nck = chunks.y;
 
-    // CL = 2: the cluster's two CTAs are column tiles blockIdx.y = 2j, 2j + 1 of the same rows; rank 0
-    // copies each x chunk into both (multicast), so it refills a stage only when the consumers of
-    // both have released it: rank 1's producer, having waited for its own consumers, arrives on rank
-    // 0's empty barrier too (one arrival more there). The consumers' loop is the same as alone (a
-    // remote arrival there made ptxas serialize the wgmmas).
-    const uint32_t rank = CL == 2 ? cluster_rank() : 0u;
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < ST; ++s) {
             mbar_init_n(full0 + 8 * s, 1);    // the producer's arrive (with the bytes expected)
-            // every consumer thread arrives; in a cluster's rank 0 also the peer's producer
-            mbar_init_n(empty0 + 8 * s, 32 * WN + (CL == 2 && rank == 0 ? 1 : 0));
+            mbar_init_n(empty0 + 8 * s, 32 * WN);  // every consumer thread arrives
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    if constexpr (CL == 2) {
-        cluster_sync();  // the peer's barriers exist before any multicast or remote arrival
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();
 
     if (wn >= WN) {  // the producer
         // PW = 4: the producer warpgroup keeps 40 registers a thread and the consumers take the
         // rest (232: a 128 x 256 tile's 128 accumulators a thread without spilling)
         if constexpr (PW == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         if (wn == WN && lane == 0 && nck > 0) {
-            // strips of this tile inside N (none for a cluster's padding tile past N: it only takes x)
-            const int vs = max(0, min(T::BS, strips - strip0));
+            const int vs = min(T::BS, strips - strip0);  // strips of this tile inside N
             const uint32_t wbytes = vs * 512, szbytes = vs * 64, xbytes = T::X_BYTES;
             const int mpad = gridDim.x * T::BM;
             const uint4* w = W + (static_cast<size_t>(c0) * strips + strip0) * 32;
@@ -147,36 +85,20 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             for (int i = 0; i < nck; ++i) {
                 const int s = i % ST;
                 // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1
-                if (i >= ST) {
-                    const uint32_t parity = static_cast<uint32_t>((i / ST + 1) & 1);
-                    if constexpr (CL == 2) {
-                        mbar_wait_cluster(empty0 + 8 * s, parity);
-                        if (rank == 1) mbar_arrive_peer(empty0 + 8 * s, 0);  // rank 0 may refill x
-                    } else {
-                        mbar_wait(empty0 + 8 * s, parity);
-                    }
-                }
+                if (i >= ST) mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
                 const uint32_t st = smem_s + s * T::STAGE;
                 const uint32_t full = full0 + 8 * s;
                 const bool first = i % CPG == 0;  // c0 is a multiple of CPG
                 mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));
-                if (vs > 0) bulk_g2s(st, w, wbytes, full);
+                bulk_g2s(st, w, wbytes, full);
                 if (first) {
-                    if (vs > 0) bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
+                    bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
                     sz += szstep;
                 }
-                if constexpr (CL == 2) {
-                    if (rank == 0) bulk_g2s_multicast(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full, 0x3);
-                } else {
-                    bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full);
-                }
+                bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full);
                 w += wstep;
                 xt += xstep;
             }
-        }
-        if constexpr (CL == 2) {
-            __syncwarp();   // lane 0 of warp WN rejoins its warp (the barrier is .aligned)
-            cluster_sync();  // the peer's arrivals and copies into this CTA are over
         }
         return;
     }
@@ -207,24 +129,19 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
-    if constexpr (CL == 2) cluster_sync();  // with the producers: no arrival reaches an exited peer
     tile_finish<DT, MT, NS, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
 }
 
 }  // namespace anvil_w4a16
 
-// CL = 2: a compile-time cluster of two column tiles (a kernel of CL = 1 stays a plain launch)
-#define ANVIL_WGS_CLUSTER_1
-#define ANVIL_WGS_CLUSTER_2 __cluster_dims__(1, 2, 1)
-
-#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, CL, MINB)                             \
-    extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB) ANVIL_WGS_CLUSTER_##CL           \
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB)                                 \
+    extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB)                                  \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, CL>(W, SZ, X, Y, bias, res, ws,       \
-                                                                     counters, M, N, K, act, flags);   \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW>(W, SZ, X, Y, bias, res, ws, counters, \
+                                                                 M, N, K, act, flags);                 \
     }
 
 // x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
