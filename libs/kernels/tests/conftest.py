@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -34,6 +36,23 @@ def ptxas_registers() -> Callable[[str], dict[str, int]]:
         return out
 
     return read
+
+
+@pytest.fixture(scope="session")
+def cuobjdump() -> str | None:
+    """The SASS dumper for the ptxas tests' SASS checks: cuobjdump on PATH, else the one of NVIDIA's
+    pip wheel ``nvidia-cuda-cuobjdump`` (what .ci/run installs), else None (the checks skip)."""
+    found = shutil.which("cuobjdump")
+    if found is not None:
+        return found
+    try:
+        import nvidia  # the namespace package of NVIDIA's pip wheels
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for cand in sorted(Path(root).glob("cu*/bin/cuobjdump")):
+            return str(cand)
+    return None
 
 
 @pytest.fixture

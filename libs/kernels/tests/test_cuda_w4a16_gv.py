@@ -229,7 +229,9 @@ def _ptxas(tmp_path: Path, params: W4A16Params, arch: str = "sm_90a") -> str:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.timeout(900)
-def test_gv_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[str], dict[str, int]]) -> None:
+def test_gv_ptxas_report_and_sass(
+    tmp_path: Path, ptxas_registers: Callable[[str], dict[str, int]], cuobjdump: str | None
+) -> None:
     """Every gv kernel (both dtypes, every group size, every tile) compiles for sm_90a with no
     spills and no stack; at bf16 g128 within the registers its GvConfig states; the SASS has the
     loader's copies (LDGSTS for cp.async, UBLKCP for the bulk copies) and no local memory."""
@@ -246,9 +248,9 @@ def test_gv_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[str
             want = c.regs[int(hit.group(3)) - 1]
             assert regs <= want, f"{name}: {regs} registers, GvConfig says {want}"
     assert len(seen) == 2 * 3 * sum(c.mt_max for c in GV_CONFIGS.values()), stderr
-    if shutil.which("cuobjdump") is None:
+    if cuobjdump is None:
         return
-    cmd = ["cuobjdump", "-sass", str(tmp_path / "gv.cubin")]
+    cmd = [cuobjdump, "-sass", str(tmp_path / "gv.cubin")]
     sass = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "LDL" not in sass and "STL" not in sass, "local memory"
     for op in ("HMMA.16816.F32.BF16", "LDGSTS.E.BYPASS.128", "UBLKCP", "SYNCS"):

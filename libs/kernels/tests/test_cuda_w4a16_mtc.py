@@ -238,10 +238,13 @@ def _ptxas(tmp_path: Path, dtype: str) -> tuple[str, list[Path]]:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.timeout(900)  # 13 nvcc runs (9 mtc: 107 s alone on the shared 2-vCPU machine), more when busy
-def test_mtc_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[str], dict[str, int]]) -> None:
+def test_mtc_ptxas_report_and_sass(
+    tmp_path: Path, ptxas_registers: Callable[[str], dict[str, int]], cuobjdump: str | None
+) -> None:
     """Every mtc config compiles for sm_90 with no spills and no stack, within the registers its
-    MtcConfig states (the split planner's occupancy estimate uses them); with cuobjdump on PATH,
-    the SASS has the tensor-core, ldmatrix and cp.async instructions and no local memory."""
+    MtcConfig states (the split planner's occupancy estimate uses them); with cuobjdump (PATH, or
+    pip's nvidia-cuda-cuobjdump: .ci/run installs it) the SASS has the tensor-core, ldmatrix and copy
+    instructions, no local memory, and every wgmma kernel both of its waits a chunk."""
     stderr, cubins = _ptxas(tmp_path, "bf16")
     seen = set()
     tile_x = False
@@ -257,10 +260,10 @@ def test_mtc_ptxas_report_and_sass(tmp_path: Path, ptxas_registers: Callable[[st
     assert tile_x == any(c.ws for c in MTC_CONFIGS.values())
     # e.g. C7513: wgmmas serialized because their input registers are redefined while they may run
     assert "Potential Performance Loss" not in stderr, stderr
-    if shutil.which("cuobjdump") is None:
+    if cuobjdump is None:
         return
     for cubin in cubins:
-        cmd = ["cuobjdump", "-sass", str(cubin)]
+        cmd = [cuobjdump, "-sass", str(cubin)]
         sass = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         c = MTC_CONFIGS[cubin.stem.rsplit("_", 1)[0]]
         if c.ws:  # bulk copies completed on mbarriers, no cp.async
