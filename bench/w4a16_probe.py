@@ -208,15 +208,16 @@ def load_default_module() -> Any:
     if _MODULE is None:
         from anvil_kernels.cuda import W4A16Params, build_fatbins, load_module
 
-        mtc = ("mtc64", "mtc128w", "wg64", "wg128w")
+        mtc = ("mtc64", "mtc128w", "wg64", "wg128w", "wgs64n", "wgs128w")
         params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), tc_configs=(), mtc_configs=mtc)
         _MODULE = load_module(build_fatbins(params, ("compute_90a,code=sm_90a",), jobs=4))
     return _MODULE
 
 
 def _cases(w: Any, packed: dict, k: int, n: int) -> None:
-    """One launch each: the streaming read, gemv M=1 and 16, mtc64 and wg64 at M=64, mtc128w and wg128w
-    at M=256 (under ncu: cold L2 per launch)."""
+    """One launch each: the streaming read, gemv M=1 and 16, mtc64, wg64 and wgs64n at M=64, mtc128w,
+    wg128w and wgs128w at M=256 (under ncu: cold L2 per launch; a wgs case is two kernels, w4a16_tile_x
+    and the tile)."""
     import cupy as cp
 
     from anvil_kernels.cuda import W4A16Linear
@@ -228,7 +229,8 @@ def _cases(w: Any, packed: dict, k: int, n: int) -> None:
     buf = cp.ones(wbytes // 4, dtype=cp.uint32)
     sink = cp.zeros(1, dtype=cp.uint32)
     _helpers_module().get_function("stream_read")((2112,), (512,), (buf, np.uint64(wbytes // 16), sink))
-    cases = (("gemv", 1), ("gemv", 16), ("mtc64", 64), ("wg64", 64), ("mtc128w", 256), ("wg128w", 256))
+    cases = (("gemv", 1), ("gemv", 16), ("mtc64", 64), ("wg64", 64), ("wgs64n", 64))
+    cases += (("mtc128w", 256), ("wg128w", 256), ("wgs128w", 256))
     for kernel, m in cases:
         layer = W4A16Linear(mod, packed, m, kernel=kernel)
         x = cp.asarray(f32_to_bf16_bits(rng.standard_normal((m, k)).astype(np.float32)))
