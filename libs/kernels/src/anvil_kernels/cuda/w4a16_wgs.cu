@@ -24,10 +24,6 @@
 
 namespace anvil_w4a16 {
 
-__device__ __forceinline__ void mbar_init_n(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
@@ -62,8 +58,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < ST; ++s) {
-            mbar_init_n(full0 + 8 * s, 1);    // the producer's arrive (with the bytes expected)
-            mbar_init_n(empty0 + 8 * s, 32 * WN);  // every consumer thread arrives
+            mbar_init(full0 + 8 * s);  // the producer's arrive (with the bytes expected)
+            mbar_init<32 * WN>(empty0 + 8 * s);  // every consumer thread arrives
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
