@@ -155,8 +155,10 @@ def simulate(
     if c.ws and xt is None:
         xt = tile_x(x, mpad)
 
-    def issue(stages: tuple[np.ndarray, ...], buf: int, chunk: int, geo: tuple[int, ...], m0: int) -> None:
-        _issue(stages, buf, chunk, geo, W, SZ, x)  # type: ignore[arg-type]
+    Stages = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+    def issue(stages: Stages, buf: int, chunk: int, geo: tuple[int, ...], m0: int) -> None:
+        _issue(stages, buf, chunk, geo, W, SZ, x)
         if c.ws:  # the producer's bulk copy of x: BM/8 x 1024 bytes from XT + (chunk * mpad + m0) * 64
             assert xt is not None
             start = (chunk * mpad + m0) * 64
