@@ -59,6 +59,10 @@ HOG_AUTOGROUP_NICE = -5
 # 7 of 637 requests (> 1%) before qos's first decrease (headroom 0.20).
 HOG_ESCALATION = (-6, -7, -8, -9, -10, -11)
 ESCALATE_AFTER_S = 2.5
+HOG_LOAD_S = 14  # the hog phase's load (s); the hog escalates during it while qos has not acted
+# qos's throttle is judged on at least this many priority-3 requests sent once it acted; where the
+# hog phase sent fewer (qos acted late in it), up to HOG_EXTRA_RUNS more loads of HOG_EXTRA_S follow
+MIN_THROTTLED_SENDS, HOG_EXTRA_RUNS, HOG_EXTRA_S = 100, 2, 6
 HOG = """
 import os, sys
 os.sched_setaffinity(0, {int(sys.argv[1])})
@@ -236,23 +240,37 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
             )
         )
         escalator.start()
-        hogged = _load(stack.url, api_keys, 14, seed=2)
+        hogged = [_load(stack.url, api_keys, HOG_LOAD_S, seed=2)]
         stop_escalating.set()
         escalator.join(10)
         throttled = [e for e in events[before_hog:] if e.get("event") == "qos.decrease"]
         assert throttled, f"qos never throttled; limit now {rate()}; {_qos_view(stack, r)}"
+        # From a second after qos's first decrease (the gateways pick limits up on their refresh):
+        throttled_from = min(float(e["ts"]) for e in throttled) + 1.0
+
+        def throttled_sends(run: RunResult) -> np.ndarray:
+            return run.started_unix + run.intended_s >= throttled_from
+
+        # On a slow host the hog may need every escalation step, and qos's first decrease then comes
+        # late in the phase (a fresh-clone CI on a 2-vCPU AMD VM: 87 priority-3 requests sent once
+        # throttled, 87% of them 429). The hog load goes on, in short runs with the hog as it is, until
+        # enough were sent once throttled to judge the share: it is never judged on fewer.
+        while sum(int(throttled_sends(p3).sum()) for _, p3 in hogged) < MIN_THROTTLED_SENDS:
+            assert len(hogged) <= HOG_EXTRA_RUNS, (
+                f"only {sum(int(throttled_sends(p3).sum()) for _, p3 in hogged)} priority-3 requests "
+                f"sent once throttled in {len(hogged)} hog runs; {_qos_view(stack, r)}"
+            )
+            hogged.append(_load(stack.url, api_keys, HOG_EXTRA_S, seed=2 + 10 * len(hogged)))
+        throttled = [e for e in events[before_hog:] if e.get("event") == "qos.decrease"]
         assert {e["key"] for e in throttled} == {"bulk:3"} and {e["cause"] for e in throttled} == {
             "cpu_runqueue"
         }
         assert "executor" in throttled[0]["reason"], throttled[0]
-        # From a second after qos's first decrease (the gateways pick limits up on their refresh):
-        sent_unix = hogged[1].started_unix + hogged[1].intended_s
-        throttled_window = sent_unix >= min(float(e["ts"]) for e in throttled) + 1.0
-        share = float(np.mean(hogged[1].status[throttled_window] == 429))
-        assert throttled_window.sum() >= 100 and share > 0.5, f"p3 429 share {share:.1%} once throttled"
-        assert all(
-            "over its rate" in hogged[1].reasons[int(i)] for i in np.flatnonzero(hogged[1].status == 429)
-        )
+        p3_once_throttled = np.concatenate([p3.status[throttled_sends(p3)] for _, p3 in hogged])
+        share = float(np.mean(p3_once_throttled == 429))
+        assert share > 0.5, f"p3 429 share {share:.1%} of {len(p3_once_throttled)} sent once throttled"
+        for _, p3 in hogged:
+            assert all("over its rate" in p3.reasons[int(i)] for i in np.flatnonzero(p3.status == 429))
 
         hog.kill()
         hog.wait(10)
@@ -264,7 +282,8 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
         assert any(e.get("event") == "qos.increase" for e in events[before_hog:])
 
         p1_shed: list[str] = []  # the scheduler's own shedding of priority 1 (not qos's), per phase
-        for phase, (p1, p3) in zip(("calm", "hog", "after"), (calm, hogged, after), strict=True):
+        phases = {"calm": calm, **{f"hog {i + 1}": run for i, run in enumerate(hogged)}, "after": after}
+        for phase, (p1, p3) in phases.items():
             p1_429 = {p1.reasons[int(i)] for i in np.flatnonzero(p1.status == 429)}
             assert not any("over its rate" in r for r in p1_429), f"qos throttled priority 1: {p1_429}"
             # The scheduler refuses priority 1 only when hopeless, as deadline (docs/scheduler.md,
@@ -273,9 +292,10 @@ def test_qos_throttles_p3_under_a_cpu_hog_while_p1_keeps_its_slo(
             if p1_429:
                 p1_shed.append(f"{phase}: {_share(p1, 429):.1%} {sorted(p1_429)}")
             assert np.all(p1.answers == 1) and np.all(p3.answers == 1), "a request got no answer, or two"
-        met, sent = _p1_in_slo([calm[0], hogged[0], after[0]])
+        met, sent = _p1_in_slo([p1 for p1, _ in phases.values()])
+        hog_p3_429 = float(np.mean(np.concatenate([p3.status for _, p3 in hogged]) == 429))
         print(  # shown with `pytest -s`: the figures docs/qos.md quotes
-            f"p3 429 share: calm {_share(calm[1], 429):.1%}, hog {_share(hogged[1], 429):.1%} "
+            f"p3 429 share: calm {_share(calm[1], 429):.1%}, hog {hog_p3_429:.1%} in {len(hogged)} runs "
             f"({share:.1%} once throttled), "
             f"after {_share(after[1], 429):.1%}; p1 within {SLO_P1_MS} ms: {met}/{sent}; "
             f"decreases {len(throttled)}, first: {throttled[0]['reason']}; calm baselines {learned}; "
