@@ -1,5 +1,5 @@
 """The scheduler's settings reach its core: the slack guard (EDF+PID's margin before a deadline) and
-late binding."""
+late binding, and the CPU batching window."""
 
 from __future__ import annotations
 
@@ -41,4 +41,28 @@ def test_a_guard_out_of_range_is_refused_at_start(
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ValidationError):
+        SchedulerSettings()
+
+
+def test_the_cpu_window_is_off_by_default_and_reads_the_host_cpu_when_set() -> None:
+    off = _scheduler()
+    on = _scheduler(cpu_window_us=3000, cpu_busy_low=0.5, cpu_busy_high=0.9)
+    try:
+        assert off.host_cpu is None and off.core.config.cpu_window_us == 0
+        assert on.host_cpu is not None
+        assert (on.core.config.cpu_window_us, on.core.config.cpu_busy_low) == (3000, 0.5)
+        assert on.core.config.cpu_window_s(0.9) == pytest.approx(0.003)
+    finally:
+        for s in (off, on):
+            s.gw.close()
+            s.ex.close()
+            s.ctx.term()
+
+
+def test_a_cpu_window_with_its_thresholds_reversed_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ANVIL_CPU_BUSY_LOW", "0.9")
+    monkeypatch.setenv("ANVIL_CPU_BUSY_HIGH", "0.5")
+    with pytest.raises(ValidationError, match="cpu_busy_low < cpu_busy_high"):
         SchedulerSettings()

@@ -38,6 +38,8 @@ batch_rtt_us = FastHistogram(
 pid_measured = Gauge(
     "anvil_scheduler_pid_measured", "EDF+PID input: windowed p99 of best-case latency / budget", ["model"]
 )
+host_cpu_busy = Gauge("anvil_scheduler_host_cpu_busy", "Host CPU busy fraction (/proc/stat, smoothed), 0-1")
+cpu_window_us = Gauge("anvil_scheduler_cpu_window_us", "EDF+PID CPU batching window open now (µs; 0: shut)")
 batch_ceiling = Gauge("anvil_scheduler_batch_ceiling", "EDF+PID feedforward ceiling on B*", ["model"])
 
 # Idle means zero: each of these reads 0 once every admitted request has been answered.

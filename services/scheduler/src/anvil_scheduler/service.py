@@ -50,6 +50,7 @@ from anvil_scheduler.core import (
     SchedulerCore,
     Shed,
 )
+from anvil_scheduler.host_cpu import HostCpu
 from anvil_scheduler.settings import SchedulerSettings
 from anvil_scheduler.tickets import SHED_CODES, SHED_TEXT, Ticket, reply_to, ticket_of
 from anvil_scheduler.unix_links import UnixLinks
@@ -96,8 +97,13 @@ class Scheduler:
             slack_guard_us=settings.slack_guard_us,
             slack_guard_fraction=settings.slack_guard_fraction,
             late_binding=settings.late_binding,
+            cpu_window_us=settings.cpu_window_us,
+            cpu_busy_low=settings.cpu_busy_low,
+            cpu_busy_high=settings.cpu_busy_high,
         )
         self.core = SchedulerCore(make_policy(settings), config)
+        # the host's CPU busy fraction, for the CPU batching window (sampled with the chores)
+        self.host_cpu = HostCpu() if settings.cpu_window_us and settings.policy == "edf_pid" else None
         self.executors: dict[str, bytes] = {}  # executor id -> ROUTER identity
         self.last_seen: dict[str, float] = {}
         self.sent_at: dict[int, float] = {}  # batch id -> monotonic send time
@@ -521,6 +527,10 @@ class Scheduler:
             if now - seen > timeout_s:
                 self._lose(eid, f"no heartbeat for {self.s.executor_timeout_ms} ms", now)
         self._export_accounting(now)
+        if self.host_cpu is not None:
+            busy = self.host_cpu.sample()
+            m.host_cpu_busy.set(busy)
+            m.cpu_window_us.set(self.core.set_host_cpu(busy) * 1e6)
         if self.links is not None:
             self.links.export()
             self._lose_unlinked(now)

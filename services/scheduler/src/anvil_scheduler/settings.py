@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from anvil_core.settings import ServiceSettings
 from anvil_scheduler.core.config import SchedulerConfig
@@ -39,6 +39,13 @@ class SchedulerSettings(ServiceSettings):
     # EDF+PID releases a full batch of lower-priority work for a busy executor only as it is about to
     # free up (core/config.py). Off by default: it trades a little priority-1 attainment for goodput.
     late_binding: bool = SchedulerConfig.late_binding
+    # CPU batching window (EDF+PID, core/config.py): while this host's CPUs are busy (/proc/stat), a
+    # batch not led by priority 1 waits up to this long after its head arrived for more requests,
+    # instead of leaving the moment an executor is idle; it opens from cpu_busy_low to cpu_busy_high
+    # (busy fraction). 0 turns it off.
+    cpu_window_us: Annotated[int, Field(ge=0, le=1_000_000)] = SchedulerConfig.cpu_window_us
+    cpu_busy_low: Annotated[float, Field(ge=0.0, lt=1.0)] = SchedulerConfig.cpu_busy_low
+    cpu_busy_high: Annotated[float, Field(gt=0.0, le=1.0)] = SchedulerConfig.cpu_busy_high
     # SLO attainment and p99 (published to `anvil:slo` for qos) are over answers of this window.
     slo_window_ms: int = 10000
     # Requests waiting per model before the lowest-priority ones are shed with OVERLOAD.
@@ -50,3 +57,12 @@ class SchedulerSettings(ServiceSettings):
     # The registry's model records are read this often for undeploys (status UNLOADED): requests
     # queued for an undeployed model are answered within about this long.
     model_sync_interval_ms: int = 250
+
+    @model_validator(mode="after")
+    def _cpu_window_thresholds(self) -> Self:
+        """The CPU batching window opens between two busy fractions: the lower must be below the upper."""
+        if not self.cpu_busy_low < self.cpu_busy_high:
+            raise ValueError(
+                f"need cpu_busy_low < cpu_busy_high, got {self.cpu_busy_low} and {self.cpu_busy_high}"
+            )
+        return self

@@ -66,6 +66,17 @@ class SchedulerConfig:
     # Measured on the live stack (docs/scheduler.md, "Late binding"): more goodput under overload, a
     # little less priority-1 attainment; in the simulator it gives back what credits > 1 cost.
     late_binding: bool = False
+    # CPU batching window (EDF+PID): while the host's CPUs are busy (the service reads /proc/stat:
+    # host_cpu.py), a batch led by lower-priority work no longer leaves the moment an executor is idle:
+    # it waits, at most this long after its head arrived and never past the head's slack, for more
+    # requests to share the batch's CPU (each batch costs the gateway, scheduler and executor their
+    # per-batch work; on shared cores that CPU is what the next request waits for). The window opens
+    # linearly from 0 at `cpu_busy_low` to the whole of it at `cpu_busy_high` (busy fraction, 0..1); a
+    # batch led by priority 1 always leaves at once. 0 (the default) turns it off. docs/scheduler.md,
+    # "CPU batching window".
+    cpu_window_us: int = 0
+    cpu_busy_low: float = 0.75
+    cpu_busy_high: float = 0.95
     # Attempts per request before an executor failure is final (1 original + 1 re-dispatch).
     max_attempts: int = 2
     # How long answered request ids are remembered to suppress duplicates and late results. Must exceed
@@ -93,6 +104,8 @@ class SchedulerConfig:
             raise ValueError(f"reserved_credits must be >= 0, got {self.reserved_credits}")
         if self.slack_guard_us < 0 or self.dispatch_lead_us < 0 or not 0 <= self.slack_guard_fraction < 1:
             raise ValueError("need slack_guard_us >= 0, dispatch_lead_us >= 0, 0 <= slack_guard_fraction < 1")
+        if self.cpu_window_us < 0 or not 0 <= self.cpu_busy_low < self.cpu_busy_high <= 1:
+            raise ValueError("need cpu_window_us >= 0 and 0 <= cpu_busy_low < cpu_busy_high <= 1")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         object.__setattr__(self, "priority_by_number", by_number)
@@ -108,6 +121,12 @@ class SchedulerConfig:
     def guard_s(self, horizon_s: float) -> float:
         """Margin for a finish predicted ``horizon_s`` seconds from now."""
         return self.slack_guard_us / 1e6 + self.slack_guard_fraction * max(horizon_s, 0.0)
+
+    def cpu_window_s(self, busy: float) -> float:
+        """The CPU batching window (s) at host busy fraction ``busy``: 0 up to cpu_busy_low, all of
+        cpu_window_us from cpu_busy_high on, linear between."""
+        opened = (busy - self.cpu_busy_low) / (self.cpu_busy_high - self.cpu_busy_low)
+        return self.cpu_window_us / 1e6 * min(1.0, max(0.0, opened))
 
     @property
     def dispatch_lead_s(self) -> float:

@@ -45,6 +45,10 @@ class QueueView:
     # The earliest a batch the policy wants released should leave for that executor: now, or with
     # late binding, when the busy executor is about to free up (Placement.bind_s).
     bind_s: float = 0.0
+    # How long after its head arrived a batch may wait for more requests although the executor is
+    # idle (SchedulerConfig.cpu_window_us: the host's CPUs are busy); 0 for a batch led by the top
+    # priority and while the CPUs have room.
+    cpu_window_s: float = 0.0
 
     @property
     def size(self) -> int:

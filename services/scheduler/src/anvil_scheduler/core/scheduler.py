@@ -108,9 +108,22 @@ class SchedulerCore:
         self._batch_ids = itertools.count(1)
         self._now_s = -math.inf
         self._top_priority = min(p.priority for p in self.config.priorities)
+        self.cpu_busy = 0.0  # the host's CPU busy fraction (set_host_cpu), 0..1
+        self._cpu_window_s = 0.0  # the CPU batching window it opens (config.cpu_window_s)
         self.learning = Learning(self.config.probe_interval_s)  # warm-up exclusion, probes
 
     # ---- capacity -------------------------------------------------------------------------------
+    def set_host_cpu(self, busy: float) -> float:
+        """The host's CPU busy fraction (0..1, the service's /proc/stat reading); returns the CPU
+        batching window (s) it opens for batches not led by the top priority."""
+        self.cpu_busy = min(1.0, max(0.0, busy))
+        self._cpu_window_s = self.config.cpu_window_s(self.cpu_busy)
+        return self._cpu_window_s
+
+    @property
+    def cpu_window_s(self) -> float:
+        return self._cpu_window_s
+
     def register_model(self, model: str, max_batch: int) -> None:
         if max_batch < 1:
             raise ValueError(f"model {model!r}: max_batch must be >= 1, got {max_batch}")
@@ -288,6 +301,7 @@ class SchedulerCore:
                     guard_s,
                     functools.partial(predict, place.device),
                     place.bind_s if self.config.late_binding and not urgent else now_s,
+                    0.0 if urgent else self._cpu_window_s,
                 )
                 at = self.policy.release_at(view)
                 if at > now_s:

@@ -1,8 +1,9 @@
 """Anvil's policy: EDF order, shedding of hopeless work, and a PID-controlled target batch size B*.
 
 Release rule (first that holds): the queue holds a full batch of B*; the chosen executor would idle
-(work-conserving); or the earliest deadline's slack — deadline - start - predicted exec of the batch —
-is under the guard.
+(work-conserving; while the host's CPUs are busy, only once the head has waited the CPU batching
+window, SchedulerConfig.cpu_window_us, unless priority 1 leads); or the earliest deadline's slack —
+deadline - start - predicted exec of the batch — is under the guard.
 
 What B* costs is head-of-line blocking: a request that arrives while every executor runs a batch of B*
 waits for one to come free before even a batch of one can start. Two mechanisms bound it:
@@ -111,7 +112,12 @@ class EdfPidPolicy(BatchingPolicy):
 
     def release_at(self, view: QueueView) -> float:
         if view.executor_idle:
-            return view.now_s
+            if view.cpu_window_s <= 0 or view.depth >= view.cap:
+                return view.now_s
+            # CPU batching window (the host's CPUs are busy): wait for more requests to share this
+            # batch's CPU, at most the window after the head arrived and never past its slack.
+            due_s = view.head.deadline_s - view.predict_s(view.size) - view.guard_s  # slack at the guard
+            return max(view.now_s, min(view.head.arrival_s + view.cpu_window_s, due_s))
         if view.depth < view.cap:
             # Slack trigger: deadline - start - exec(batch) under the guard. The executor is busy until
             # start, so the slack only shrinks when the batch grows; the next arrival polls again.
