@@ -159,7 +159,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         "# CPU per request with authenticated internal links",
         "",
         f"{meta['date']}, commit {meta['commit']}, {meta['machine']}, Python {meta['python']}. "
-        f"`{meta['command']}`. The three stacks, wrk and other engineers' work shared this machine's "
+        f"`{meta['command']}`. The three stacks, wrk and any other work on the machine shared its "
         "cores; the order rotates every round. CPU = gateway + scheduler + executor processes, HTTP "
         "binary `identity` requests; medians of the rounds. `on`: `anvil up`'s default (ipc links in a "
         "0700 dir); `curve_tcp`: every link tcp + CURVE (compose, other hosts); `off`: no auth (before #18).",

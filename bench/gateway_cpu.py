@@ -146,8 +146,8 @@ def write(
         "",
         f"{meta['date']}, commit {meta['commit']} (`now`, its defaults: auth on) vs "
         f"{meta['baseline_commit']} (`base`), {meta['machine']}, Python {meta['python']}. "
-        f"`{meta['command']}`. Both stacks, wrk and other engineers' work shared the cores; the order "
-        "alternates every round. CPU = gateway + scheduler + executor processes (utime + stime) / "
+        f"`{meta['command']}`. Both stacks, wrk and any other work on the machine shared the cores; "
+        "the order alternates every round. CPU = gateway + scheduler + executor processes (utime + stime) / "
         "requests completed; medians of the rounds.",
         "",
         "| transport | size | conns | CPU us/req now | base | now / base | gateway now / base | "

@@ -418,7 +418,9 @@ def write(
         "generator_max_connections": MAX_CONNECTIONS,
         "stack_env": " ".join(args.stack_env) or "-",
         "production_trace": prod.name if prod else None,
-        "note": "generator on the same machine; other engineers' work shared its CPUs during the run",
+        # what else ran on the machine is not known to the script: the load average at the end says how busy
+        "note": "generator on the same machine, sharing its CPUs with the stacks and any other work; "
+        f"1-min load average at the end {os.getloadavg()[0]:.2f}",
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(

@@ -129,7 +129,7 @@ def write(
         "",
         f"{meta['date']}, commit {meta['commit']} (`now`) vs {meta['baseline_commit']} (`base`), "
         f"{meta['machine']}, Python {meta['python']}. `{meta['command']}`. `identity`, 1 KB HTTP binary, "
-        "wrk; both stacks, wrk and other engineers' work shared the cores (1-min load average "
+        "wrk; both stacks, wrk and any other work on the machine shared the cores (1-min load average "
         f"{min(loads):.1f}-{max(loads):.1f} during the rounds); the order alternates every round. "
         "CPU = gateway + scheduler + executor (utime + stime) / requests; medians of the rounds.",
         "",

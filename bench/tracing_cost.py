@@ -129,8 +129,8 @@ def write(rows: list[dict[str, Any]], modes: list[str], off_ns: float, args: arg
         "# CPU per request with OpenTelemetry tracing",
         "",
         f"{meta['date']}, commit {meta['commit']}, {meta['machine']}, Python {meta['python']}. "
-        f"`{meta['command']}`. The three stacks, wrk, the OTLP sink and other engineers' work shared "
-        "this machine's cores; the order rotates every round. CPU = gateway + scheduler + executor "
+        f"`{meta['command']}`. The three stacks, wrk, the OTLP sink and any other work on the machine "
+        "shared its cores; the order rotates every round. CPU = gateway + scheduler + executor "
         "processes, HTTP binary `identity` requests (1 KB); medians of the rounds. `off`: no OTEL_* "
         "variable; `on`: exported over OTLP/HTTP, every request sampled; `unsampled`: the endpoint "
         "set with OTEL_TRACES_SAMPLER=always_off.",
