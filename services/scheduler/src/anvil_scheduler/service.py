@@ -29,7 +29,6 @@ from anvil_core.codec import pb
 from anvil_core.drops import DropLog
 from anvil_core.logs import get_logger
 from anvil_core.metrics import serve_metrics
-from anvil_core.priorities import PRIORITIES, PRIORITY_NAMES
 from anvil_core.registry import Registry
 from anvil_core.zmq_auth import CurveGate
 from anvil_core.zmq_sockets import ipc_endpoint, make_socket, tcp_endpoint
@@ -43,10 +42,8 @@ from anvil_scheduler.core import (
     ExecutorSpec,
     FixedDelayConfig,
     FixedDelayPolicy,
-    PriorityClass,
     Release,
     Request,
-    SchedulerConfig,
     SchedulerCore,
     Shed,
 )
@@ -89,19 +86,7 @@ class Scheduler:
         # One host: the same links over Unix stream sockets too (anvil_core.unix_link: no ZeroMQ I/O
         # threads); a peer uses them with ANVIL_LINK_TRANSPORT=unix, either kind is served.
         self.links = UnixLinks(settings.link_ipc_dir) if settings.link_ipc_dir else None
-        priorities = tuple(PriorityClass(p, PRIORITY_NAMES[p], settings.slo_ms(p)) for p in PRIORITIES)
-        config = SchedulerConfig(
-            priorities=priorities,
-            max_queue_depth=settings.max_queue_per_model,
-            slo_window_s=settings.slo_window_ms / 1000,
-            slack_guard_us=settings.slack_guard_us,
-            slack_guard_fraction=settings.slack_guard_fraction,
-            late_binding=settings.late_binding,
-            cpu_window_us=settings.cpu_window_us,
-            cpu_busy_low=settings.cpu_busy_low,
-            cpu_busy_high=settings.cpu_busy_high,
-        )
-        self.core = SchedulerCore(make_policy(settings), config)
+        self.core = SchedulerCore(make_policy(settings), settings.core_config())
         # the host's CPU busy fraction, for the CPU batching window (sampled with the chores)
         self.host_cpu = HostCpu() if settings.cpu_window_us and settings.policy == "edf_pid" else None
         self.executors: dict[str, bytes] = {}  # executor id -> ROUTER identity
@@ -119,7 +104,7 @@ class Scheduler:
         )
         self._snapshot: dict[str, Any] = snapshot.EMPTY
         self._next_snapshot = 0.0
-        self._priorities = frozenset(p.priority for p in priorities)
+        self._priorities = frozenset(p.priority for p in self.core.config.priorities)
         self.drops = DropLog(log, "scheduler")
         self._depth_labels: set[tuple[str, int]] = set()  # queue-depth series ever set, reset to 0
         # Models the registry marks UNLOADED (undeployed/unloaded): removed from the core, and

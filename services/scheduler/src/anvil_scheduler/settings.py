@@ -6,8 +6,9 @@ from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import Field, model_validator
 
+from anvil_core.priorities import PRIORITIES, PRIORITY_NAMES
 from anvil_core.settings import ServiceSettings
-from anvil_scheduler.core.config import SchedulerConfig
+from anvil_scheduler.core.config import PriorityClass, SchedulerConfig
 
 __all__ = ["SchedulerSettings"]
 
@@ -58,11 +59,24 @@ class SchedulerSettings(ServiceSettings):
     # queued for an undeployed model are answered within about this long.
     model_sync_interval_ms: int = 250
 
+    def core_config(self) -> SchedulerConfig:
+        """The core's configuration from these settings (priorities with their SLOs, queue, guard,
+        late binding, CPU batching window)."""
+        return SchedulerConfig(
+            priorities=tuple(PriorityClass(p, PRIORITY_NAMES[p], self.slo_ms(p)) for p in PRIORITIES),
+            max_queue_depth=self.max_queue_per_model,
+            slo_window_s=self.slo_window_ms / 1000,
+            slack_guard_us=self.slack_guard_us,
+            slack_guard_fraction=self.slack_guard_fraction,
+            late_binding=self.late_binding,
+            cpu_window_us=self.cpu_window_us,
+            cpu_busy_low=self.cpu_busy_low,
+            cpu_busy_high=self.cpu_busy_high,
+        )
+
     @model_validator(mode="after")
-    def _cpu_window_thresholds(self) -> Self:
-        """The CPU batching window opens between two busy fractions: the lower must be below the upper."""
-        if not self.cpu_busy_low < self.cpu_busy_high:
-            raise ValueError(
-                f"need cpu_busy_low < cpu_busy_high, got {self.cpu_busy_low} and {self.cpu_busy_high}"
-            )
+    def _core_accepts(self) -> Self:
+        """What the core's configuration refuses (e.g. cpu_busy_low not below cpu_busy_high) is refused
+        here, when the settings are read, before the service binds anything."""
+        self.core_config()
         return self
