@@ -1,10 +1,11 @@
 """A sentence-embedding model: a tokenizer stage in front of an encoder (ids, mask) -> vectors.
 
 TEXT (BYTES, one string per row) -> EMBEDDING (FP32, dim per row) and TOKENS (INT32 per row, for
-OpenAI-style usage). Every row of the batch is tokenized together (HF tokenizers' Rust
-``encode_batch_fast`` where the installed tokenizers has it, else ``encode_batch``: parallel, without
-the GIL; truncation at `max_tokens`; a batch of at most FAST_ROWS rows has its printable-ASCII rows
-tokenized by the Python WordPiece of models/wordpiece.py instead, same ids), then:
+OpenAI-style usage). Every row of the batch is tokenized together: the ASCII rows by the compiled
+WordPiece of models/wordpiece.py (a BERT WordPiece tokenizer.json; same ids as Hugging Face, one
+numba call without the GIL), the other rows by HF tokenizers' Rust ``encode_batch_fast`` where the
+installed tokenizers has it, else ``encode_batch`` (parallel, without the GIL); truncation at
+`max_tokens`; then:
 
 - with a ``packed`` encoder (the CPU plan runtime): the rows' tokens go back to back, in chunks of
   at most `encoder_rows` rows and `packed_tokens` tokens, and the encoder runs on the tokens alone
@@ -18,7 +19,6 @@ tokenized by the Python WordPiece of models/wordpiece.py instead, same ids), the
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,18 +27,13 @@ import numpy as np
 
 from anvil_core.model_spec import ModelSpec, TensorSpec
 from anvil_executor.models.base import Model, RequestInputs, RequestOutputs
-from anvil_executor.models.wordpiece import FastWordPiece
+from anvil_executor.models.wordpiece import DECLINED, FastWordPiece
 
 __all__ = ["Encoder", "PackedEncoder", "TextEmbeddingModel", "Tokenized"]
 
 Encoder = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (ids, mask, types) -> (B, D)
 PackedEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (ids (N,), cu (S+1,)) -> (S, D)
 BUCKETS = (16, 32, 64, 128, 256)
-# Batches of at most this many rows are tokenized in Python (models/wordpiece.py) where the text
-# allows; larger ones by tokenizers' parallel batch call. One corpus-v2 sentence: ~18 vs ~107 µs;
-# 64 rows: 1.3 vs 4.5 ms on the 2-CPU build machine, but holding the GIL, which the executor's other
-# threads need (bench/tokenize_fast.py measures both per batch size).
-FAST_ROWS = 8
 
 
 @dataclass(slots=True)
@@ -76,11 +71,12 @@ class TextEmbeddingModel(Model):
         self.tokenizer = Tokenizer.from_file(str(tokenizer_json))
         self.tokenizer.enable_truncation(max_length=max_tokens)
         self.tokenizer.no_padding()
+        self.max_tokens = max_tokens
         # the same ids without the character offsets (unused here): 17-18% less tokenizer time on
         # corpus-v2 (tokenizers 0.23, 64-1000 sentences a call); older tokenizers lack it
         self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-        # rows of a small batch (printable ASCII, a BERT WordPiece tokenizer.json): the same ids in
-        # Python, ~6x faster than tokenizers' call for one sentence (models/wordpiece.py)
+        # ASCII rows (a BERT WordPiece tokenizer.json): the same ids from a compiled trie walk without
+        # the GIL, ~30x less CPU than tokenizers' call (models/wordpiece.py, bench/tokenize_fast.py)
         self.fast = FastWordPiece.from_tokenizer_json(tokenizer_json, max_tokens)
         self.encoder = encoder
         self.packed = packed
@@ -105,36 +101,30 @@ class TextEmbeddingModel(Model):
         return self.run_prepared(self.prepare(batch))
 
     def prepare(self, batch: list[RequestInputs]) -> Tokenized:
-        """Every row of the batch tokenized together (Rust, parallel, without the GIL)."""
-        texts = [
-            t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t)
-            for req in batch
-            for t in req["TEXT"].reshape(-1)
-        ]
-        ids = self._ids(texts)
-        longest = self.buckets[-1]  # rows longer than every bucket are cut there
-        counts = np.fromiter((len(r) for r in ids), np.int32, count=len(ids))  # tokens per row
-        if len(counts) and int(counts.max()) > longest:
-            ids = [r[:longest] for r in ids]
-            np.minimum(counts, longest, out=counts)
+        """Every row of the batch tokenized together (compiled or Rust, without the GIL)."""
+        texts = [t for req in batch for t in req["TEXT"].reshape(-1)]  # bytes (or str) per row
+        ids, counts = self._ids(texts)  # (rows, max_tokens) int64, (rows,) int32
+        np.minimum(counts, self.buckets[-1], out=counts)  # rows longer than every bucket are cut there
         cu = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=cu[1:])
-        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, count=int(cu[-1]))
+        flat = ids[np.arange(ids.shape[1])[None, :] < counts[:, None]]  # (tokens,) row after row
         return Tokenized(flat, cu, counts, [req["TEXT"].shape[0] for req in batch])
 
-    def _ids(self, texts: list[str]) -> list[list[int]]:
-        """Each row's token ids: a small batch's printable-ASCII rows through the Python WordPiece
-        (no Rust call's fixed cost), every other row through tokenizers' batch call (parallel, without
-        the GIL: what a big batch needs)."""
-        fast = self.fast
-        if fast is None or len(texts) > FAST_ROWS:
-            return [e.ids for e in self._encode_batch(texts)]
-        ids: list[list[int] | None] = [fast.encode(t) for t in texts]
-        rest = [i for i, r in enumerate(ids) if r is None]
-        if rest:
-            for i, e in zip(rest, self._encode_batch([texts[i] for i in rest]), strict=True):
-                ids[i] = e.ids
-        return ids  # type: ignore[return-value]  # every None was filled
+    def _ids(self, texts: list[bytes | str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's token ids, (rows, max_tokens) with row r's in [:counts[r]]: the compiled
+        WordPiece's where it takes the row, tokenizers' batch call for every other row."""
+        if self.fast is not None:
+            ids, counts = self.fast.encode_batch(texts)
+        else:
+            ids = np.empty((len(texts), self.max_tokens), np.int64)
+            counts = np.full(len(texts), DECLINED, np.int32)
+        rest = np.flatnonzero(counts == DECLINED)
+        if len(rest):
+            decoded = [_text(texts[i]) for i in rest]
+            for i, e in zip(rest, self._encode_batch(decoded), strict=True):
+                counts[i] = len(e.ids)  # <= max_tokens: the tokenizer truncates there
+                ids[i, : counts[i]] = e.ids
+        return ids, counts
 
     def run_prepared(self, prepared: Tokenized) -> list[RequestOutputs]:
         counts = prepared.counts
@@ -190,6 +180,10 @@ class TextEmbeddingModel(Model):
             types = np.zeros((len(rows), seq), np.int64)  # one segment per sentence
             vectors[rows] = self.encoder(ids, on.astype(np.int64), types)  # (rows, D) fp32
         return vectors
+
+
+def _text(t: bytes | str) -> str:
+    return t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t)
 
 
 MIN_CHUNK_ROWS = 64  # rows a chunk keeps before a longer length bucket may start a new one

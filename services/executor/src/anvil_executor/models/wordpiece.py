@@ -1,47 +1,41 @@
-"""A BERT WordPiece tokenizer for printable-ASCII text, exact to Hugging Face tokenizers' own, for
-the rows of a small batch (a lone sentence above all).
+"""A BERT WordPiece tokenizer for ASCII text, exact to Hugging Face tokenizers' own, compiled (numba,
+models/wordpiece_kernel.py) and run without the GIL on a whole batch at once.
 
-Hugging Face tokenizers spends ~107 µs on one corpus-v2 sentence (~30 words, `encode_batch_fast` of
-one string, 2-CPU build machine; `encode` alike): its normalizer and pre-tokenizer keep alignments for
-every character. For a string of printable ASCII only (0x20-0x7E) the BERT pipeline reduces to:
+Hugging Face tokenizers spends ~70 µs of CPU on one corpus-v2 sentence (~30 words; `encode_batch_fast`,
+2-CPU build machine): its normalizer and pre-tokenizer keep alignments for every character, and its
+parallel batch call spreads that over a thread pool per process. For printable ASCII (0x20-0x7E)
+with tab, line feed and carriage return, the BERT pipeline reduces to:
 
-- normalizer (`BertNormalizer`): clean_text, Chinese characters and accents change nothing in
-  printable ASCII; lowercase is `str.lower`;
-- pre-tokenizer (`BertPreTokenizer`): split on spaces, every ASCII punctuation character a word of
-  its own (in printable ASCII everything else is a letter or a digit);
+- normalizer (`BertNormalizer`): clean_text turns those three into spaces; Chinese characters and
+  accents change nothing in ASCII; lowercase maps A-Z to a-z;
+- pre-tokenizer (`BertPreTokenizer`): split on whitespace, every ASCII punctuation character a word
+  of its own (everything else in printable ASCII is a letter or a digit);
 - model (`WordPiece`): greedy longest match from each word's start, continuation pieces with the
   model's prefix (`##`); a word with an unmatched rest, or longer than `max_input_chars_per_word`,
-  is the unknown token; words are cached (bounded) since corpora repeat them;
+  is the unknown token;
 - post-processor: `[CLS] A [SEP]` (`TemplateProcessing` or `BertProcessing`), truncation at
   `max_tokens` (the content cut to `max_tokens - 2`).
 
-Anything else goes to Hugging Face: non-ASCII or control characters, text containing an added token's
-content (tokenizers matches `[MASK]` and the like in the raw text), text longer than MAX_CHARS or with
-an unseen word longer than MAX_NEW_WORD (bounds on the Python work a client's text can cause), and a
-tokenizer.json whose pipeline is not this one (`from_tokenizer_json` returns None). ~18 µs for the
-same sentence (6x); `services/executor/tests/test_wordpiece.py` compares it with tokenizers on random
-strings.
+Anything else goes to Hugging Face: a row with another byte (non-ASCII, other control characters),
+text containing an added token's content (tokenizers matches `[MASK]` and the like in the raw text,
+here matched case-blind: conservative), and a tokenizer.json whose pipeline is not this one
+(`from_tokenizer_json` returns None). The work is linear in the text (a trie walk per piece, at most
+the vocabulary's longest piece deep), so a client's text bounds it by its size and nothing is cached.
+`services/executor/tests/test_wordpiece.py` compares it with tokenizers on random strings.
 """
 
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FastWordPiece"]
+import numpy as np
 
-_PRINTABLE = re.compile(r"[\x20-\x7e]*\Z")
-# after lowercasing, printable ASCII is spaces, letters and digits, and punctuation (!-/ :-@ [-` {-~)
-_WORDS = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
-_WORDS_CASED = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
-CACHE_WORDS = 65_536  # words kept with their pieces (then new words are split each time, not kept)
-# Bounds on what this path takes (anything past them goes to tokenizers, in Rust and without the GIL):
-# the greedy match costs up to n²/2 lookups for an unseen word of n characters, so a client's text of
-# crafted words could hold the executor's GIL for long. A corpus-v2 sentence is ~200 characters.
-MAX_CHARS = 1024  # characters of one text
-MAX_NEW_WORD = 32  # characters of a word not in the cache
+from anvil_executor.models.wordpiece_kernel import DECLINED, encode_rows, slot_of
+
+__all__ = ["DECLINED", "FastWordPiece"]
 
 
 class FastWordPiece:
@@ -59,12 +53,50 @@ class FastWordPiece:
     ) -> None:
         if max_tokens < 2:
             raise ValueError(f"max_tokens must leave room for [CLS] and [SEP], got {max_tokens}")
-        self.vocab, self.unk_id, self.prefix, self.max_word_chars = vocab, unk_id, prefix, max_word_chars
+        self.unk_id, self.max_word_chars = unk_id, max_word_chars
         self.cls_id, self.sep_id, self.max_tokens = cls_id, sep_id, max_tokens
         self.lowercase = lowercase
-        self._words = _WORDS if lowercase else _WORDS_CASED
-        self._added = [a.lower() for a in added if a]  # matched on the lowercased text: conservative
-        self._cache: dict[str, list[int]] = {}
+        self._trie(vocab, prefix)
+        # added tokens' contents, lowercased ASCII (others cannot occur in a row this path takes)
+        texts = sorted({a.lower().encode() for a in added if a and a.isascii()})
+        self._added = np.zeros((len(texts), max(map(len, texts), default=0)), np.uint8)
+        for i, t in enumerate(texts):
+            self._added[i, : len(t)] = np.frombuffer(t, np.uint8)
+        self._added_len = np.array([len(t) for t in texts], np.int64)
+
+    def _trie(self, vocab: dict[str, int], prefix: str) -> None:
+        """The vocabulary's ASCII pieces as a byte trie in a hash table (models/wordpiece_kernel.py)."""
+        edges: dict[tuple[int, int], int] = {}
+        token = [-1]
+        for piece, tid in vocab.items():
+            if not piece or not piece.isascii():
+                continue
+            node = 0
+            for b in piece.encode():
+                child = edges.get((node, b))
+                if child is None:
+                    child = edges[(node, b)] = len(token)
+                    token.append(-1)
+                node = child
+            token[node] = tid
+        node = 0  # the continuation prefix's node, -1 where no piece starts with it
+        for b in prefix.encode() if prefix.isascii() else b"\xff":
+            node = edges.get((node, b), -1)
+            if node < 0:
+                break
+        self._cont_root = node
+        bits = max(4, (2 * len(edges)).bit_length())  # a table at most half full
+        keys = np.full(1 << bits, -1, np.int64)
+        children = np.zeros(1 << bits, np.int32)
+        mask, shift = (1 << bits) - 1, 64 - bits
+        for (parent, b), child in edges.items():
+            key = parent * 256 + b
+            slot = slot_of(key, shift)
+            while keys[slot] >= 0:
+                slot = (slot + 1) & mask
+            keys[slot], children[slot] = key, child
+        self._keys, self._children, self._shift = keys, children, shift
+        self._token = np.array(token, np.int32)
 
     @classmethod
     def from_tokenizer_json(cls, path: Path, max_tokens: int) -> FastWordPiece | None:
@@ -102,54 +134,27 @@ class FastWordPiece:
             added,
         )
 
-    def encode(self, text: str) -> list[int] | None:
+    def encode_batch(self, texts: Sequence[bytes | str]) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's ids: (rows, max_tokens) int64 with row r's in [:counts[r]], and counts (rows,)
+        int32, DECLINED for a row left to Hugging Face tokenizers. Runs without the GIL."""
+        raw = [t if isinstance(t, bytes) else t.encode("utf-8", "replace") for t in texts]
+        offs = np.zeros(len(raw) + 1, np.int64)
+        np.cumsum([len(t) for t in raw], out=offs[1:])
+        buf = np.frombuffer(b"".join(raw), np.uint8)
+        ids = np.empty((len(raw), self.max_tokens), np.int64)
+        counts = np.empty(len(raw), np.int32)
+        encode_rows(
+            buf, offs, self._keys, self._children, self._token, self._shift, self._cont_root,
+            self.lowercase, self._added, self._added_len, self.unk_id, self.cls_id, self.sep_id,
+            self.max_word_chars, ids, counts,
+        )  # fmt: skip
+        return ids, counts
+
+    def encode(self, text: bytes | str) -> list[int] | None:
         """The ids Hugging Face tokenizers gives ``text`` (special tokens added, truncated), or None
         where the text is not for this path."""
-        if len(text) > MAX_CHARS or not _PRINTABLE.match(text):
-            return None
-        low = text.lower() if self.lowercase else text
-        if self._added:  # tokenizers matches added tokens in the text first (case-blind here)
-            probe = low if self.lowercase else text.lower()
-            if any(a in probe for a in self._added):
-                return None
-        out = [self.cls_id]
-        cache = self._cache
-        full = self.max_tokens - 1  # [CLS] and the content tokenizers keeps after truncation
-        for word in self._words.findall(low):
-            ids = cache.get(word)
-            if ids is None:
-                if len(word) > MAX_NEW_WORD:
-                    return None
-                ids = self._pieces(word)
-                if len(cache) < CACHE_WORDS:
-                    cache[word] = ids
-            out += ids
-            if len(out) >= full:  # the rest would be cut: not split at all
-                break
-        if len(out) > full:
-            del out[self.max_tokens - 1 :]
-        out.append(self.sep_id)
-        return out
-
-    def _pieces(self, word: str) -> list[int]:
-        n = len(word)
-        if n > self.max_word_chars:
-            return [self.unk_id]
-        vocab, ids, start = self.vocab, [], 0
-        while start < n:
-            end = n
-            found = None
-            while start < end:
-                sub = word[start:end] if start == 0 else self.prefix + word[start:end]
-                found = vocab.get(sub)
-                if found is not None:
-                    break
-                end -= 1
-            if found is None:
-                return [self.unk_id]
-            ids.append(found)
-            start = end
-        return ids
+        ids, counts = self.encode_batch([text])
+        return None if counts[0] == DECLINED else ids[0, : counts[0]].tolist()
 
 
 def _cls_sep(post: dict[str, Any]) -> tuple[int, int] | None:
