@@ -137,7 +137,7 @@ class FastWordPiece:
     def encode_batch(self, texts: Sequence[bytes | str]) -> tuple[np.ndarray, np.ndarray]:
         """Every row's ids: (rows, max_tokens) int64 with row r's in [:counts[r]], and counts (rows,)
         int32, DECLINED for a row left to Hugging Face tokenizers. Runs without the GIL."""
-        raw = [t if isinstance(t, bytes) else t.encode("utf-8", "replace") for t in texts]
+        raw = [t if isinstance(t, bytes) else str(t).encode("utf-8", "replace") for t in texts]
         offs = np.zeros(len(raw) + 1, np.int64)
         np.cumsum([len(t) for t in raw], out=offs[1:])
         buf = np.frombuffer(b"".join(raw), np.uint8)
