@@ -1,6 +1,7 @@
 """The text front end's tokenization (TextEmbeddingModel.prepare): the ids it hands the encoder are
-the tokenizer's own, row after row, cut at the longest bucket, whichever encode call it uses (the
-offset-free ``encode_batch_fast`` where tokenizers has it)."""
+the tokenizer's own, row after row, cut at the longest bucket, whichever path a row takes (the
+compiled WordPiece for ASCII rows, tokenizers' offset-free ``encode_batch_fast`` where it has it, else
+``encode_batch``, for the others)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from anvil_executor.models.text_embedding import TextEmbeddingModel
+from anvil_executor.models.wordpiece import DECLINED
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_bert import make_tiny_bert
@@ -33,6 +35,9 @@ def test_prepared_ids_are_the_tokenizers_own(tmp_path: Path, fast: bool) -> None
         model._encode_batch = model.tokenizer.encode_batch
     reqs = [{"TEXT": np.array([t.encode() for t in TEXTS[:2]], dtype=object)}]
     reqs += [{"TEXT": np.array([t.encode()], dtype=object)} for t in TEXTS[2:]]
+    assert model.fast is not None  # a BERT WordPiece: the compiled path takes the ASCII rows
+    _, counts = model.fast.encode_batch([t.encode() for t in TEXTS])
+    assert (counts == DECLINED).tolist() == [False, False, False, True, False]  # the non-ASCII row
     got = model.prepare(reqs)
     want = [model.tokenizer.encode(t).ids[:64] for t in TEXTS]  # cut at max_tokens (the last bucket)
     assert got.rows == [2, 1, 1, 1]
