@@ -12,8 +12,9 @@ activations, cuBLAS fp16 + fp16 epilogues) and as an fp32 plan (cuBLAS TF32 + th
     differs between hosts); and back-to-back (`graph_steady_us`): STEADY launches between two events,
     per launch, the device's own time for the graph (what compares kernels across hosts);
   - each launch timed alone (eager, CUDA events), summed per kernel kind (µs and share of the sum);
-  - the same for each variant of --variants (fp16, fp16-lt: QKV's bias inside cuBLASLt, fp32,
-    fp32-per-row: the previous attention kernel, one block per query row) for an A/B in one run.
+  - the same for each variant of --variants (fp16, fp16-lt: QKV's bias inside cuBLASLt, bf16,
+    bf16-lt: the bf16 plan, fp32, fp32-per-row: the previous attention kernel, one block per query
+    row) for an A/B in one run.
 Then the costs of the path around the GPU on this host: the fast tokenizer (one string at a time and
 a batch encode, sentences/s) and the /v1/embeddings body encoding of 32 x 384 floats (µs).
 """
@@ -38,6 +39,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from corpus import sentences  # noqa: E402
+
+# plan precision [-lt: cuBLASLt bias epilogues] [-per-row: the per-row attention kernel]
+VARIANTS = ("fp16", "fp16-lt", "bf16", "bf16-lt", "fp32", "fp32-per-row")
 
 
 def compile_variant(
@@ -209,7 +213,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="fp16,fp16-lt,fp32",
-        help="fp16, fp16-lt (cuBLASLt bias epilogues), fp32, fp32-per-row",
+        help=", ".join(VARIANTS) + " (-lt: cuBLASLt bias epilogues; -per-row: the per-row attention)",
     )
     args = ap.parse_args()
     import cupy as cp
@@ -231,14 +235,14 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         for label in args.variants.split(","):
-            if label not in ("fp16", "fp16-lt", "fp32", "fp32-per-row"):
-                raise SystemExit(f"unknown variant {label!r}: fp16, fp16-lt, fp32, fp32-per-row")
-            precision, staged = label[:4], not label.endswith("per-row")
+            if label not in VARIANTS:
+                raise SystemExit(f"unknown variant {label!r}: {', '.join(VARIANTS)}")
+            precision, staged = label.split("-")[0], not label.endswith("per-row")
             d = Path(tmp) / label
             compile_variant(args.model_dir, d, staged, args.max_batch, args.max_seq, arch, precision)
             plan, weights = load_plan(d / "plan.bin"), load_file(str(d / "weights.safetensors"))
             model = GpuPlanModel(
-                plan, weights, load_module(d, 0), 0, "minilm", lt_epilogue=label == "fp16-lt"
+                plan, weights, load_module(d, 0), 0, "minilm", lt_epilogue=label.endswith("-lt")
             )
             missing = [(b, t) for b, t in shapes if (b, t) not in model._graphs]
             if missing:

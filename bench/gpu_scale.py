@@ -246,7 +246,7 @@ class Workloads:
 
             self.int4_onnx = Path(tempfile.mkdtemp(prefix="anvil_scale_int4_")) / "weight_bound.onnx"
             self.int4_onnx.write_bytes(weight_bound_bytes(a.int4_dim, 4, seed=0))
-        int4_gpu._deploy(self.int4_onnx, name, int4_gpu.VARIANTS[name], 16)  # max_batch 16
+        int4_gpu._deploy(self.int4_onnx, name, int4_gpu.variants("fp16")[name], 16)  # max_batch 16
         self.int4_compiled = True
         with httpx.Client(base_url=stack.url, timeout=60) as client:
             int4_gpu._wait_ready(client, name, a.int4_platform)
@@ -319,7 +319,7 @@ def main() -> None:
     ap.add_argument("--name", default="minilm-gpu")
     ap.add_argument("--max-batch", type=int, default=512)
     ap.add_argument("--max-seq", type=int, default=128)
-    ap.add_argument("--gpu-precision", choices=("fp16", "fp32"), default="fp16")
+    ap.add_argument("--gpu-precision", choices=("fp16", "bf16", "fp32"), default="fp16")
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--concurrency", type=lambda s: [int(v) for v in s.split(",")], default=[16, 64])
     ap.add_argument("--seconds", type=float, default=6.0, help="each load phase, s")

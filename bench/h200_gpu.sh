@@ -18,7 +18,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 if [ "${OP_PROFILE:-0}" = 1 ] && [ -d .carry/minilm ]; then  # the MiniLM plan alone: graph and kernels per shape
   echo "== bench/gpu_op_profile.py =="
-  timeout 150 python3 bench/gpu_op_profile.py --model-dir .carry/minilm --variants fp16 \
+  timeout 150 python3 bench/gpu_op_profile.py --model-dir .carry/minilm --variants "${OP_VARIANTS:-fp16}" \
     --shapes "${OP_SHAPES:-1x16,1x64,16x32,64x48}" --out "$OUT/gpu_op_profile.json" 2>&1 | grep -E "B=|wrote|Error"
 fi
 [ "${SKIP_STACK:-0}" = 1 ] && exit 0

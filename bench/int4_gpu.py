@@ -1,13 +1,14 @@
 """What INT4 weights buy on the GPU where weights dominate: a weight-bound model (4 linears of 8192 x 8192,
 bias + ReLU between them, random weights from a fixed seed, built with onnx.helper: no torch) deployed
 twice with `anvil deploy`, INT4 (W4A16 kernels, fp16 activations) and unquantized (fp16 weights on
-cuBLAS), both as fp16 GPU plans, then measured in the same run:
+cuBLAS), both as fp16 GPU plans (``--precision bf16``: both bf16, the dense model on bf16 weights: the
+issue's "same model with bf16 weights"), then measured in the same run:
 
   1. in process (unless --skip-in-process): each compiled plan on cuda:0 (GpuPlanModel, CUDA graph
      replay), median ms per batch of 1 / 4 / 16 rows, and the outputs' cosine to onnxruntime fp32;
   2. through the whole stack over HTTP (KServe v2, binary tensors in and out): closed loop of 1-row
      requests at concurrency 1 / 4 / 16 (the scheduler batches them: batch <= 16), requests/s and
-     p50/p99 latency, INT4 / fp16 throughput ratio per concurrency (issue #16's target: >= 1.5x).
+     p50/p99 latency, INT4 / dense throughput ratio per concurrency (issue #16's target: >= 1.5x).
 
 Deep model (issue #16: INT4 shows its kernel advantage once GPU time dominates the ~2.6 ms of host
 time per request): ``--layers 256 --distinct 4`` cycles 256 linears over 4 distinct weight matrices
@@ -20,6 +21,7 @@ full (batch <= --max-batch 16).
 Against a running stack whose executor has ANVIL_DEVICE=cuda:N (bench/h200_gpu.sh starts one):
     python bench/int4_gpu.py --out-dir bench/results      # writes int4_gpu.json and int4_gpu.md
     python bench/int4_gpu.py --layers 256 --distinct 4 --concurrency 1,4,16,64 --seconds 5
+    python bench/int4_gpu.py --precision bf16                 # writes int4_gpu_bf16.{json,md}
 """
 
 from __future__ import annotations
@@ -43,10 +45,16 @@ sys.path.insert(0, str(ROOT / "services" / "compiler" / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 import http_load  # noqa: E402
 
-VARIANTS = {  # served name -> extra `anvil deploy` flags
-    "wb_int4": ["--gpu-precision", "fp16", "--max-rel-error", "none"],
-    "wb_fp16": ["--gpu-precision", "fp16", "--unquantized"],
-}
+PRECISIONS = ("fp16", "bf16")
+
+
+def variants(precision: str) -> dict[str, list[str]]:
+    """Served name -> extra `anvil deploy` flags: the INT4 model first, then the dense one
+    (``wb_fp16`` / ``wb_bf16``), both plans of ``precision``."""
+    return {
+        "wb_int4": ["--gpu-precision", precision, "--max-rel-error", "none"],
+        f"wb_{precision}": ["--gpu-precision", precision, "--unquantized"],
+    }
 
 
 def _deploy(path: Path, name: str, extra: list[str], max_batch: int) -> float:
@@ -175,8 +183,11 @@ def _linears(report: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def _in_process(onnx_path: Path, max_batch: int, x: np.ndarray, ref: np.ndarray | None) -> dict[str, Any]:
-    """Both plans compiled here and run on cuda:0 by GpuPlanModel: per-batch time of the graph replay."""
+def _in_process(
+    onnx_path: Path, max_batch: int, x: np.ndarray, ref: np.ndarray | None, precision: str = "fp16"
+) -> dict[str, Any]:
+    """Both plans (``precision``) compiled here and run on cuda:0 by GpuPlanModel: per-batch time of the
+    graph replay."""
     import cupy as cp
 
     from anvil_compiler.options import CompileOptions
@@ -186,10 +197,11 @@ def _in_process(onnx_path: Path, max_batch: int, x: np.ndarray, ref: np.ndarray 
     arch = f"sm_{cp.cuda.Device(0).compute_capability}"
     out: dict[str, Any] = {}
     data = onnx_path.read_bytes()
-    for name, quantize in (("wb_int4", True), ("wb_fp16", False)):
+    dense = f"wb_{precision}"
+    for name, quantize in (("wb_int4", True), (dense, False)):
         art = Path(tempfile.mkdtemp(prefix=f"anvil_{name}_"))
         opts = CompileOptions(
-            quantize=quantize, max_batch=max_batch, archs=(arch,), gpu_precision="fp16", max_rel_error=None
+            quantize=quantize, max_batch=max_batch, archs=(arch,), gpu_precision=precision, max_rel_error=None
         )
         t0 = time.perf_counter()
         compile_model("onnx", data, name, opts, art, name, build=True)
@@ -221,9 +233,9 @@ def _in_process(onnx_path: Path, max_batch: int, x: np.ndarray, ref: np.ndarray 
         cp.get_default_memory_pool().free_all_blocks()
     for b in (1, 4, 16):
         key, gkey = f"b{b}_ms", f"b{b}_graph_us"
-        if key in out["wb_int4"] and key in out["wb_fp16"]:
-            out[f"speedup_b{b}"] = round(out["wb_fp16"][key] / out["wb_int4"][key], 3)
-        g4, g16 = out["wb_int4"].get(gkey), out["wb_fp16"].get(gkey)
+        if key in out["wb_int4"] and key in out[dense]:
+            out[f"speedup_b{b}"] = round(out[dense][key] / out["wb_int4"][key], 3)
+        g4, g16 = out["wb_int4"].get(gkey), out[dense].get(gkey)
         if g4 and g16:
             out[f"graph_speedup_b{b}"] = round(g16 / g4, 3)
     return out
@@ -259,6 +271,8 @@ def _gpu_name() -> str:
 
 def _markdown(res: dict[str, Any]) -> str:
     m = res["model"]
+    prec = res.get("precision", "fp16")
+    dense = f"wb_{prec}"
     shared = (
         f", cycling over {m['distinct']} distinct weight matrices (shared, each stored and uploaded once)"
         if m.get("distinct")
@@ -269,26 +283,26 @@ def _markdown(res: dict[str, Any]) -> str:
         "",
         f"- Command: `{res['command']}`",
         f"- Commit: {res['commit']}; machine: {res['host']}, {res['gpu']}; date: {res['date']}",
-        f"- Model: {m['layers']} linears of {m['dim']} x {m['dim']} (bias + ReLU){shared}, fp16 GPU "
-        "plans; INT4 = W4A16 g128, fp16 = the same weights unquantized",
+        f"- Model: {m['layers']} linears of {m['dim']} x {m['dim']} (bias + ReLU){shared}, {prec} GPU "
+        f"plans; INT4 = W4A16 g128, {prec} = the same weights unquantized",
         "",
     ]
     ip = res.get("in_process")
     if ip:
         lines += ["## In process (GpuPlanModel on cuda:0: `run` per batch, and the CUDA graph alone)", ""]
         lines += [
-            "| rows | INT4 run ms | fp16 run ms | fp16 / INT4 | INT4 graph µs | fp16 graph µs "
-            "| fp16 / INT4 graph |",
+            f"| rows | INT4 run ms | {prec} run ms | {prec} / INT4 | INT4 graph µs | {prec} graph µs "
+            f"| {prec} / INT4 graph |",
             "|---|---|---|---|---|---|---|",
         ]
         for b in (1, 4, 16):
             if f"b{b}_ms" in ip["wb_int4"]:
-                i4, f16 = ip["wb_int4"], ip["wb_fp16"]
+                i4, f16 = ip["wb_int4"], ip[dense]
                 cells = [b, i4[f"b{b}_ms"], f16[f"b{b}_ms"], ip[f"speedup_b{b}"]]
                 cells += [i4[f"b{b}_graph_us"], f16[f"b{b}_graph_us"], ip.get(f"graph_speedup_b{b}")]
                 lines.append("| " + " | ".join(str(c) for c in cells) + " |")
         lines.append("")
-        for n in ("wb_int4", "wb_fp16"):
+        for n in ("wb_int4", dense):
             r = ip[n]
             lines.append(
                 f"- {n}: compile {r['compile_s']} s, load + capture {r['load_s']} s ({r['graphs']} graphs), "
@@ -298,11 +312,11 @@ def _markdown(res: dict[str, Any]) -> str:
     if res.get("http"):
         lines += ["## Whole stack over HTTP (KServe v2 binary tensors, 1-row requests, closed loop)", ""]
         lines += [
-            "| concurrency | INT4 req/s | p50 / p99 ms | fp16 req/s | p50 / p99 ms | INT4 / fp16 |",
+            f"| concurrency | INT4 req/s | p50 / p99 ms | {prec} req/s | p50 / p99 ms | INT4 / {prec} |",
             "|---|---|---|---|---|---|",
         ]
         for c, row in res["http"].items():
-            i4, f16 = row["wb_int4"], row["wb_fp16"]
+            i4, f16 = row["wb_int4"], row[dense]
             cells = [
                 str(c),
                 str(i4["requests_per_s"]),
@@ -314,7 +328,7 @@ def _markdown(res: dict[str, Any]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines += [
             "",
-            f"Target (issue #16): INT4 >= 1.5x fp16 at batch <= 16. Met: {res.get('target_met')}",
+            f"Target (issue #16): INT4 >= 1.5x {prec} at batch <= 16. Met: {res.get('target_met')}",
             "",
         ]
     if res.get("http_accuracy"):
@@ -340,7 +354,15 @@ def main() -> None:
     ap.add_argument("--skip-http", action="store_true")
     ap.add_argument("--out-dir", default="bench/results")
     ap.add_argument("--platform", default="anvil_plan_cuda", help="wait until the models serve as this")
+    ap.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp16",
+        help="both plans' activations (and the dense weights)",
+    )
     args = ap.parse_args()
+    served = variants(args.precision)
+    dense = f"wb_{args.precision}"
     from onnx_models import weight_bound_bytes
 
     matrices = args.layers if args.distinct is None else min(args.distinct, args.layers)
@@ -352,6 +374,7 @@ def main() -> None:
         "host": platform.node(),
         "gpu": _gpu_name(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "precision": args.precision,
         "model": {
             "dim": args.dim,
             "layers": args.layers,
@@ -375,17 +398,17 @@ def main() -> None:
     res["reference_s"] = round(time.perf_counter() - t0, 1)
     if not args.skip_in_process:
         t0 = time.perf_counter()
-        res["in_process"] = _in_process(onnx_path, args.max_batch, x, ref)
+        res["in_process"] = _in_process(onnx_path, args.max_batch, x, ref, args.precision)
         res["in_process_s"] = round(time.perf_counter() - t0, 1)
         print(json.dumps(res["in_process"], indent=1), flush=True)
     if not args.skip_http:
         client = httpx.Client(base_url=args.url, timeout=60)
         res["deploy_s"] = {
-            n: round(_deploy(onnx_path, n, extra, args.max_batch), 1) for n, extra in VARIANTS.items()
+            n: round(_deploy(onnx_path, n, extra, args.max_batch), 1) for n, extra in served.items()
         }
-        res["ready_after_deploy_s"] = {n: round(_wait_ready(client, n, args.platform), 1) for n in VARIANTS}
+        res["ready_after_deploy_s"] = {n: round(_wait_ready(client, n, args.platform), 1) for n in served}
         acc: dict[str, float] = {}
-        for n in VARIANTS:
+        for n in served:
             body, headers = _body(x[:4])
             r = client.post(f"/v2/models/{n}/infer", content=body, headers=headers)
             if r.status_code != 200:
@@ -396,11 +419,11 @@ def main() -> None:
         one = x[:1]
         http: dict[str, Any] = {}
         for c in (int(v) for v in args.concurrency.split(",")):
-            for n in VARIANTS:  # warm every batch bucket this concurrency reaches
+            for n in served:  # warm every batch bucket this concurrency reaches
                 closed_loop(args.url, n, one, c, 1.0)
-            row = {n: closed_loop(args.url, n, one, c, args.seconds) for n in VARIANTS}
+            row = {n: closed_loop(args.url, n, one, c, args.seconds) for n in served}
             row["ratio"] = round(
-                row["wb_int4"]["requests_per_s"] / max(row["wb_fp16"]["requests_per_s"], 1e-9), 3
+                row["wb_int4"]["requests_per_s"] / max(row[dense]["requests_per_s"], 1e-9), 3
             )
             http[str(c)] = row
             print(f"c{c}: {json.dumps(row)}", flush=True)
@@ -408,8 +431,9 @@ def main() -> None:
         res["target_met"] = all(row["ratio"] >= 1.5 for row in http.values())
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "int4_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
-    (out / "int4_gpu.md").write_text(_markdown(res))
+    stem = "int4_gpu" if args.precision == "fp16" else f"int4_gpu_{args.precision}"
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(_markdown(res))
     print(_markdown(res))
 
 

@@ -325,7 +325,10 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=512, help="plan rows per GPU run")
     ap.add_argument("--max-seq", type=int, default=128)
     ap.add_argument(
-        "--gpu-precision", choices=("fp16", "fp32"), default="fp16", help="the plan's activations on the GPU"
+        "--gpu-precision",
+        choices=("fp16", "bf16", "fp32"),
+        default="fp16",
+        help="the plan's activations on the GPU",
     )
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=6.0, help="duration of each load phase, s")

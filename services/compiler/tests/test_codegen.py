@@ -49,22 +49,27 @@ def test_nvcc_error_comes_back_whole(tmp_path: Path) -> None:
     assert "undefined_symbol" in err.value.detail and (tmp_path / "kernels.cu").exists()
 
 
-def test_fp16_plans_carry_fp16_kernels_and_the_w4a16_fatbin(tmp_path: Path) -> None:
-    """An fp16 plan (GPU precision, codegen/gpu_backend.py): every non-linear op's fp16 variant is in the
-    fatbin next to its fp32 kernel, kernels.cu stays header-free (the NVRTC fallback at load), and INT4
-    linears get the W4A16 kernels they need as w4a16.fatbin."""
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_plans_carry_their_kernels_and_the_w4a16_fatbin(tmp_path: Path, precision: str) -> None:
+    """A half plan (GPU precision fp16 or bf16, codegen/gpu_backend.py): every non-linear op's variant
+    of that precision is in the fatbin next to its fp32 kernel, kernels.cu stays header-free (the
+    NVRTC fallback at load), and INT4 linears get the W4A16 kernels of that activation type as
+    w4a16.fatbin."""
     import json
 
     from onnx_models import mlp_bytes
 
     from anvil_compiler.pipeline import compile_model
+    from anvil_core.plan_format import HALF_KERNEL_ATTRS, HALF_LINEAR_BACKENDS
     from anvil_core.proto_gen import plan_generated as pg
 
+    attr, names = HALF_KERNEL_ATTRS[precision], HALF_LINEAR_BACKENDS[precision]
+    other = "bf16" if precision == "fp16" else "fp16"
     path = export_bert(tmp_path / "bert.onnx")
     for quantize in (False, True):
         out = tmp_path / f"bert{quantize}"
         opts = CompileOptions(
-            quantize=quantize, max_batch=8, max_seq=32, max_rel_error=None, gpu_precision="fp16"
+            quantize=quantize, max_batch=8, max_seq=32, max_rel_error=None, gpu_precision=precision
         )
         manifest = compile_model("onnx", path.read_bytes(), "b", opts, out, "k", build=True)
         plan = pg.PlanT.InitFromPackedBuf((out / "plan.bin").read_bytes(), 0)
@@ -73,16 +78,16 @@ def test_fp16_plans_carry_fp16_kernels_and_the_w4a16_fatbin(tmp_path: Path) -> N
         for op in plan.ops:
             attrs = {a.key.decode(): (a.sval or b"").decode() for a in op.attrs}
             if op.kind.decode() == "linear":
-                assert attrs["gpu_backend"] == ("w4a16" if quantize else "cublas_f16")
+                assert attrs["gpu_backend"] == (names["w4a16"] if quantize else names["cublas"])
             else:
-                assert (
-                    f"void __launch_bounds__(128) {attrs['kernel_f16']}(" in src or attrs["kernel_f16"] in src
-                )
-                assert attrs["kernel_f16"] != op.kernel.decode()
+                assert attrs[attr] in src and attrs[attr] != op.kernel.decode()
+                assert HALF_KERNEL_ATTRS[other] not in attrs
         assert ("w4a16" in manifest["kernels"]) == quantize
-        assert manifest["stats"]["gpu_precision"] == "fp16"
+        assert manifest["stats"]["gpu_precision"] == precision
         if quantize:
-            assert (out / "w4a16.fatbin").stat().st_size > 1000 and "w4a16.fatbin" in manifest["files"]
+            fatbin = (out / "w4a16.fatbin").read_bytes()
+            assert len(fatbin) > 1000 and "w4a16.fatbin" in manifest["files"]
+            assert f"w4a16_{precision}_".encode() in fatbin and f"w4a16_{other}_".encode() not in fatbin
     mlp = tmp_path / "mlp"
     opts = CompileOptions(max_batch=8, max_rel_error=None)  # auto: an MLP stays fp32, no fp16 kernels
     manifest = compile_model("onnx", mlp_bytes(), "m", opts, mlp, "k", build=True)

@@ -226,10 +226,12 @@ class FakeCublas:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.args: list[tuple[Any, ...]] = []  # each call's arguments, in the order of ``calls``
 
     def __getattr__(self, name: str) -> Any:
         def call(*args: Any) -> int:
             self.calls.append(name)
+            self.args.append(args)
             if name == "cublasLtMatmulAlgoGetHeuristic":
                 args[-1]._obj.value = 1  # byref(c_int): one algorithm found
             return 0

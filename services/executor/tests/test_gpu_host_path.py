@@ -54,37 +54,44 @@ def _requests(kind: str) -> list[dict[str, np.ndarray]]:
 
 @pytest.mark.parametrize("kind", ["mlp", "bert"])
 @pytest.mark.parametrize("quantize", [False, True])
-@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
 def test_every_launch_matches_its_kernel_signature(
     tmp_path: Path, fake: Any, kind: str, quantize: bool, precision: str
 ) -> None:
+    from anvil_executor.plan_runtime.cublas_raw import DATA_TYPES
     from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
 
     plan, weights, source = _lowered(tmp_path, kind, quantize, precision)
     module = fake_cupy.RawModule(code=source)
-    w4a16 = fake_cupy.RawModule() if quantize and precision == "fp16" else None  # a fatbin: unchecked
+    half = precision != "fp32"
+    w4a16 = fake_cupy.RawModule() if quantize and half else None  # a fatbin: unchecked
     gpu = GpuPlanModel(plan, weights, module, 0, nan_fill=True, w4a16_module=w4a16)
     assert gpu.precision == precision and gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
     names = {n for n, _ in fake_cupy.LAUNCHES.calls}
     p = plan.plan
     linear_kernels = {_s(op.kernel) for op in p.ops if _s(op.kind) == "linear"}
     other = {i: op for i, op in enumerate(p.ops) if _s(op.kind) != "linear"}
-    if precision == "fp16":
+    gemm_types = {a[8] for n, a in zip(fake.calls, fake.args, strict=True) if n == "cublasGemmEx"}
+    if half:
+        attr = {"fp16": "kernel_f16", "bf16": "kernel_bf16"}[precision]
+        prefix = {"fp16": "anvil_f16_epilogue", "bf16": "anvil_bf16_epilogue"}[precision]
         assert not names & linear_kernels  # linears run on cuBLAS / W4A16
-        assert {attrs_of(op)["kernel_f16"] for op in other.values()} <= names
-        assert not {_s(op.kernel) for op in other.values()} & names  # no fp32 kernel in an fp16 plan
+        assert {attrs_of(op)[attr] for op in other.values()} <= names
+        assert not {_s(op.kernel) for op in other.values()} & names  # no fp32 kernel in a half plan
         if quantize:
-            assert any(n.startswith("w4a16_fp16_") for n in names)  # rows <= 16 on the W4A16 kernels
-        epilogues = {n for n in names if n.startswith("anvil_f16_epilogue")}
-        assert epilogues, names
+            assert any(n.startswith(f"w4a16_{precision}_") for n in names)  # rows <= 16 on W4A16
+            assert not any(n.startswith("w4a16_") and precision not in n for n in names)
+        epilogues = {n for n in names if "_epilogue" in n}
+        assert epilogues and all(n.startswith(prefix) for n in epilogues), names
         gemms = fake.calls.count("cublasGemmEx")
         assert gemms > 0 if (not quantize or kind == "bert") else gemms == 0
+        assert gemm_types <= {DATA_TYPES[precision]}  # cuBLAS in the plan's half type
     else:
         assert {_s(op.kernel) for op in other.values()} <= names
         if quantize:
             assert linear_kernels <= names  # the compiler's INT4 linear.cu
         else:
-            assert fake.calls.count("cublasGemmEx") > 0
+            assert fake.calls.count("cublasGemmEx") > 0 and gemm_types == {DATA_TYPES["fp32"]}
     fake_cupy.LAUNCHES.calls.clear()
     out = gpu.run(_requests(kind))  # a graph replay each (nothing launched one by one)
     assert not fake_cupy.LAUNCHES.calls

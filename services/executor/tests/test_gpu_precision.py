@@ -25,13 +25,18 @@ from anvil_executor.plan_runtime.gpu_linear import LN_WARP_MAX_N, F16Linears, ep
 from anvil_executor.plan_runtime.launch import resolve_launches
 from anvil_executor.plan_runtime.plan import DTYPES, _s, attrs_of, load_plan
 from anvil_executor.plan_runtime.precision import (
+    BF16,
     device_dtypes,
-    f16_kernels,
+    half_dtype,
+    half_kernels,
     plan_precision,
     resolve_precision,
+    to_f32,
+    to_half,
 )
 from anvil_kernels import Int4Weight, dequantize
 from anvil_kernels.cuda import unprepack
+from anvil_kernels.format import f32_to_bf16_bits
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[2] / "compiler" / "tests"))
@@ -70,7 +75,7 @@ def test_the_compiler_records_fp16_for_encoders_and_fp32_otherwise(tmp_path: Pat
     assert resolve_precision("auto", bert) == "fp16" and resolve_precision("fp32", bert) == "fp32"
     with pytest.raises(ValueError, match="no fp16 kernels"):
         resolve_precision("fp16", load_plan(mlp / "plan.bin").plan)
-    kernels = f16_kernels(bert)
+    kernels = half_kernels(bert, "fp16")
     for i, op in enumerate(bert.ops):  # every op but the linears has an fp16 kernel, and only those
         attrs = attrs_of(op)
         if _s(op.kind) == "linear":
@@ -93,6 +98,67 @@ def test_fp16_device_dtypes_keep_ints_and_the_pooled_vector(tmp_path: Path) -> N
             assert dts[i] == np.float16
         else:
             assert dts[i] == plan_dt  # ids and mask as the client sends them
+
+
+def test_bf16_values_round_to_nearest_even_and_come_back_exactly() -> None:
+    x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -2.5, 3.0e38, 1e-40, np.inf, np.nan], np.float32)
+    bits = to_half(x, "bf16")
+    assert bits.dtype == BF16
+    back = to_f32(bits)
+    assert back.dtype == np.float32
+    # ties go to the even mantissa: 1 + 2^-8 -> 1, 1 + 3 * 2^-8 -> 1 + 2^-6 (bf16 keeps 7 bits)
+    np.testing.assert_array_equal(back[:4], [1.0, 1.0, 1 + 2**-6, -2.5])
+    assert np.isfinite(back[4]) and abs(back[4] / 3.0e38 - 1) <= 2**-8  # fp32's range, 8 bits kept
+    assert back[5] > 0 and np.isinf(back[6]) and np.isnan(back[7])
+    assert np.array_equal(to_f32(to_half(back, "bf16")), back, equal_nan=True)  # exact once rounded
+    assert to_half(x[:4], "fp16").dtype == np.float16 and to_f32(np.arange(3)).dtype != np.float32
+    with pytest.raises(ValueError, match="not a half precision"):
+        half_dtype("fp32")
+
+
+def test_a_bf16_plan_records_bf16_kernels_dtypes_and_linears(tmp_path: Path) -> None:
+    """--gpu-precision bf16: every op but the linears names its bf16 kernel, float tensors are bf16 on
+    the device (the pooled vector fp32), linears run cuBLAS / W4A16 in bf16 on bf16 weights, and
+    neither half precision runs the other's plan."""
+    bert = load_plan(_bert(tmp_path, False, "bf16") / "plan.bin").plan
+    f16 = load_plan(_bert(tmp_path / "h", False, "fp16") / "plan.bin").plan
+    assert plan_precision(bert) == "bf16" and resolve_precision("auto", bert) == "bf16"
+    assert resolve_precision("fp32", bert) == "fp32"
+    with pytest.raises(ValueError, match="no fp16 kernels"):
+        resolve_precision("fp16", bert)
+    with pytest.raises(ValueError, match="no bf16 kernels"):
+        resolve_precision("bf16", f16)
+    kernels = half_kernels(bert, "bf16")
+    for i, op in enumerate(bert.ops):
+        attrs = attrs_of(op)
+        assert "kernel_f16" not in attrs
+        if _s(op.kind) == "linear":
+            assert i not in kernels and attrs["gpu_backend"] == "cublas_bf16"
+        else:
+            assert kernels[i] == attrs["kernel_bf16"] != _s(op.kernel)
+    with pytest.raises(ValueError, match="has no fp16 kernel"):
+        half_kernels(bert, "fp16")
+    pooled = {int(o) for op in bert.ops if _s(op.kind) == "mean_pool_l2" for o in op.outputs}
+    for i, (ti, dt) in enumerate(zip(bert.tensors, device_dtypes(bert, "bf16"), strict=True)):
+        plan_dt = np.dtype(DTYPES[ti.dtype])
+        assert dt == (np.float32 if i in pooled else BF16 if plan_dt == np.float32 else plan_dt)
+    with pytest.raises(ValueError, match="is not one of"):
+        F16Linears(bert, 8, 32, w4a16_available=True)  # the fp16 runtime refuses bf16 linears
+    p, host = _host(_bert(tmp_path / "q", True, "bf16"))
+    lins = F16Linears(p, 8, 32, w4a16_available=True, precision="bf16")
+    layout = lins.layout(host)
+    for i, lin in lins.lins.items():
+        assert (lin.backend, lin.kind, lin.precision) == ("w4a16_bf16", "w4a16", "bf16")
+        q = Int4Weight(*(host[ix] for ix in lin.int4 or ()), lin.group, lin.step.k, lin.step.n, "fp16")  # type: ignore[misc]
+        dense = layout.arrays[("w16", i)]  # 8 x 32 rows > 16: cuBLAS bf16 on the dequantized weights
+        assert dense.dtype == BF16
+        np.testing.assert_array_equal(dense, f32_to_bf16_bits(dequantize(q)))
+        assert i in lins._prepacked  # the same prepacked INT4 as fp16: the scale kind is the weight's
+    for r in lins.report(Buckets.for_plan(8, 32).all()):
+        assert set(r["rows"]) <= {"w4a16_gemv", "w4a16_gemv+epilogue", "cublas_bf16+epilogue"}
+    step = next(iter(lins.lins.values())).step
+    names = {epilogue_f16_launch(step, lambda i: 256, lambda i: 256, 256, m, "bf16")[0] for m in (1, 64)}
+    assert names and all(n.startswith("anvil_bf16_epilogue") for n in names)
 
 
 @pytest.mark.parametrize("w4a16", [True, False])
@@ -149,7 +215,7 @@ def test_fp16_launch_table_uses_the_fp16_kernels_and_skips_the_linears(tmp_path:
     p, host = _host(_bert(tmp_path, False))
     lins = F16Linears(p, 8, 32, w4a16_available=True)
     lins.layout(host)
-    kernels = f16_kernels(p)
+    kernels = half_kernels(p, "fp16")
     launches = resolve_launches(
         p, 1 << 40, 1 << 36, 4, 16, lins.weight_offsets(len(host)), kernels, lins.lins
     )

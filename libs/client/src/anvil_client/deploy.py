@@ -83,10 +83,11 @@ def add_deploy_commands(subparsers: Any) -> None:
     d.add_argument("--keep-fp32", action="append", default=[], help="node-name pattern kept fp32, repeatable")
     d.add_argument(
         "--gpu-precision",
-        choices=("auto", "fp16", "fp32"),
+        choices=("auto", "fp16", "bf16", "fp32"),
         default="auto",
-        help="activations on a GPU executor: fp16 (cuBLAS fp16 / W4A16, fp32 accumulation), fp32 (TF32), "
-        "auto = fp16 for encoders, fp32 otherwise; the CPU runs fp32 either way",
+        help="activations on a GPU executor: fp16 (cuBLAS fp16 / W4A16, fp32 accumulation), bf16 (the same "
+        "in bf16: fp32's range, for activations that overflow fp16), fp32 (TF32), auto = fp16 for "
+        "encoders, fp32 otherwise; the CPU runs fp32 either way",
     )
     d.add_argument(
         "--max-rel-error",

@@ -8,7 +8,7 @@ import numpy as np
 
 from anvil_core.proto_gen import plan_generated as pg
 
-__all__ = ["ACT_CODES", "DTYPES", "DTYPE_CODES", "PLAN_VERSION"]
+__all__ = ["ACT_CODES", "DTYPES", "DTYPE_CODES", "HALF_KERNEL_ATTRS", "HALF_LINEAR_BACKENDS", "PLAN_VERSION"]
 
 PLAN_VERSION = 1  # the writer stamps it, the reader refuses any other
 
@@ -35,4 +35,17 @@ ACT_CODES: dict[str, int] = {
     "silu": 4,
     "sigmoid": 5,
     "tanh": 6,
+}
+
+# A plan's GPU precision is recorded per op (docs/executor_gpu.md, "Precision"): for a half precision,
+# every op but the linears names its kernel variant in this attr (same launch, activations stored in
+# that type, fp32 arithmetic) ...
+HALF_KERNEL_ATTRS: dict[str, str] = {"fp16": "kernel_f16", "bf16": "kernel_bf16"}
+# ... and every linear's ``gpu_backend`` attr says what runs it: cuBLAS on half weights ("cublas"),
+# the W4A16 kernels up to ``w4a16_max_m`` rows then cuBLAS on the weights dequantized at load
+# ("w4a16"), or cuBLAS on the dequantized weights for every M ("dequant"). fp32 plans record
+# "cublas_tf32" / "plan_int4".
+HALF_LINEAR_BACKENDS: dict[str, dict[str, str]] = {
+    "fp16": {"cublas": "cublas_f16", "w4a16": "w4a16", "dequant": "cublas_f16_dequant"},
+    "bf16": {"cublas": "cublas_bf16", "w4a16": "w4a16_bf16", "dequant": "cublas_bf16_dequant"},
 }

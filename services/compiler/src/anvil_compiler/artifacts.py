@@ -41,8 +41,9 @@ __all__ = [
 # 0.2: accuracy report and error budget; 0.3: GPU precision (fp16 kernels); 0.3.1: the GEMV-like W4A16
 # kernels' variants changed (4 chunks in flight: new kernel names in the artifact's fatbin); 0.3.2: a
 # weight several linears read (a shared initializer) is quantized and stored once, and the staged
-# attention spreads a short batch's query rows over more blocks
-COMPILER_VERSION = "0.3.2+plan1"
+# attention spreads a short batch's query rows over more blocks; 0.3.3: GPU precision bf16 (kernels.cu
+# carries the bf16 loads and stores)
+COMPILER_VERSION = "0.3.3+plan1"
 
 
 def model_digest(data: bytes) -> str:

@@ -16,7 +16,7 @@ from anvil_compiler.ir import Dim, Graph, Node, TensorType
 from anvil_compiler.options import CompileOptions
 from anvil_compiler.passes.memplan import ALIGN, Interval, plan_memory
 from anvil_compiler.passes.quantize import OpWeights
-from anvil_core.plan_format import DTYPE_CODES, PLAN_VERSION
+from anvil_core.plan_format import DTYPE_CODES, HALF_KERNEL_ATTRS, HALF_LINEAR_BACKENDS, PLAN_VERSION
 from anvil_core.proto_gen import plan_generated as pg
 
 __all__ = ["PLAN_VERSION", "Lowered", "lower"]
@@ -168,20 +168,23 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
                 {r: a for r, (_, a) in wroles.items()}, int(n.attrs.get("group", 0)), precision, opts.archs
             )
             backends[gpu["gpu_backend"]] = backends.get(gpu["gpu_backend"], 0) + 1
-            if gpu["gpu_backend"] == "w4a16":
+            if (
+                precision in HALF_LINEAR_BACKENDS
+                and gpu["gpu_backend"] == HALF_LINEAR_BACKENDS[precision]["w4a16"]
+            ):
                 w4a16_groups.add(int(n.attrs["group"]))
                 if "w4a16_kernels" in gpu:
                     w4a16_kernels.append(gpu["w4a16_kernels"])
-        elif precision == "fp16":  # same launch, activations fp16 (plan_common.cuh's anvil_ld / anvil_st)
-            f16 = emit(replace(view, f16=True))
-            assert (f16.grid, f16.block, f16.args, f16.smem_bytes) == (
+        elif precision in HALF_KERNEL_ATTRS:  # same launch, activations fp16 / bf16 (plan_common.cuh)
+            half = emit(replace(view, half=precision))
+            assert (half.grid, half.block, half.args, half.smem_bytes) == (
                 spec.grid,
                 spec.block,
                 spec.args,
                 spec.smem_bytes,
-            ), f"fp16 variant of {n.name!r} changes its launch"
-            sources[f16.name] = f16.source
-            gpu = {"kernel_f16": f16.name}
+            ), f"{precision} variant of {n.name!r} changes its launch"
+            sources[half.name] = half.source
+            gpu = {HALF_KERNEL_ATTRS[precision]: half.name}
         op.attrs = [*(op.attrs or []), *(_attr(a, v) for a, v in gpu.items())]
         ops.append(op)
 

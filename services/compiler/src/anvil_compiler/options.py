@@ -12,7 +12,7 @@ from anvil_compiler.errors import CompileError
 __all__ = ["ARCHS", "CALIBRATION_SETS", "GPU_PRECISIONS", "CompileOptions"]
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
-GPU_PRECISIONS = ("auto", "fp16", "fp32")
+GPU_PRECISIONS = ("auto", "fp16", "bf16", "fp32")
 CALIBRATION_SETS = ("bert-uncased",)  # built-in GPTQ calibration sets (passes/calibrate.py)
 
 
@@ -52,7 +52,8 @@ class CompileOptions:
     max_rel_error: float | None = 0.05
     # Activations of the plan on a GPU (docs/executor_gpu.md): "fp16" stores activations and linear
     # weights fp16 (cuBLAS / W4A16 with fp32 accumulation, fp32 softmax and LayerNorm statistics,
-    # pooled outputs fp32); "fp32" keeps the fp32 plan (TF32 GEMMs). "auto": fp16 for encoders (a
+    # pooled outputs fp32); "bf16" the same in bf16 (fp32's range, 8 bits of mantissa: for models
+    # whose activations overflow fp16); "fp32" keeps the fp32 plan (TF32 GEMMs). "auto": fp16 for encoders (a
     # graph with attention: all-MiniLM-L6-v2 measured cosine >= 0.9999 to fp32), fp32 otherwise. The
     # CPU backend always runs the fp32 plan.
     gpu_precision: str = "auto"

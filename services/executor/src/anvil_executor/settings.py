@@ -75,9 +75,10 @@ class ExecutorSettings(ServiceSettings):
     gpu_tf32: bool = True
     # Activations of a GPU plan: "auto" runs each plan in the precision the compiler recorded (fp16
     # for encoders unless deployed with --gpu-precision fp32); "fp32" forces fp32 (TF32 GEMMs);
-    # "fp16" refuses a plan compiled without fp16 kernels. docs/executor_gpu.md. "auto" since the
-    # fp16 GPU tests passed on the H200 (bench/results/gpu_tests.md, 2026-12-01, fourth session).
-    gpu_precision: Literal["auto", "fp16", "fp32"] = "auto"
+    # "fp16" / "bf16" refuse a plan compiled without that precision's kernels (deploy with
+    # --gpu-precision). docs/executor_gpu.md. "auto" since the fp16 GPU tests passed on the H200
+    # (bench/results/gpu_tests.md, 2026-12-01, fourth session).
+    gpu_precision: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
     # fp16 plans: linears with a bias and no residual / LayerNorm (e.g. BERT's QKV) on cuBLASLt with the
     # bias (+ ReLU / tanh-GELU) in its epilogue, one pass less each. Off until measured per shape.
     gpu_lt_epilogue: bool = False

@@ -15,13 +15,28 @@ __device__ __forceinline__ unsigned short anvil_f2h(float f) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
 }
-// Loads and stores in fp32 arithmetic whatever the storage: fp32 (float) or fp16 (its bits, as
-// unsigned short). The compiler's templates take the activation type as ACT_T, so one template gives
+// Loads and stores in fp32 arithmetic whatever the storage: fp32 (float), fp16 (its bits, as
+// unsigned short) or bf16 (anvil_bf16, below). The compiler's templates take the activation type as ACT_T, so one template gives
 // the fp32 plan's kernel and the fp16 plan's (the GPU precision, docs/executor_gpu.md).
 __device__ __forceinline__ float anvil_ld(const float* p, long i) { return p[i]; }
 __device__ __forceinline__ float anvil_ld(const unsigned short* p, long i) { return anvil_h2f(p[i]); }
 __device__ __forceinline__ void anvil_st(float* p, long i, float v) { p[i] = v; }
 __device__ __forceinline__ void anvil_st(unsigned short* p, long i, float v) { p[i] = anvil_f2h(v); }
+
+// bf16 (a bf16 plan's activations): its bits in a struct of its own, so the overloads above and below
+// tell the two 16-bit formats apart. bf16 -> fp32 is exact (the bits shifted up); fp32 -> bf16 rounds
+// to nearest even in integer arithmetic (no cvt.bf16, which needs sm_80 and PTX 7.0), NaN stays NaN.
+struct anvil_bf16 {
+  unsigned short bits;
+};
+__device__ __forceinline__ float anvil_b2f(unsigned short b) { return __uint_as_float((unsigned int)b << 16); }
+__device__ __forceinline__ unsigned short anvil_f2b(float f) {
+  const unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // quiet NaN
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ float anvil_ld(const anvil_bf16* p, long i) { return anvil_b2f(p[i].bits); }
+__device__ __forceinline__ void anvil_st(anvil_bf16* p, long i, float v) { p[i].bits = anvil_f2b(v); }
 
 #define ANVIL_INF __int_as_float(0x7f800000)
 

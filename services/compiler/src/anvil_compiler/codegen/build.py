@@ -25,8 +25,8 @@ __all__ = ["NVCC_TIMEOUT_S", "W4A16_FATBIN", "build_kernels", "build_w4a16", "fu
 
 W4A16_FATBIN = "w4a16.fatbin"
 _W4A16_BUILT: dict[
-    tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...]], bytes
-] = {}  # (groups, archs, gv) -> fatbin
+    tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], str], bytes
+] = {}  # (groups, archs, gv, dtype) -> fatbin
 
 NVCC_TIMEOUT_S = 300
 
@@ -108,9 +108,13 @@ def _arch_number(arch: str) -> int:
 
 
 def build_w4a16(
-    groups: list[int], archs: tuple[str, ...], out_dir: Path, gv_configs: list[str] | None = None
+    groups: list[int],
+    archs: tuple[str, ...],
+    out_dir: Path,
+    gv_configs: list[str] | None = None,
+    dtype: str = "fp16",
 ) -> tuple[dict[str, str], str]:
-    """The W4A16 kernels an fp16 plan's INT4 linears need (fp16 activations, the GEMV-like variants
+    """The W4A16 kernels a half plan's INT4 linears need (``dtype`` activations, the GEMV-like variants
     for ``groups`` and the shared-memory-ring GEMVs ``gv_configs`` the measured tables picked for the
     plan's shapes (gpu_backend.py, ``w4a16_kernels``); no tensor-core tiles: above ``W4A16_MAX_M``
     rows the plan runs cuBLAS on the dequantized weights) as ``w4a16.fatbin``. Returns (role -> file,
@@ -122,7 +126,9 @@ def build_w4a16(
     # the ring GEMVs issue cp.async.bulk (sm_90 and up): a build for an older arch too leaves them
     # out, and the executor's W4A16Linear then runs the rule's kernels (it checks the module)
     gv = tuple(sorted(gv_configs or ())) if all(_arch_number(a) >= 90 for a in archs) else ()
-    key = (tuple(sorted(groups)), tuple(sorted(archs)), gv)
+    if dtype not in ("fp16", "bf16"):
+        return {}, f"no W4A16 kernels for {dtype} activations"
+    key = (tuple(sorted(groups)), tuple(sorted(archs)), gv, dtype)
     if key in _W4A16_BUILT:  # the same library kernels: compiled once per process (seconds each)
         (out_dir / W4A16_FATBIN).write_bytes(_W4A16_BUILT[key])
         return {"w4a16": W4A16_FATBIN}, ""
@@ -131,7 +137,7 @@ def build_w4a16(
         return {}, "nvcc not on PATH (the W4A16 kernels need the CUDA headers)"
     from anvil_kernels.cuda import W4A16Params, build_fatbin
 
-    params = W4A16Params(dtypes=("fp16",), groups=tuple(sorted(groups)), tc_configs=(), gv_configs=gv)
+    params = W4A16Params(dtypes=(dtype,), groups=tuple(sorted(groups)), tc_configs=(), gv_configs=gv)
     gencode = tuple(f"compute_{a.removeprefix('sm_')},code={a}" for a in sorted(archs))
     try:
         path = build_fatbin(params, gencode, out_dir, nvcc=nvcc)

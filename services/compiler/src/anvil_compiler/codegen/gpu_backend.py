@@ -10,6 +10,7 @@ which backend runs each linear there. Both are recorded in the plan (op attrs ``
   for M <= ``w4a16_max_m`` rows, cuBLAS fp16 on the weights dequantized at load above), or
   ``cublas_f16_dequant`` (cuBLAS fp16 on the dequantized weights for every M) where the W4A16
   kernels cannot take the layer (group 32, N % 16 != 0).
+- precision bf16: the same in bf16: ``cublas_bf16``, ``w4a16_bf16``, ``cublas_bf16_dequant``.
 
 ``W4A16_MAX_M``: the H200 measurement (bench/results/kernels_gpu.md, w4a16_dispatch.json) has the
 GEMV-like W4A16 kernel 1.5-1.8x faster than cuBLAS bf16 up to M = 16 on the three large shapes
@@ -38,6 +39,7 @@ import numpy as np
 
 from anvil_compiler.ir import Graph
 from anvil_compiler.options import CompileOptions
+from anvil_core.plan_format import HALF_LINEAR_BACKENDS
 from anvil_kernels.cuda import GV_CONFIGS, packaged_table
 from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE, format_rows, parse_rows
 
@@ -54,7 +56,8 @@ W4A16_GROUPS = (64, 128, 256)  # anvil_kernels.cuda.w4a16.SUPPORTED_GROUPS (kept
 
 
 def resolve_precision(g: Graph, opts: CompileOptions) -> str:
-    """``opts.gpu_precision`` with "auto" resolved: fp16 for an encoder (the graph has attention)."""
+    """``opts.gpu_precision`` with "auto" resolved: fp16 for an encoder (the graph has attention);
+    "bf16" only when asked for."""
     if opts.gpu_precision != "auto":
         return opts.gpu_precision
     return "fp16" if any(n.op == "attention" for n in g.nodes) else "fp32"
@@ -63,16 +66,19 @@ def resolve_precision(g: Graph, opts: CompileOptions) -> str:
 def linear_backend(
     weights: dict[str, np.ndarray], group: int, precision: str, archs: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """The op attrs of one linear: ``gpu_backend`` and, for ``w4a16``, ``w4a16_max_m`` (the fewest
-    rows any of ``archs``' measured tables allows, else W4A16_MAX_M) and ``w4a16_from``."""
+    """The op attrs of one linear: ``gpu_backend`` (per precision: anvil_core.plan_format's
+    HALF_LINEAR_BACKENDS) and, for the W4A16 backend, ``w4a16_max_m`` (the fewest rows any of
+    ``archs``' measured tables allows, else W4A16_MAX_M) and ``w4a16_from``. The measured tables are
+    bf16 runs of the same kernels (fp16 reads the same bytes), so both half precisions follow them."""
+    names = HALF_LINEAR_BACKENDS.get(precision)
     if "packed" not in weights:
-        return {"gpu_backend": "cublas_f16" if precision == "fp16" else "cublas_tf32"}
-    if precision != "fp16":
+        return {"gpu_backend": names["cublas"] if names else "cublas_tf32"}
+    if names is None:
         return {"gpu_backend": "plan_int4"}
     k = 2 * int(weights["packed"].shape[0])
     n = int(weights["packed"].shape[1])
     if not (group in W4A16_GROUPS and n % 16 == 0 and k % group == 0):
-        return {"gpu_backend": "cublas_f16_dequant"}
+        return {"gpu_backend": names["dequant"]}
     measured = {  # arch -> rows, for each of the plan's archs whose table measured this shape
         arch: table.int4_max_rows(W4A16_MAX_M, n, k)
         for arch in sorted(archs)
@@ -83,8 +89,8 @@ def linear_backend(
         arch = min(measured, key=lambda a: measured[a])
         rows, source = measured[arch], f"table {arch}"
     if rows == 0:
-        return {"gpu_backend": "cublas_f16_dequant", "w4a16_from": source}
-    attrs: dict[str, Any] = {"gpu_backend": "w4a16", "w4a16_max_m": rows, "w4a16_from": source}
+        return {"gpu_backend": names["dequant"], "w4a16_from": source}
+    attrs: dict[str, Any] = {"gpu_backend": names["w4a16"], "w4a16_max_m": rows, "w4a16_from": source}
     kernels = {arch: _table_rows(arch, k, n, rows) for arch in sorted(measured)}
     if any(kernels.values()):
         attrs["w4a16_kernels"] = format_rows({a: r for a, r in kernels.items() if r})

@@ -50,6 +50,7 @@ CTYPES = {
     "float16": "unsigned short",
     "float32": "float",
 }
+HALF_CTYPES = {"fp16": CTYPES["float16"], "bf16": "anvil_bf16"}  # plan_common.cuh's anvil_ld / anvil_st
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +72,10 @@ class OpView:
     outputs: list[tuple[int, TensorType]]
     weights: dict[str, tuple[int, np.ndarray]]
     max_seq: int
-    # the fp16 variant (GPU precision fp16): activations stored fp16, arithmetic fp32. Linears have
-    # none: an fp16 plan runs them on cuBLAS or the W4A16 kernels (the executor's gpu_linear.py).
-    f16: bool = False
+    # the half variant ("fp16" or "bf16", the plan's GPU precision): activations stored in that type,
+    # arithmetic fp32. "": the fp32 plan's kernel. Linears have none: a half plan runs them on cuBLAS
+    # or the W4A16 kernels (the executor's gpu_linear.py).
+    half: str = ""
 
 
 @dataclass(slots=True)
@@ -119,14 +121,18 @@ def _f(v: float) -> str:
 
 
 def _act_t(op: OpView) -> str:
-    """The activation element type of the kernel: fp16 bits or float (plan_common.cuh's anvil_ld/st)."""
-    return CTYPES["float16"] if op.f16 else CTYPES["float32"]
+    """The activation element type of the kernel: fp16 bits, bf16 bits (anvil_bf16) or float
+    (plan_common.cuh's anvil_ld/st)."""
+    if op.half and op.half not in HALF_CTYPES:
+        raise CompileError(f"op {op.kind} (node {op.name!r}): no {op.half!r} kernels", stage="codegen")
+    return HALF_CTYPES[op.half] if op.half else CTYPES["float32"]
 
 
 def emit_linear(op: OpView) -> KernelSpec:
-    if op.f16:
+    if op.half:
         raise CompileError(
-            f"op linear (node {op.name!r}): no fp16 plan kernel (fp16 plans run linears on cuBLAS / W4A16)",
+            f"op linear (node {op.name!r}): no {op.half} plan kernel ({op.half} plans run linears on "
+            "cuBLAS / W4A16)",
             stage="codegen",
         )
     x = op.inputs["x"][1]

@@ -4,8 +4,8 @@ CuPy refuses any cuBLAS call while a stream is capturing ("calling cuBLAS API du
 is currently unsupported", measured on the H200 with CuPy's matmul), although cuBLAS itself supports
 capture when it is given its workspace. ``Gemm`` owns one cuBLAS handle bound to the model's stream
 and a workspace in the model's arena, and runs row-major ``C (M, N) = A (M, K) @ B (K, N)``: fp32 in
-and out with fp32 or TF32 tensor-core compute, or (``dtype="fp16"``) fp16 in and out with fp32
-accumulation on the fp16 tensor cores. Nothing is allocated per call, so it captures.
+and out with fp32 or TF32 tensor-core compute, or (``dtype="fp16"`` / ``"bf16"``) fp16 / bf16 in and
+out with fp32 accumulation on the tensor cores. Nothing is allocated per call, so it captures.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ __all__ = ["Gemm", "load_cublas"]
 
 CUDA_R_32F = 0
 CUDA_R_16F = 2
+CUDA_R_16BF = 14
+DATA_TYPES = {"fp32": CUDA_R_32F, "fp16": CUDA_R_16F, "bf16": CUDA_R_16BF}
 CUBLAS_OP_N = 0
 CUBLAS_COMPUTE_32F = 68
 CUBLAS_COMPUTE_32F_FAST_TF32 = 77
@@ -46,17 +48,17 @@ class Gemm:
     def __init__(
         self, stream_ptr: int, workspace_ptr: int, workspace_bytes: int, tf32: bool, dtype: str = "fp32"
     ) -> None:
-        if dtype not in ("fp32", "fp16"):
-            raise ValueError(f"dtype must be 'fp32' or 'fp16', got {dtype!r}")
+        if dtype not in DATA_TYPES:
+            raise ValueError(f"dtype must be one of {tuple(DATA_TYPES)}, got {dtype!r}")
         self._lib = lib = load_cublas()
         self._handle = ctypes.c_void_p()
         self._check(lib.cublasCreate_v2(ctypes.byref(self._handle)), "cublasCreate")
         self._check(lib.cublasSetStream_v2(self._handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
         ws = ctypes.c_void_p(workspace_ptr), ctypes.c_size_t(workspace_bytes)
         self._check(lib.cublasSetWorkspace_v2(self._handle, *ws), "cublasSetWorkspace")
-        # fp16: fp32 accumulation (CUBLAS_COMPUTE_32F with 16F operands runs on the fp16 tensor cores)
+        # fp16 / bf16: fp32 accumulation (CUBLAS_COMPUTE_32F with 16F / 16BF operands: tensor cores)
         self._compute = CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 and dtype == "fp32" else CUBLAS_COMPUTE_32F
-        self._type = CUDA_R_16F if dtype == "fp16" else CUDA_R_32F
+        self._type = DATA_TYPES[dtype]
         self.dtype = dtype
         self._one = ctypes.c_float(1.0)
         self._zero = ctypes.c_float(0.0)

@@ -1,4 +1,4 @@
-"""cuBLASLt through ctypes: an fp16 GEMM whose epilogue adds the bias (and ReLU or tanh-GELU) itself, so
+"""cuBLASLt through ctypes: an fp16 (or bf16) GEMM whose epilogue adds the bias (and ReLU or tanh-GELU), so
 a linear with no residual and no LayerNorm needs no separate epilogue pass (``ANVIL_GPU_LT_EPILOGUE``,
 off by default until measured per shape on the H200).
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 __all__ = ["LT_EPILOGUES", "LtGemm", "load_cublaslt"]
 
 CUDA_R_16F = 2
+CUDA_R_16BF = 14
 CUDA_R_32F = 0
 CUBLAS_COMPUTE_32F = 68
 DESC_EPILOGUE = 7  # cublasLtMatmulDescAttributes_t
@@ -62,7 +63,12 @@ class _Plan:
 class LtGemm:
     """One cuBLASLt handle for one model's stream, with the model's workspace."""
 
-    def __init__(self, stream_ptr: int, workspace_ptr: int, workspace_bytes: int) -> None:
+    def __init__(
+        self, stream_ptr: int, workspace_ptr: int, workspace_bytes: int, dtype: str = "fp16"
+    ) -> None:
+        if dtype not in ("fp16", "bf16"):
+            raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
+        self._type = CUDA_R_16F if dtype == "fp16" else CUDA_R_16BF  # A, B, D and the bias
         self._lib = lib = load_cublaslt()
         self._handle = ctypes.c_void_p()
         self._check(lib.cublasLtCreate(ctypes.byref(self._handle)), "cublasLtCreate")
@@ -80,7 +86,7 @@ class LtGemm:
     def _layout(self, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
         out = ctypes.c_void_p()
         st = self._lib.cublasLtMatrixLayoutCreate(
-            ctypes.byref(out), CUDA_R_16F, ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld)
+            ctypes.byref(out), self._type, ctypes.c_uint64(rows), ctypes.c_uint64(cols), ctypes.c_int64(ld)
         )
         self._check(st, "cublasLtMatrixLayoutCreate")
         return out

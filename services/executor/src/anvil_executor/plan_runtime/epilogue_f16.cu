@@ -1,29 +1,45 @@
-// The epilogues of an fp16 plan's linears (gpu_linear.py): out = LN?(act(tmp + bias) + res) with tmp,
-// res and out fp16 (their bits as unsigned short: no CUDA header, NVRTC from pip has none), bias,
-// gamma and beta fp32, every operation in fp32 (LayerNorm statistics included). Same semantics and
-// order as the fp32 epilogue (cublas_linear.py) and the CPU twin (ops.linear). PLAN_COMMON's helpers
-// (anvil_h2f, anvil_f2h, anvil_act, anvil_block_sum) come first in the translation unit.
+// The epilogues of a half plan's linears (gpu_linear.py): out = LN?(act(tmp + bias) + res) with tmp,
+// res and out fp16 or bf16 (their bits as unsigned short: no CUDA header, NVRTC from pip has none),
+// bias, gamma and beta fp32, every operation in fp32 (LayerNorm statistics included). Same semantics
+// and order as the fp32 epilogue (cublas_linear.py) and the CPU twin (ops.linear). PLAN_COMMON's
+// helpers (anvil_h2f, anvil_f2h, anvil_b2f, anvil_f2b, anvil_act, anvil_block_sum) come first in the
+// translation unit. Each kernel is a template over the half format, instantiated as anvil_f16_* and
+// anvil_bf16_* (same arguments, same launch).
 
-// Two fp16 values of one 32-bit word <-> floats (low half = lower index).
-__device__ __forceinline__ void anvil_h2x2(unsigned int w, float& a, float& b) {
-  a = anvil_h2f((unsigned short)(w & 0xffffu));
-  b = anvil_h2f((unsigned short)(w >> 16));
-}
-__device__ __forceinline__ unsigned int anvil_f2x2(float a, float b) {
-  return (unsigned int)anvil_f2h(a) | ((unsigned int)anvil_f2h(b) << 16);
+// The two formats: one value <-> float, and two values of one 32-bit word (low half = lower index).
+struct AnvilF16 {
+  static __device__ __forceinline__ float ld(unsigned short h) { return anvil_h2f(h); }
+  static __device__ __forceinline__ unsigned short st(float f) { return anvil_f2h(f); }
+  static __device__ __forceinline__ void ld2(unsigned int w, float& a, float& b) {
+    a = anvil_h2f((unsigned short)(w & 0xffffu));
+    b = anvil_h2f((unsigned short)(w >> 16));
+  }
+};
+struct AnvilBF16 {
+  static __device__ __forceinline__ float ld(unsigned short h) { return anvil_b2f(h); }
+  static __device__ __forceinline__ unsigned short st(float f) { return anvil_f2b(f); }
+  static __device__ __forceinline__ void ld2(unsigned int w, float& a, float& b) {
+    a = __uint_as_float(w << 16);
+    b = __uint_as_float(w & 0xffff0000u);
+  }
+};
+template <class H>
+__device__ __forceinline__ unsigned int anvil_st2(float a, float b) {
+  return (unsigned int)H::st(a) | ((unsigned int)H::st(b) << 16);
 }
 
 // No LayerNorm: 8 values per thread and step (16-byte loads and stores), grid-stride over m * n / 8
 // (n % 8 == 0 and every pointer 16-byte aligned: epilogue_f16_launch checks).
-extern "C" __global__ void anvil_f16_epilogue_v8(const uint4* tmp, const float* bias, const uint4* res,
+template <class H>
+__device__ __forceinline__ void anvil_epilogue_v8(const uint4* tmp, const float* bias, const uint4* res,
     uint4* out, long octs, int n8, int act) {
   for (long q = (long)blockIdx.x * blockDim.x + threadIdx.x; q < octs; q += (long)gridDim.x * blockDim.x) {
     const uint4 t = tmp[q];
     uint4 r = {0u, 0u, 0u, 0u};
     if (res) r = res[q];  // loaded before the activation's branches, not after them
     float v[8];
-    anvil_h2x2(t.x, v[0], v[1]); anvil_h2x2(t.y, v[2], v[3]);
-    anvil_h2x2(t.z, v[4], v[5]); anvil_h2x2(t.w, v[6], v[7]);
+    H::ld2(t.x, v[0], v[1]); H::ld2(t.y, v[2], v[3]);
+    H::ld2(t.z, v[4], v[5]); H::ld2(t.w, v[6], v[7]);
     if (bias) {
       const float4* b4 = reinterpret_cast<const float4*>(bias) + 2 * (q % n8);
       const float4 b0 = b4[0], b1 = b4[1];
@@ -34,14 +50,14 @@ extern "C" __global__ void anvil_f16_epilogue_v8(const uint4* tmp, const float* 
     for (int i = 0; i < 8; ++i) v[i] = anvil_act(v[i], act);
     if (res) {
       float w[8];
-      anvil_h2x2(r.x, w[0], w[1]); anvil_h2x2(r.y, w[2], w[3]);
-      anvil_h2x2(r.z, w[4], w[5]); anvil_h2x2(r.w, w[6], w[7]);
+      H::ld2(r.x, w[0], w[1]); H::ld2(r.y, w[2], w[3]);
+      H::ld2(r.z, w[4], w[5]); H::ld2(r.w, w[6], w[7]);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] += w[i];
     }
     uint4 o;
-    o.x = anvil_f2x2(v[0], v[1]); o.y = anvil_f2x2(v[2], v[3]);
-    o.z = anvil_f2x2(v[4], v[5]); o.w = anvil_f2x2(v[6], v[7]);
+    o.x = anvil_st2<H>(v[0], v[1]); o.y = anvil_st2<H>(v[2], v[3]);
+    o.z = anvil_st2<H>(v[4], v[5]); o.w = anvil_st2<H>(v[6], v[7]);
     out[q] = o;
   }
 }
@@ -49,7 +65,8 @@ extern "C" __global__ void anvil_f16_epilogue_v8(const uint4* tmp, const float* 
 // With LayerNorm, rows of n <= 64 * ANVIL_F16_LN_PAIRS (n even): one warp per row, each lane holding
 // pairs (2 lane + 64 k, + 1) in registers, mean and variance by shuffles (two-pass, fp32).
 #define ANVIL_F16_LN_PAIRS 8
-extern "C" __global__ void anvil_f16_epilogue_ln_warp(const unsigned int* tmp, const float* bias,
+template <class H>
+__device__ __forceinline__ void anvil_epilogue_ln_warp(const unsigned int* tmp, const float* bias,
     const unsigned int* res, const float* gamma, const float* beta, unsigned int* out, long rows, int n,
     int act, float eps) {
   const long row = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -81,10 +98,10 @@ extern "C" __global__ void anvil_f16_epilogue_ln_warp(const unsigned int* tmp, c
   for (int k = 0; k < ANVIL_F16_LN_PAIRS; ++k) {
     float a = 0.f, b = 0.f;
     if (lane + 32 * k < half_n) {
-      anvil_h2x2(tw[k], a, b);
+      H::ld2(tw[k], a, b);
       if (bias) { a += bi[2 * k]; b += bi[2 * k + 1]; }
       a = anvil_act(a, act); b = anvil_act(b, act);
-      if (res) { float ra, rb; anvil_h2x2(rw[k], ra, rb); a += ra; b += rb; }
+      if (res) { float ra, rb; H::ld2(rw[k], ra, rb); a += ra; b += rb; }
     }
     v[2 * k] = a; v[2 * k + 1] = b;
     sum += a + b;
@@ -107,24 +124,24 @@ extern "C" __global__ void anvil_f16_epilogue_ln_warp(const unsigned int* tmp, c
     if (p < half_n) {
       const float a = (v[2 * k] - mean) * inv * ga[2 * k] + be[2 * k];
       const float b = (v[2 * k + 1] - mean) * inv * ga[2 * k + 1] + be[2 * k + 1];
-      out[base + p] = anvil_f2x2(a, b);
+      out[base + p] = anvil_st2<H>(a, b);
     }
   }
 }
 
 // Any n, LayerNorm or not: one block per row, the row in n floats of dynamic shared memory when ln.
-extern "C" __global__ void anvil_f16_epilogue(const unsigned short* tmp, const float* bias,
+// buf: n floats of dynamic shared memory when ln; red: 32 floats of shared memory
+template <class H>
+__device__ __forceinline__ void anvil_epilogue_row(const unsigned short* tmp, const float* bias,
     const unsigned short* res, const float* gamma, const float* beta, unsigned short* out, int n, int act,
-    int ln, float eps) {
-  extern __shared__ float buf[];
-  __shared__ float red[32];
+    int ln, float eps, float* buf, float* red) {
   const long base = (long)blockIdx.x * n;
   float sum = 0.f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    float v = anvil_h2f(tmp[base + i]) + (bias ? bias[i] : 0.f);
+    float v = H::ld(tmp[base + i]) + (bias ? bias[i] : 0.f);
     v = anvil_act(v, act);
-    if (res) v += anvil_h2f(res[base + i]);
-    if (ln) buf[i] = v; else out[base + i] = anvil_f2h(v);
+    if (res) v += H::ld(res[base + i]);
+    if (ln) buf[i] = v; else out[base + i] = H::st(v);
     sum += v;
   }
   if (!ln) return;
@@ -133,5 +150,40 @@ extern "C" __global__ void anvil_f16_epilogue(const unsigned short* tmp, const f
   for (int i = threadIdx.x; i < n; i += blockDim.x) { const float d = buf[i] - mean; sq += d * d; }
   const float inv = rsqrtf(anvil_block_sum(sq, red) / n + eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x)
-    out[base + i] = anvil_f2h((buf[i] - mean) * inv * gamma[i] + beta[i]);
+    out[base + i] = H::st((buf[i] - mean) * inv * gamma[i] + beta[i]);
+}
+
+// The kernels: each template for fp16 (anvil_f16_*) and for bf16 (anvil_bf16_*), same arguments.
+extern "C" __global__ void anvil_f16_epilogue_v8(const uint4* tmp, const float* bias, const uint4* res,
+    uint4* out, long octs, int n8, int act) {
+  anvil_epilogue_v8<AnvilF16>(tmp, bias, res, out, octs, n8, act);
+}
+extern "C" __global__ void anvil_f16_epilogue_ln_warp(const unsigned int* tmp, const float* bias,
+    const unsigned int* res, const float* gamma, const float* beta, unsigned int* out, long rows, int n,
+    int act, float eps) {
+  anvil_epilogue_ln_warp<AnvilF16>(tmp, bias, res, gamma, beta, out, rows, n, act, eps);
+}
+extern "C" __global__ void anvil_f16_epilogue(const unsigned short* tmp, const float* bias,
+    const unsigned short* res, const float* gamma, const float* beta, unsigned short* out, int n, int act,
+    int ln, float eps) {
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  anvil_epilogue_row<AnvilF16>(tmp, bias, res, gamma, beta, out, n, act, ln, eps, buf, red);
+}
+
+extern "C" __global__ void anvil_bf16_epilogue_v8(const uint4* tmp, const float* bias, const uint4* res,
+    uint4* out, long octs, int n8, int act) {
+  anvil_epilogue_v8<AnvilBF16>(tmp, bias, res, out, octs, n8, act);
+}
+extern "C" __global__ void anvil_bf16_epilogue_ln_warp(const unsigned int* tmp, const float* bias,
+    const unsigned int* res, const float* gamma, const float* beta, unsigned int* out, long rows, int n,
+    int act, float eps) {
+  anvil_epilogue_ln_warp<AnvilBF16>(tmp, bias, res, gamma, beta, out, rows, n, act, eps);
+}
+extern "C" __global__ void anvil_bf16_epilogue(const unsigned short* tmp, const float* bias,
+    const unsigned short* res, const float* gamma, const float* beta, unsigned short* out, int n, int act,
+    int ln, float eps) {
+  extern __shared__ float buf[];
+  __shared__ float red[32];
+  anvil_epilogue_row<AnvilBF16>(tmp, bias, res, gamma, beta, out, n, act, ln, eps, buf, red);
 }

@@ -1,5 +1,7 @@
-"""The linears of an fp16 GPU plan (precision "fp16", docs/executor_gpu.md): which backend runs each
-one at each row count, the weights each backend reads, and the fp16 epilogue.
+"""The linears of a half GPU plan (precision "fp16" or "bf16", docs/executor_gpu.md): which backend runs
+each one at each row count, the weights each backend reads, and the half epilogue. Below for fp16; a
+bf16 plan is the same in bf16 (gpu_backend cublas_bf16, w4a16_bf16, cublas_bf16_dequant; bf16 weights,
+cuBLAS and W4A16 in bf16, the epilogue's bf16 kernels).
 
     fp32 weights  (gpu_backend cublas_f16)   tmp (M, N) fp16 = x (M, K) fp16 @ W16 (K, N)   cuBLAS,
                                                                                       fp32 accumulation
@@ -15,7 +17,8 @@ one at each row count, the weights each backend reads, and the fp16 epilogue.
     then          out = LN?(act(tmp + bias) + residual)  fp16 in and out, fp32 arithmetic
                                              (epilogue_f16.cu; same semantics as ops.linear)
 
-The backend comes from the plan (op attrs written by the compiler's codegen/gpu_backend.py); the row
+The backend comes from the plan (op attrs written by the compiler's codegen/gpu_backend.py,
+anvil_core.plan_format.HALF_LINEAR_BACKENDS); the row
 counts of the shape buckets pick the kernel per bucket, and ``choices`` records it. Nothing here needs
 a GPU but ``W4A16Linear`` (made by the runtime); the host-side planning is tested on the CPU.
 """
@@ -35,7 +38,7 @@ from anvil_executor.plan_runtime.cublas_linear import GemmStep
 from anvil_executor.plan_runtime.cublaslt_raw import LT_EPILOGUES
 from anvil_executor.plan_runtime.io import _l
 from anvil_executor.plan_runtime.plan import _s, attrs_of
-from anvil_executor.plan_runtime.precision import F16_BACKENDS, WeightLayout
+from anvil_executor.plan_runtime.precision import LINEAR_KINDS, WeightLayout, half_dtype, to_half
 from anvil_kernels import Int4Weight, dequantize
 from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.cuda import PLAN_COMMON
@@ -43,6 +46,8 @@ from anvil_kernels.cuda.w4a16_dispatch import parse_rows, table_from_rows
 
 __all__ = [
     "EPILOGUE_F16_SOURCE",
+    "EPILOGUE_KERNELS",
+    "EPILOGUE_PREFIX",
     "F16Linears",
     "LinearF16",
     "epilogue_f16_launch",
@@ -53,6 +58,12 @@ __all__ = [
 
 EPILOGUE_F16_SOURCE = PLAN_COMMON.read_text() + Path(__file__).with_name("epilogue_f16.cu").read_text()
 LN_WARP_MAX_N = 64 * 8  # ANVIL_F16_LN_PAIRS pairs per lane
+EPILOGUE_PREFIX = {"fp16": "anvil_f16", "bf16": "anvil_bf16"}  # epilogue_f16.cu's kernels per precision
+EPILOGUE_KERNELS = tuple(
+    f"{prefix}{suffix}"
+    for prefix in EPILOGUE_PREFIX.values()
+    for suffix in ("_epilogue", "_epilogue_v8", "_epilogue_ln_warp")
+)
 THREADS = 256
 MAX_BLOCKS = 132 * 16  # a few waves of the H200's SMs; the grid-stride loop covers the rest
 log = get_logger("anvil.executor.gpu_linear")
@@ -60,8 +71,10 @@ log = get_logger("anvil.executor.gpu_linear")
 
 @dataclass(frozen=True, slots=True)
 class LinearF16:
-    """One linear of an fp16 plan. ``step``: tensors, weights and epilogue (its ``weight`` is the fp32
-    weight's index, or -1 for INT4); ``int4``: the (packed, scales, zeros) weight indices."""
+    """One linear of a half (fp16 or bf16) plan. ``backend``: the plan's name for what runs it (its
+    ``kind``, "cublas", "w4a16" or "dequant", and ``precision`` follow from it); ``step``: tensors,
+    weights and epilogue (its ``weight`` is the fp32 weight's index, or -1 for INT4); ``int4``: the
+    (packed, scales, zeros) weight indices."""
 
     step: GemmStep
     backend: str
@@ -73,9 +86,16 @@ class LinearF16:
     # the measured W4A16 kernel per M, per arch (attr w4a16_kernels: arch -> ((M, kernel), ...))
     w4a16_rows: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
     fused: bool = field(init=False)  # W4A16 applies bias + activation + residual itself (no LayerNorm)
+    precision: str = field(init=False)  # "fp16" or "bf16", from the backend's name
+    kind: str = field(init=False)  # "cublas", "w4a16" or "dequant", from the backend's name
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fused", self.step.gamma < 0 and self.act_name in ACTIVATIONS)
+        if self.backend not in LINEAR_KINDS:
+            raise ValueError(f"gpu_backend {self.backend!r} is not one of {sorted(LINEAR_KINDS)}")
+        precision, kind = LINEAR_KINDS[self.backend]
+        object.__setattr__(self, "precision", precision)
+        object.__setattr__(self, "kind", kind)
 
     @property
     def plain(self) -> bool:
@@ -93,36 +113,42 @@ class LinearF16:
         return LT_EPILOGUES.get(self.act_name)
 
     def uses_w4a16(self, m: int) -> bool:
-        return self.backend == "w4a16" and m <= self.w4a16_max_m
+        return self.kind == "w4a16" and m <= self.w4a16_max_m
 
     @property
     def needs_dense(self) -> bool:
-        """Whether some row count runs cuBLAS, so the fp16 (K, N) weight must be on the device."""
-        return self.backend != "w4a16" or self.max_rows > self.w4a16_max_m
+        """Whether some row count runs cuBLAS, so the half (K, N) weight must be on the device."""
+        return self.kind != "w4a16" or self.max_rows > self.w4a16_max_m
 
     def kernel_at(self, m: int, lt: bool = False, w4a16: str = "gemv") -> str:
         """What runs M = m rows (``F16Linears.report``); ``lt``: cuBLASLt epilogues are on; ``w4a16``:
         the W4A16 kernel its layer chose for M (``W4A16Linear.choice``)."""
         if self.uses_w4a16(m):
             return f"w4a16_{w4a16}" + ("" if self.fused else "+epilogue")
+        tag = "f16" if self.precision == "fp16" else self.precision
         if self.plain:
-            return "cublas_f16"
+            return f"cublas_{tag}"
         if lt and self.lt_epilogue is not None:
-            return "cublaslt_f16_bias"
-        return "cublas_f16+epilogue"
+            return f"cublaslt_{tag}_bias"
+        return f"cublas_{tag}+epilogue"
 
 
-def f16_linears(plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) -> dict[int, LinearF16]:
-    """op index -> LinearF16 for every linear of ``plan``; ValueError on a linear the plan gave no fp16
-    backend (a plan compiled before GPU precisions existed, or for fp32)."""
+def f16_linears(
+    plan: Any, max_batch: int, max_seq: int, w4a16_available: bool, precision: str = "fp16"
+) -> dict[int, LinearF16]:
+    """op index -> LinearF16 for every linear of ``plan``; ValueError on a linear the plan gave no
+    backend of ``precision`` (a plan compiled before GPU precisions existed, for fp32, or for the
+    other half precision)."""
     out: dict[int, LinearF16] = {}
     for i, op in enumerate(plan.ops):
         if _s(op.kind) != "linear":
             continue
         attrs = attrs_of(op)
         backend = str(attrs.get("gpu_backend", ""))
-        if backend not in F16_BACKENDS:
-            raise ValueError(f"op {_s(op.name)!r}: gpu_backend {backend!r} is not one of {F16_BACKENDS}")
+        prec, kind = LINEAR_KINDS.get(backend, ("", ""))
+        if prec != precision:
+            names = sorted(b for b, (pr, _) in LINEAR_KINDS.items() if pr == precision)
+            raise ValueError(f"op {_s(op.name)!r}: gpu_backend {backend!r} is not one of {names}")
         w = {_s(r): int(ix) for r, ix in zip(_l(op.weightRoles), _l(op.weights), strict=True)}
         ins = {_s(r): int(ix) for r, ix in zip(_l(op.inputRoles), _l(op.inputs), strict=True)}
         int4 = (w["packed"], w["scales"], w["zeros"]) if "packed" in w else None
@@ -131,11 +157,12 @@ def f16_linears(plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) 
             k = 2 * k2
         else:
             k, n = (int(d) for d in _l(plan.weights[w["weight"]].shape))
-        if backend == "w4a16" and not w4a16_available:
-            backend = "cublas_f16_dequant"  # no w4a16.fatbin in the artifact (the load log says why)
+        if kind == "w4a16" and not w4a16_available:
+            kind = "dequant"  # no w4a16.fatbin in the artifact (the load log says why)
+            backend = next(b for b, pk in LINEAR_KINDS.items() if pk == (precision, kind))
         act = str(attrs.get("act", "none"))
         try:
-            rows = parse_rows(str(attrs.get("w4a16_kernels", ""))) if backend == "w4a16" else {}
+            rows = parse_rows(str(attrs.get("w4a16_kernels", ""))) if kind == "w4a16" else {}
         except ValueError as exc:
             raise ValueError(f"op {_s(op.name)!r}: {exc}") from None
         ln = "gamma" in w
@@ -156,7 +183,7 @@ def f16_linears(plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) 
         out[i] = LinearF16(
             step=step,
             backend=backend,
-            w4a16_max_m=int(attrs.get("w4a16_max_m", 0)) if backend == "w4a16" else 0,
+            w4a16_max_m=int(attrs.get("w4a16_max_m", 0)) if kind == "w4a16" else 0,
             act_name=act,
             group=int(attrs.get("group", 0)),
             int4=int4,
@@ -185,14 +212,14 @@ def _int4(plan: Any, weights: list[np.ndarray], lin: LinearF16) -> Int4Weight:
 def linear_weights(
     plan: Any, weights: list[np.ndarray], lin: LinearF16
 ) -> tuple[np.ndarray | None, dict[str, np.ndarray] | None]:
-    """(W16 (K, N) fp16 for cuBLAS or None, W4A16 prepacked arrays or None) of one linear;
-    ``weights`` by plan weight index (host arrays)."""
+    """(W16 (K, N) in the plan's half type for cuBLAS or None, W4A16 prepacked arrays or None) of one
+    linear; ``weights`` by plan weight index (host arrays)."""
     if lin.int4 is None:
-        return np.ascontiguousarray(weights[lin.step.weight], dtype=np.float16), None
+        return to_half(weights[lin.step.weight], lin.precision), None
     q = _int4(plan, weights, lin)
-    dense = dequantize(q).astype(np.float16) if lin.needs_dense else None
+    dense = to_half(dequantize(q), lin.precision) if lin.needs_dense else None
     prepacked = None
-    if lin.backend == "w4a16":
+    if lin.kind == "w4a16":
         from anvil_kernels.cuda import prepack
 
         prepacked = prepack(q)
@@ -200,10 +227,10 @@ def linear_weights(
 
 
 def linear_bias16(weights: list[np.ndarray], lin: LinearF16) -> np.ndarray | None:
-    """The fp16 bias of a linear whose bias the W4A16 kernel or cuBLASLt fuses (in the output's
+    """The half bias of a linear whose bias the W4A16 kernel or cuBLASLt fuses (in the output's
     dtype), else None."""
     if lin.fused and lin.step.bias >= 0:
-        return np.ascontiguousarray(weights[lin.step.bias], dtype=np.float16)
+        return to_half(weights[lin.step.bias], lin.precision)
     return None
 
 
@@ -211,11 +238,13 @@ Addr = Callable[[int], int]  # tensor or weight index -> device address (0 for -
 
 
 def epilogue_f16_launch(
-    step: GemmStep, act_addr: Addr, wt_addr: Addr, tmp: int, m: int
+    step: GemmStep, act_addr: Addr, wt_addr: Addr, tmp: int, m: int, precision: str = "fp16"
 ) -> tuple[str, tuple[int, int, int], tuple[int, int, int], int, tuple[Any, ...]]:
-    """(kernel, grid, block, shared memory bytes, args) of the fp16 epilogue of ``m`` rows: a warp
-    per row for LayerNorm rows of at most LN_WARP_MAX_N (even) values, 8 values per thread without
-    LayerNorm when N % 8 == 0 and the pointers are 16-byte aligned, else a block per row."""
+    """(kernel, grid, block, shared memory bytes, args) of the half epilogue of ``m`` rows (the
+    ``anvil_f16_*`` kernels for fp16, ``anvil_bf16_*`` for bf16: same launch): a warp per row for
+    LayerNorm rows of at most LN_WARP_MAX_N (even) values, 8 values per thread without LayerNorm when
+    N % 8 == 0 and the pointers are 16-byte aligned, else a block per row."""
+    prefix = EPILOGUE_PREFIX[precision]
     bias, res, out = (
         np.uint64(wt_addr(step.bias)),
         np.uint64(act_addr(step.residual)),
@@ -228,30 +257,34 @@ def epilogue_f16_launch(
             np.uint64(tmp), bias, res, np.uint64(wt_addr(step.gamma)), np.uint64(wt_addr(step.beta)), out,
             np.int64(m), np.int32(step.n), np.int32(step.act), np.float32(step.eps),
         )  # fmt: skip
-        return "anvil_f16_epilogue_ln_warp", (-(-m // warps), 1, 1), (THREADS, 1, 1), 0, args
+        return f"{prefix}_epilogue_ln_warp", (-(-m // warps), 1, 1), (THREADS, 1, 1), 0, args
     aligned = all(int(p) % 16 == 0 for p in (tmp, bias, res, out))
     if not ln and step.n % 8 == 0 and aligned:
         octs = m * step.n // 8
         blocks = max(1, min(MAX_BLOCKS, -(-octs // THREADS)))
         args = (np.uint64(tmp), bias, res, out, np.int64(octs), np.int32(step.n // 8), np.int32(step.act))
-        return "anvil_f16_epilogue_v8", (blocks, 1, 1), (THREADS, 1, 1), 0, args
+        return f"{prefix}_epilogue_v8", (blocks, 1, 1), (THREADS, 1, 1), 0, args
     threads = min(1024, max(32, -(-step.n // 32) * 32))
     args = (
         np.uint64(tmp), bias, res, np.uint64(wt_addr(step.gamma)), np.uint64(wt_addr(step.beta)), out,
         np.int32(step.n), np.int32(step.act), np.int32(int(ln)), np.float32(step.eps),
     )  # fmt: skip
-    return "anvil_f16_epilogue", (m, 1, 1), (threads, 1, 1), (4 * step.n if ln else 0), args
+    return f"{prefix}_epilogue", (m, 1, 1), (threads, 1, 1), (4 * step.n if ln else 0), args
 
 
 class F16Linears:
-    """The linears of one fp16 plan on one device. The runtime (GpuPlanModel) calls, in order:
+    """The linears of one half (fp16 or bf16) plan on one device. The runtime (GpuPlanModel) calls, in order:
     ``layout`` (host: where each weight goes in the weight bank), ``bind`` (after the arena, stream,
     cuBLAS handle and epilogue kernels exist: uploads the W4A16 weights), then ``run`` per linear op
     while it enqueues a bucket (eager or under graph capture). It owns the W4A16Linear layers."""
 
-    def __init__(self, plan: Any, max_batch: int, max_seq: int, w4a16_available: bool) -> None:
+    def __init__(
+        self, plan: Any, max_batch: int, max_seq: int, w4a16_available: bool, precision: str = "fp16"
+    ) -> None:
         self.plan = plan
-        self.lins = f16_linears(plan, max_batch, max_seq, w4a16_available)
+        self.precision = precision
+        self._np = half_dtype(precision)  # host / CuPy dtype of the half values (BF16: uint16 bits)
+        self.lins = f16_linears(plan, max_batch, max_seq, w4a16_available, precision)
         self.layers: dict[int, Any] = {}
         self._prepacked: dict[int, dict[str, np.ndarray]] = {}
         self._keys: dict[Any, int] = {}
@@ -286,7 +319,7 @@ class F16Linears:
                 layout.add(("w", i), arr)
         first: dict[tuple[Any, ...], int] = {}
         for i, lin in self.lins.items():
-            src = (lin.step.weight, lin.int4, lin.backend, lin.needs_dense, lin.max_rows, lin.w4a16_max_m)
+            src = (lin.step.weight, lin.int4, lin.kind, lin.needs_dense, lin.max_rows, lin.w4a16_max_m)
             owner = first.setdefault(src, i)
             if owner != i:
                 self.shares[i] = owner
@@ -341,7 +374,7 @@ class F16Linears:
         if rows:
             table = table_from_rows(arch, {(lin.step.k, lin.step.n): rows})
             try:
-                layer = W4A16Linear(module, packed, m_max, dtype="fp16", activation=act, table=table)
+                layer = W4A16Linear(module, packed, m_max, dtype=lin.precision, activation=act, table=table)
                 for m in range(1, m_max + 1):  # every M the plan runs (<= 16): each kernel looked up now
                     layer.plan(m)
                 return layer
@@ -350,7 +383,7 @@ class F16Linears:
                     "w4a16: the plan's measured kernels are not all in w4a16.fatbin; the rule runs",
                     extra={"arch": arch, "k": lin.step.k, "n": lin.step.n, "err": str(exc)},
                 )
-        return W4A16Linear(module, packed, m_max, dtype="fp16", activation=act)
+        return W4A16Linear(module, packed, m_max, dtype=lin.precision, activation=act)
 
     def w4a16_kernel(self, op_index: int, m: int) -> str | None:
         """The W4A16 kernel that runs linear ``op_index`` at M = m (after ``bind``), else None."""
@@ -367,7 +400,7 @@ class F16Linears:
 
     def _view(self, ix: int, rows: int, cols: int) -> Any:
         off = int(self.plan.tensors[ix].offset)
-        return self._arena.view("activations", off, (rows, cols), np.float16)
+        return self._arena.view("activations", off, (rows, cols), self._np)
 
     def run(self, op_index: int, b: int, t: int) -> None:
         """Enqueue linear ``op_index`` at (b, t) on the current stream (the runtime's)."""
@@ -381,13 +414,13 @@ class F16Linears:
                 res = None if st.residual < 0 else self._view(st.residual, m, st.n)
                 key = ("b16", op_index)
                 bias = (
-                    self._arena.view("weights", self._keys[key], (st.n,), np.float16)
+                    self._arena.view("weights", self._keys[key], (st.n,), self._np)
                     if key in self._keys
                     else None
                 )
                 self.layers[op_index](x, self._view(st.out, m, st.n), bias=bias, residual=res)
                 return
-            self.layers[op_index](x, self._arena.view("staging", 0, (m, st.n), np.float16))
+            self.layers[op_index](x, self._arena.view("staging", 0, (m, st.n), self._np))
         else:
             w16 = self._arena.ptr("weights", self._keys[("w16", op_index)])
             if lin.plain:  # nothing to add: cuBLAS writes the output
@@ -398,7 +431,7 @@ class F16Linears:
                 self._lt(self._t(st.x), w16, self._t(st.out), m, st.n, st.k, bias16, lin.lt_epilogue)
                 return
             self._blas(self._t(st.x), w16, tmp, m, st.n, st.k)  # fp16 tensor cores, fp32 accumulation
-        kernel, grid, block, smem, args = epilogue_f16_launch(st, self._t, self._w, tmp, m)
+        kernel, grid, block, smem, args = epilogue_f16_launch(st, self._t, self._w, tmp, m, self.precision)
         self._epilogue[kernel](grid, block, args, shared_mem=smem)
 
     @property

@@ -12,7 +12,8 @@ Load (once per model):
 Precision (precision.py): an fp32 plan runs as compiled (TF32 GEMMs); an fp16 plan (the compiler's
 default for encoders) stores activations and linear weights fp16, runs its linears on cuBLAS fp16 or
 the W4A16 kernels (gpu_linear.py) and every other op with its ``kernel_f16``, and converts public fp32
-inputs and outputs in the pinned bank, so clients see the model spec's dtypes.
+inputs and outputs in the pinned bank, so clients see the model spec's dtypes. A bf16 plan (deployed
+with ``--gpu-precision bf16``) does the same in bf16 with its ``kernel_bf16``.
 
 Run (per chunk of a batch): each request's rows are unpacked straight into the pinned input slots
 at the bucket's shape (zero padding: mask 0, row 0), one graph launch does host-to-device copies,
@@ -38,11 +39,19 @@ from anvil_executor.plan_runtime.cublas_linear import EPILOGUE_SOURCE, GemmStep,
 from anvil_executor.plan_runtime.cublas_raw import Gemm
 from anvil_executor.plan_runtime.cublaslt_raw import LtGemm
 from anvil_executor.plan_runtime.cuda_arena import DeviceArena, PinnedBank, counter
-from anvil_executor.plan_runtime.gpu_linear import EPILOGUE_F16_SOURCE, F16Linears
+from anvil_executor.plan_runtime.gpu_linear import EPILOGUE_F16_SOURCE, EPILOGUE_KERNELS, F16Linears
 from anvil_executor.plan_runtime.io import PlanIO, _l
 from anvil_executor.plan_runtime.launch import Launch, resolve_launches
 from anvil_executor.plan_runtime.plan import DTYPES, LoadedPlan, _s, load_plan
-from anvil_executor.plan_runtime.precision import device_dtypes, f16_kernels, resolve_precision
+from anvil_executor.plan_runtime.precision import (
+    BF16,
+    HALF,
+    device_dtypes,
+    half_kernels,
+    resolve_precision,
+    to_f32,
+    to_half,
+)
 
 __all__ = ["PHASES", "GpuPlanModel", "load_module"]
 
@@ -54,15 +63,11 @@ H2D, D2H = 1, 2  # cudaMemcpyKind
 PHASES = ("stage", "launch", "wait", "fetch")
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's scratch, handed to it so a captured GEMM allocates nothing
 NVRTC_OPTIONS = ("-std=c++17", "--use_fast_math")
-W4A16_FATBIN = "w4a16.fatbin"  # the compiler's build_w4a16: an fp16 plan's INT4 kernels
+W4A16_FATBIN = "w4a16.fatbin"  # the compiler's build_w4a16: a half plan's INT4 kernels
 
 
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
-
-
-def _as_f32(a: np.ndarray) -> np.ndarray:
-    return a.astype(np.float32) if a.dtype == np.float16 else a
 
 
 def load_module(artifact_dir: Path, device_id: int) -> Any:
@@ -109,13 +114,14 @@ class GpuPlanModel(PlanIO):
         lt_epilogue: bool = False,
         sync: str = "spin",
     ) -> None:
-        """``precision``: "auto" (what the compiler recorded in the plan), "fp16" or "fp32".
+        """``precision``: "auto" (what the compiler recorded in the plan), "fp16", "bf16" or "fp32".
         ``sync``: how the host waits for a batch: "spin" on the stream (CUDA's default with fewer
         contexts than cores: the waiting thread keeps its core busy), "block" on a blocking-sync
         event (the thread gives its core back while the GPU runs).
-        ``w4a16_module``: the artifact's W4A16 kernels (an fp16 plan's INT4 linears); None: those run
-        cuBLAS fp16 on weights dequantized here. ``lt_epilogue``: an fp16 plan's linears with a bias
-        and no residual or LayerNorm run on cuBLASLt with the bias (+ ReLU / tanh-GELU) fused."""
+        ``w4a16_module``: the artifact's W4A16 kernels (a half plan's INT4 linears); None: those run
+        cuBLAS in the half type on weights dequantized here. ``lt_epilogue``: a half plan's linears
+        with a bias and no residual or LayerNorm run on cuBLASLt with the bias (+ ReLU / tanh-GELU)
+        fused."""
         import cupy as cp
 
         t0 = time.perf_counter()
@@ -131,14 +137,22 @@ class GpuPlanModel(PlanIO):
         if precision == "auto" and gemm == "plan":
             precision = "fp32"  # the compiler's kernels are the fp32 plan's
         self.precision = resolve_precision(precision, p)
-        f16 = self.precision == "fp16"
-        if f16 and gemm != "cublas":
-            raise ValueError("an fp16 plan runs its linears on cuBLAS / W4A16: gemm must be 'cublas'")
-        self._dtypes = device_dtypes(p) if f16 else [plan.dtype(i) for i in range(len(p.tensors))]
-        self._kernels: dict[int, str] | None = f16_kernels(p) if f16 else None
-        lin16 = F16Linears(p, self.max_batch, self.max_seq, w4a16_module is not None) if f16 else None
+        half = self.precision in HALF
+        if half and gemm != "cublas":
+            raise ValueError(
+                f"an {self.precision} plan runs its linears on cuBLAS / W4A16: gemm must be 'cublas'"
+            )
+        self._dtypes = (
+            device_dtypes(p, self.precision) if half else [plan.dtype(i) for i in range(len(p.tensors))]
+        )
+        self._kernels: dict[int, str] | None = half_kernels(p, self.precision) if half else None
+        lin16 = (
+            F16Linears(p, self.max_batch, self.max_seq, w4a16_module is not None, self.precision)
+            if half
+            else None
+        )
         self._lin16 = lin16
-        steps = gemm_ops(p) if gemm == "cublas" and not f16 else []
+        steps = gemm_ops(p) if gemm == "cublas" and not half else []
         self._gemm: dict[int, GemmStep] = {st.op_index: st for st in steps}
         host = self._host_weights(p, weights)
         layout = lin16.layout(host) if lin16 is not None else None
@@ -170,12 +184,11 @@ class GpuPlanModel(PlanIO):
             self._blas: Gemm | None = None
             if steps or lin16:
                 ws = self.arena.ptr("staging", tmp_bytes)
-                dtype = "fp16" if f16 else "fp32"
-                self._blas = Gemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, tf32, dtype)
+                self._blas = Gemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, tf32, self.precision)
             if lin16 is not None:
                 lt = None
                 if lt_epilogue and any(lin.lt_epilogue is not None for lin in lin16.lins.values()):
-                    lt = LtGemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES)  # same stream: may share it
+                    lt = LtGemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, self.precision)  # same stream
                 arch = f"sm_{cp.cuda.Device(device_id).compute_capability}"
                 lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module, lt, arch)
                 cp.cuda.Device(device_id).synchronize()  # W4A16Linear uploads on the legacy stream
@@ -236,7 +249,7 @@ class GpuPlanModel(PlanIO):
         weights = load_file(str(root / "weights.safetensors"))
         module = load_module(root, device_id)
         w4a16 = None
-        if resolve_precision(precision, plan.plan) == "fp16" and (root / W4A16_FATBIN).is_file():
+        if resolve_precision(precision, plan.plan) in HALF and (root / W4A16_FATBIN).is_file():
             import cupy as cp
 
             from anvil_kernels.cuda import load_module as load_w4a16
@@ -285,8 +298,7 @@ class GpuPlanModel(PlanIO):
         if GpuPlanModel._epilogue_f16_module is None:
             GpuPlanModel._epilogue_f16_module = cp.RawModule(code=EPILOGUE_F16_SOURCE, options=NVRTC_OPTIONS)
             counter.module_loaded()
-        names = ("anvil_f16_epilogue", "anvil_f16_epilogue_v8", "anvil_f16_epilogue_ln_warp")
-        return {n: GpuPlanModel._epilogue_f16_module.get_function(n) for n in names}
+        return {n: GpuPlanModel._epilogue_f16_module.get_function(n) for n in EPILOGUE_KERNELS}
 
     def _epilogue_kernel(self) -> dict[str, Any]:
         cp = self._cp
@@ -409,8 +421,8 @@ class GpuPlanModel(PlanIO):
             else:
                 self.stream.synchronize()
         t3 = time.perf_counter_ns()
-        # an fp16 plan's fp16 outputs go back to the spec's fp32 here (a pooled output is fp32 already)
-        out = {name: _as_f32(self._pinned(name, bb, bt)) for name, _, _, _ in self.outputs}
+        # a half plan's fp16 / bf16 outputs go back to the spec's fp32 here (a pooled output is fp32 already)
+        out = {name: to_f32(self._pinned(name, bb, bt)) for name, _, _, _ in self.outputs}
         ph = self.phase_ns
         ph[0] += t1 - t0
         ph[1] += t2 - t1
@@ -431,6 +443,8 @@ class GpuPlanModel(PlanIO):
             row = 0
             for r, n in zip(reqs, lens, strict=True):
                 a = r[name]
+                if dst.dtype == BF16:  # a bf16 plan's float input: its bits (numpy has no bfloat16)
+                    a = to_half(a, "bf16")
                 k = a.shape[0]
                 if name in self.seq_inputs:
                     dst[row : row + k, :n] = a

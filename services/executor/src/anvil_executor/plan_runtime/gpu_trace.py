@@ -16,6 +16,7 @@ import numpy as np
 from anvil_executor.models.base import RequestInputs
 from anvil_executor.plan_runtime.io import _l
 from anvil_executor.plan_runtime.plan import _s
+from anvil_executor.plan_runtime.precision import to_f32
 
 __all__ = ["trace"]
 
@@ -36,5 +37,5 @@ def trace(model: Any, reqs: list[RequestInputs]) -> tuple[tuple[int, int], list[
             view = model.arena.view(
                 "activations", int(p.tensors[o].offset), model.plan.shape(o, b, t), model._dtypes[o]
             )
-            out.append((_s(p.ops[i].name), _s(p.ops[i].kind), cp.asnumpy(view).astype(np.float32)))
+            out.append((_s(p.ops[i].name), _s(p.ops[i].kind), to_f32(cp.asnumpy(view)).astype(np.float32)))
     return (b, t), out
