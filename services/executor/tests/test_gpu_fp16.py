@@ -154,17 +154,21 @@ def _mlp_requests(rng: np.random.Generator, width: int = 64) -> list[dict[str, n
 
 @pytest.mark.parametrize("quantize", [False, True])
 @pytest.mark.parametrize("act", ["Relu", "Sigmoid"])  # Sigmoid: not a W4A16 activation (epilogue after it)
-def test_fp16_mlp_matches_the_fp32_cpu_plan(tmp_path: Path, quantize: bool, act: str) -> None:
-    art = _onnx(tmp_path, mlp_bytes(op=act), quantize)
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_mlp_matches_the_fp32_cpu_plan(tmp_path: Path, quantize: bool, act: str, precision: str) -> None:
+    """cuBLAS and the half epilogues, or the W4A16 kernels' fp16 / bf16 variants (bias + ReLU fused),
+    against the fp32 CPU plan; graphs equal to eager launches."""
+    art = _onnx(tmp_path, mlp_bytes(op=act), quantize, precision=precision)
     gpu = _gpu(art, nan_fill=True)
-    assert gpu.precision == "fp16" and gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
+    assert gpu.precision == precision and gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
     kernels = {k for r in gpu.linear_report() for k in r["rows"]}
-    want = {"w4a16_gemv", "w4a16_gemv+epilogue"} if quantize else {"cublas_f16+epilogue", "cublas_f16"}
+    tag = "f16" if precision == "fp16" else "bf16"
+    want = {"w4a16_gemv", "w4a16_gemv+epilogue"} if quantize else {f"cublas_{tag}+epilogue", f"cublas_{tag}"}
     assert kernels and kernels <= want, gpu.linear_report()
     reqs = _mlp_requests(np.random.default_rng(1))
     got = gpu.run(reqs)
     cpu = PlanModel.load(art)
-    _check(got, cpu.run(reqs), _diagnosis(_gpu(art, graphs=False), cpu, reqs))
+    _check(got, cpu.run(reqs), _diagnosis(_gpu(art, graphs=False), cpu, reqs), precision)
     eager = _gpu(art, graphs=False, nan_fill=True)  # graphs replay exactly what eager launches do
     for g, e in zip(got, eager.run(reqs), strict=True):
         np.testing.assert_array_equal(g["y"], e["y"])
@@ -343,24 +347,6 @@ def test_weight_bound_int4_model_at_small_batch(tmp_path: Path) -> None:
 
 
 # ---- bf16 plans (anvil deploy --gpu-precision bf16) ---------------------------------------------------
-
-
-@pytest.mark.parametrize("quantize", [False, True])
-def test_bf16_mlp_matches_the_fp32_cpu_plan(tmp_path: Path, quantize: bool) -> None:
-    """bf16 activations: cuBLAS bf16 and the bf16 epilogues, or the W4A16 kernels' bf16 variants (bias +
-    ReLU fused), against the fp32 CPU plan; graphs equal to eager launches."""
-    art = _onnx(tmp_path, mlp_bytes(op="Relu"), quantize, precision="bf16")
-    gpu = _gpu(art, nan_fill=True)
-    assert gpu.precision == "bf16" and gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
-    kernels = {k for r in gpu.linear_report() for k in r["rows"]}
-    want = {"w4a16_gemv", "w4a16_gemv+epilogue"} if quantize else {"cublas_bf16+epilogue", "cublas_bf16"}
-    assert kernels and kernels <= want, gpu.linear_report()
-    reqs = _mlp_requests(np.random.default_rng(11))
-    got = gpu.run(reqs)
-    cpu = PlanModel.load(art)
-    _check(got, cpu.run(reqs), _diagnosis(_gpu(art, graphs=False), cpu, reqs), "bf16")
-    for g, e in zip(got, _gpu(art, graphs=False, nan_fill=True).run(reqs), strict=True):
-        np.testing.assert_array_equal(g["y"], e["y"])
 
 
 def test_bf16_keeps_activations_that_overflow_fp16(tmp_path: Path) -> None:
