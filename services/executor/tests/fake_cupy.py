@@ -227,13 +227,18 @@ class FakeCublas:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.args: list[tuple[Any, ...]] = []  # each call's arguments, in the order of ``calls``
+        self.lt_algorithms = 1  # what cublasLtMatmulAlgoGetHeuristic finds (0: no algorithm)
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.args.clear()
 
     def __getattr__(self, name: str) -> Any:
         def call(*args: Any) -> int:
             self.calls.append(name)
             self.args.append(args)
             if name == "cublasLtMatmulAlgoGetHeuristic":
-                args[-1]._obj.value = 1  # byref(c_int): one algorithm found
+                args[-1]._obj.value = self.lt_algorithms  # byref(c_int): how many found
             return 0
 
         return call

@@ -249,24 +249,27 @@ def test_blocking_and_spinning_waits_give_the_same_outputs(tmp_path: Path) -> No
             np.testing.assert_array_equal(b["y"], s["y"])
 
 
-def test_fp16_cublaslt_bias_epilogue_matches_the_fp32_cpu_plan(tmp_path: Path) -> None:
-    """ANVIL_GPU_LT_EPILOGUE: the MLP's bias + ReLU and BERT's QKV bias inside cuBLASLt's epilogue."""
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_cublaslt_bias_epilogue_matches_the_fp32_cpu_plan(tmp_path: Path, precision: str) -> None:
+    """ANVIL_GPU_LT_EPILOGUE (on by default): the MLP's bias + ReLU and BERT's QKV bias inside cuBLASLt's
+    epilogue, in fp16 and in bf16."""
     from safetensors.numpy import load_file
 
-    mlp = _onnx(tmp_path / "mlp", mlp_bytes(op="Relu"), False)
+    tag = "f16" if precision == "fp16" else "bf16"
+    mlp = _onnx(tmp_path / "mlp", mlp_bytes(op="Relu"), False, precision=precision)
     gpu = _gpu(mlp, nan_fill=True, lt_epilogue=True)
-    assert "cublaslt_f16_bias" in {k for r in gpu.linear_report() for k in r["rows"]}, gpu.linear_report()
+    assert f"cublaslt_{tag}_bias" in {k for r in gpu.linear_report() for k in r["rows"]}, gpu.linear_report()
     assert gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
     reqs = _mlp_requests(np.random.default_rng(6))
     got = gpu.run(reqs)
-    _check(got, PlanModel.load(mlp).run(reqs))
+    _check(got, PlanModel.load(mlp).run(reqs), precision=precision)
     eager = _gpu(mlp, graphs=False, nan_fill=True, lt_epilogue=True)
     for g, e in zip(got, eager.run(reqs), strict=True):
         np.testing.assert_array_equal(g["y"], e["y"])
-    art = _hf(tmp_path / "bert", False, hidden=64, heads=2, std=0.05)
+    art = _hf(tmp_path / "bert", False, precision, hidden=64, heads=2, std=0.05)
     plan, weights = load_plan(art / "plan.bin"), load_file(str(art / "weights.safetensors"))
     bert = GpuPlanModel(plan, weights, load_module(art, 0), 0, nan_fill=True, lt_epilogue=True)
-    assert "cublaslt_f16_bias" in {k for r in bert.linear_report() for k in r["rows"]}
+    assert f"cublaslt_{tag}_bias" in {k for r in bert.linear_report() for k in r["rows"]}
     rng = np.random.default_rng(7)
     reqs = [
         {
@@ -275,7 +278,7 @@ def test_fp16_cublaslt_bias_epilogue_matches_the_fp32_cpu_plan(tmp_path: Path) -
         }
         for n in (20, 7, 33, 12)
     ]
-    _check(bert.run(reqs), PlanModel(plan, weights).run(reqs))
+    _check(bert.run(reqs), PlanModel(plan, weights).run(reqs), precision=precision)
 
 
 TEXTS = [
@@ -350,13 +353,19 @@ def test_weight_bound_int4_model_at_small_batch(tmp_path: Path) -> None:
 
 
 def test_bf16_keeps_activations_that_overflow_fp16(tmp_path: Path) -> None:
-    """What bf16 is for: an input of 1e5 (past fp16's 65,504) stays finite and right in bf16, where the
-    fp16 plan of the same model overflows to inf / NaN."""
+    """What bf16 is for: an input of 1e5 (past fp16's 65,504) stays finite and right in bf16; the fp16
+    plan of the same model refuses it with the remedy (in fp16 it would run as inf: the ReLU MLP
+    answered all zeros, measured on an H100)."""
+    from anvil_core.model_spec import SpecError
+
     reqs = [{"x": np.full((2, 64), 1e5, np.float32)}]
     bf16 = _onnx(tmp_path / "b", mlp_bytes(op="Relu"), False, precision="bf16")
-    _check(_gpu(bf16).run(reqs), PlanModel.load(bf16).run(reqs), precision="bf16")
-    f16 = _onnx(tmp_path / "h", mlp_bytes(op="Relu"), False)
-    assert not np.isfinite(_gpu(f16).run(reqs)[0]["y"]).all()
+    gpu = _gpu(bf16)
+    gpu.check_request(reqs[0])
+    _check(gpu.run(reqs), PlanModel.load(bf16).run(reqs), precision="bf16")
+    f16 = _gpu(_onnx(tmp_path / "h", mlp_bytes(op="Relu"), False))
+    with pytest.raises(SpecError, match="exceeds fp16's range"):
+        f16.check_request(reqs[0])
 
 
 @pytest.mark.parametrize("quantize", [False, True])

@@ -164,6 +164,41 @@ def test_cublaslt_takes_the_linears_whose_bias_it_can_fuse(tmp_path: Path, fake:
             assert len(fake_cupy.LAUNCHES.calls) == 1  # fc1's epilogue only
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_shape_cublaslt_has_no_algorithm_for_runs_cublas_and_the_epilogue(
+    tmp_path: Path, fake: Any, precision: str
+) -> None:
+    """The default (ANVIL_GPU_LT_EPILOGUE on): where cuBLASLt's heuristic finds no algorithm, the
+    linear runs cuBLAS + the epilogue kernel, the graphs are still captured (no fall back to eager
+    launches for the whole model), and the shape is asked about once."""
+    from anvil_executor.plan_runtime.cublas_raw import DATA_TYPES
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    plan, weights, source = _lowered(tmp_path, "bert", False, precision)
+    fake.lt_algorithms = 0
+    gpu = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, lt_epilogue=True)
+    assert gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
+    assert "cublasLtMatmul" not in fake.calls
+    asked = fake.calls.count("cublasLtMatmulAlgoGetHeuristic")
+    eager = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, graphs=False, lt_epilogue=True)
+    fake.clear()
+    fake_cupy.LAUNCHES.calls.clear()
+    eager.run(_requests("bert"))
+    assert "cublasLtMatmul" not in fake.calls and fake.calls.count("cublasLtMatmulAlgoGetHeuristic") <= asked
+    prefix = {"fp16": "anvil_f16_epilogue", "bf16": "anvil_bf16_epilogue"}[precision]
+    epilogues = [n for n, _ in fake_cupy.LAUNCHES.calls if n.startswith(prefix)]
+    assert len(epilogues) == fake.calls.count("cublasGemmEx")  # every linear's epilogue kernel ran
+    gemm_types = {a[8] for n, a in zip(fake.calls, fake.args, strict=True) if n == "cublasGemmEx"}
+    assert gemm_types == {DATA_TYPES[precision]}
+    fake.lt_algorithms = 1
+    fake.clear()
+    lt = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0, graphs=False, lt_epilogue=True)
+    lt.run(_requests("bert"))
+    assert fake.calls.count("cublasLtMatmul") == 2  # QKV of both layers, where it has one
+    layouts = {a[1] for n, a in zip(fake.calls, fake.args, strict=True) if n == "cublasLtMatrixLayoutCreate"}
+    assert layouts == {DATA_TYPES[precision]}
+
+
 def test_trace_returns_every_op_output_at_the_bucket_shape(tmp_path: Path, fake: Any) -> None:
     """gpu_trace.trace (the GPU tests' op-by-op diagnosis): one fp32 array per op, eager launches."""
     from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
@@ -224,3 +259,26 @@ def test_a_batch_staged_where_a_bigger_one_ran_sees_zeros_not_its_rows(tmp_path:
     assert ids is gpu._pinned("input_ids", *bucket)  # one array per bucket, reused
     assert (ids[0, :9] == 11).all() and (ids[1:3, :3] == 11).all()
     assert not ids[0, 9:].any() and not ids[1:3, 3:].any() and not ids[3:].any()  # no 7 left anywhere
+
+
+def test_an_fp16_plan_refuses_float_inputs_past_fp16s_range(tmp_path: Path, fake: Any) -> None:
+    """|x| > 65,504 would run as inf in an fp16 plan: refused with the remedy (a clear 400), per
+    request, before batching; bf16 and fp32 plans take it, and so do the lanes of a laned plan."""
+    from anvil_core.model_spec import SpecError
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+    from anvil_executor.plan_runtime.lanes import LanedPlan
+
+    big = {"x": np.full((1, 64), 1e5, np.float32)}
+    fine = {"x": np.full((1, 64), 6.5e4, np.float32)}
+    odd = {"x": np.array([[np.inf, -np.inf, np.nan, *[1.0] * 61]], np.float32)}  # the client's own values
+    plan, weights, source = _lowered(tmp_path, "mlp", False, "fp16")
+    f16 = GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0)
+    laned = LanedPlan([f16, GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0)])
+    for model in (f16, laned):
+        with pytest.raises(SpecError, match=r"magnitude 1e\+05 exceeds fp16's range .* --gpu-precision bf16"):
+            model.check_request(big)
+        model.check_request(fine)
+        model.check_request(odd)
+    for precision in ("bf16", "fp32"):
+        plan, weights, source = _lowered(tmp_path / precision, "mlp", False, precision)
+        GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0).check_request(big)

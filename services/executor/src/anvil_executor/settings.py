@@ -79,9 +79,12 @@ class ExecutorSettings(ServiceSettings):
     # --gpu-precision). docs/executor_gpu.md. "auto" since the fp16 GPU tests passed on the H200
     # (bench/results/gpu_tests.md, 2026-12-01, fourth session).
     gpu_precision: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
-    # fp16 plans: linears with a bias and no residual / LayerNorm (e.g. BERT's QKV) on cuBLASLt with the
-    # bias (+ ReLU / tanh-GELU) in its epilogue, one pass less each. Off until measured per shape.
-    gpu_lt_epilogue: bool = False
+    # Half plans: linears with a bias and no residual / LayerNorm (e.g. BERT's QKV) on cuBLASLt with the
+    # bias (+ ReLU / tanh-GELU) in its epilogue, one pass less each (a shape cuBLASLt has no algorithm
+    # for keeps cuBLAS + the epilogue kernel). On since measured (twenty-third session, H100,
+    # bench/results/gpu_op_profile_23_h100.json, MiniLM fp16 plan alone, same run): back-to-back
+    # graph 202.5 vs 213.2 µs at B = 1 T = 40, 245.0 vs 258.5 at 16 x 32, 585.3 vs 609.8 at 64 x 48.
+    gpu_lt_epilogue: bool = True
     # How the compute thread waits for a GPU batch: "spin" busy-waits on the stream (CUDA's own
     # default where a process has fewer contexts than the host has cores); "block" sleeps on a
     # blocking-sync CUDA event, giving its core back meanwhile. Measured on the H200 (MiniLM, 4

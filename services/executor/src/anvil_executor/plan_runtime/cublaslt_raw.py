@@ -77,6 +77,7 @@ class LtGemm:
         self._ws_bytes = ctypes.c_size_t(workspace_bytes)
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._plans: dict[tuple[int, int, int, int, int], _Plan] = {}
+        self._none: set[tuple[int, int, int, int, int]] = set()  # shapes with no algorithm
 
     @staticmethod
     def _check(status: int, what: str) -> None:
@@ -125,13 +126,28 @@ class LtGemm:
         lib.cublasLtMatmulPreferenceDestroy(pref)
         self._check(st, "cublasLtMatmulAlgoGetHeuristic")
         if found.value < 1:
-            raise RuntimeError(f"cuBLASLt has no algorithm for fp16 {m}x{n}x{k} with epilogue {epilogue}")
+            self._none.add(key)
+            raise RuntimeError(f"cuBLASLt has no algorithm for {m}x{n}x{k} with epilogue {epilogue}")
         plan = _Plan(desc, a, b, d, heuristic)
         self._plans[key] = plan
         return plan
 
+    def supports(self, m: int, n: int, k: int, bias: int, epilogue: int) -> bool:
+        """Whether cuBLASLt has an algorithm for this GEMM and epilogue (the plan made and kept now,
+        at capture; a shape without one is remembered and runs cuBLAS + the epilogue kernel instead)."""
+        key = (m, n, k, bias, epilogue)
+        if key in self._none:
+            return False
+        try:
+            self._plan(m, n, k, bias, epilogue)
+        except RuntimeError:
+            if key in self._none:
+                return False
+            raise
+        return True
+
     def __call__(self, x: int, w: int, out: int, m: int, n: int, k: int, bias: int, epilogue: int) -> None:
-        """Row-major out (m, n) = epilogue(x (m, k) @ w (k, n) + bias (n,)), device pointers, fp16."""
+        """Row-major out (m, n) = epilogue(x (m, k) @ w (k, n) + bias (n,)), device pointers, fp16 / bf16."""
         p = self._plan(m, n, k, bias, epilogue)
         st = self._lib.cublasLtMatmul(
             self._handle, p.desc, ctypes.byref(self._one),

@@ -428,8 +428,9 @@ class F16Linears:
                 return
             if self._lt is not None and lin.lt_epilogue is not None:
                 bias16 = self._arena.ptr("weights", self._keys[("b16", op_index)])
-                self._lt(self._t(st.x), w16, self._t(st.out), m, st.n, st.k, bias16, lin.lt_epilogue)
-                return
+                if self._lt.supports(m, st.n, st.k, bias16, lin.lt_epilogue):
+                    self._lt(self._t(st.x), w16, self._t(st.out), m, st.n, st.k, bias16, lin.lt_epilogue)
+                    return
             self._blas(self._t(st.x), w16, tmp, m, st.n, st.k)  # fp16 tensor cores, fp32 accumulation
         kernel, grid, block, smem, args = epilogue_f16_launch(st, self._t, self._w, tmp, m, self.precision)
         self._epilogue[kernel](grid, block, args, shared_mem=smem)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from anvil_core.logs import get_logger
+from anvil_core.model_spec import SpecError
 from anvil_executor.models.base import RequestInputs
 from anvil_executor.plan_runtime.arena import ALIGN
 from anvil_executor.plan_runtime.buckets import Buckets
@@ -64,6 +65,7 @@ PHASES = ("stage", "launch", "wait", "fetch")
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's scratch, handed to it so a captured GEMM allocates nothing
 NVRTC_OPTIONS = ("-std=c++17", "--use_fast_math")
 W4A16_FATBIN = "w4a16.fatbin"  # the compiler's build_w4a16: a half plan's INT4 kernels
+FP16_MAX = 65504.0  # the largest finite fp16
 
 
 def _align(n: int) -> int:
@@ -348,6 +350,25 @@ class GpuPlanModel(PlanIO):
                 return
 
     # ---- run ---------------------------------------------------------------------------------
+    def check_request(self, inputs: RequestInputs) -> None:
+        """PlanIO's checks, and in an fp16 plan a float input whose finite values fp16 cannot hold
+        (|x| > 65,504) is refused with the value and the remedy instead of turning into inf and a
+        wrong answer (bf16 and fp32 plans hold fp32's range)."""
+        super().check_request(inputs)
+        if self.precision != "fp16":
+            return
+        for name, tensor, _, _ in self.inputs:
+            a = inputs.get(name)
+            if a is None or self._dtypes[tensor] != np.float16 or not np.issubdtype(a.dtype, np.floating):
+                continue
+            big = np.abs(a[np.isfinite(a)])
+            peak = float(big.max()) if big.size else 0.0
+            if peak > FP16_MAX:
+                raise SpecError(
+                    f"input {name!r}: a value of magnitude {peak:.4g} exceeds fp16's range (65,504) of "
+                    "this fp16 plan; deploy the model with --gpu-precision bf16 or fp32"
+                )
+
     def _pinned(self, name: str, b: int, t: int) -> np.ndarray:
         """The pinned slot of input or output ``name`` at bucket (b, t): the same array every call."""
         view = self._views.get((name, b, t))

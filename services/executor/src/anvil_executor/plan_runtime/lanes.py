@@ -100,6 +100,9 @@ class LanedPlan(PlanIO):
         on one lane as long as there are as many lanes as compute threads)."""
         return self.lanes[current_lane() % len(self.lanes)]
 
+    def check_request(self, inputs: RequestInputs) -> None:
+        self.lanes[0].check_request(inputs)  # the lanes are one plan: lane 0's checks (e.g. fp16 range)
+
     def run(self, batch: list[RequestInputs]) -> list[RequestOutputs]:
         return self.lane().run(batch)
 
