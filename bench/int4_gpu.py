@@ -48,12 +48,17 @@ import http_load  # noqa: E402
 PRECISIONS = ("fp16", "bf16")
 
 
+def dense_name(precision: str) -> str:
+    """The served name of the unquantized model (``wb_fp16`` / ``wb_bf16``)."""
+    return f"wb_{precision}"
+
+
 def variants(precision: str) -> dict[str, list[str]]:
     """Served name -> extra `anvil deploy` flags: the INT4 model first, then the dense one
     (``wb_fp16`` / ``wb_bf16``), both plans of ``precision``."""
     return {
         "wb_int4": ["--gpu-precision", precision, "--max-rel-error", "none"],
-        f"wb_{precision}": ["--gpu-precision", precision, "--unquantized"],
+        dense_name(precision): ["--gpu-precision", precision, "--unquantized"],
     }
 
 
@@ -197,7 +202,7 @@ def _in_process(
     arch = f"sm_{cp.cuda.Device(0).compute_capability}"
     out: dict[str, Any] = {}
     data = onnx_path.read_bytes()
-    dense = f"wb_{precision}"
+    dense = dense_name(precision)
     for name, quantize in (("wb_int4", True), (dense, False)):
         art = Path(tempfile.mkdtemp(prefix=f"anvil_{name}_"))
         opts = CompileOptions(
@@ -272,7 +277,7 @@ def _gpu_name() -> str:
 def _markdown(res: dict[str, Any]) -> str:
     m = res["model"]
     prec = res.get("precision", "fp16")
-    dense = f"wb_{prec}"
+    dense = dense_name(prec)
     shared = (
         f", cycling over {m['distinct']} distinct weight matrices (shared, each stored and uploaded once)"
         if m.get("distinct")
@@ -362,7 +367,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     served = variants(args.precision)
-    dense = f"wb_{args.precision}"
+    dense = dense_name(args.precision)
     from onnx_models import weight_bound_bytes
 
     matrices = args.layers if args.distinct is None else min(args.distinct, args.layers)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from anvil_core.logs import get_logger
-from anvil_core.plan_format import ACT_CODES
+from anvil_core.plan_format import ACT_CODES, HALF_LINEAR_BACKENDS
 from anvil_executor.plan_runtime.cublas_linear import GemmStep
 from anvil_executor.plan_runtime.cublaslt_raw import LT_EPILOGUES
 from anvil_executor.plan_runtime.io import _l
@@ -159,7 +159,7 @@ def f16_linears(
             k, n = (int(d) for d in _l(plan.weights[w["weight"]].shape))
         if kind == "w4a16" and not w4a16_available:
             kind = "dequant"  # no w4a16.fatbin in the artifact (the load log says why)
-            backend = next(b for b, pk in LINEAR_KINDS.items() if pk == (precision, kind))
+            backend = HALF_LINEAR_BACKENDS[precision][kind]
         act = str(attrs.get("act", "none"))
         try:
             rows = parse_rows(str(attrs.get("w4a16_kernels", ""))) if kind == "w4a16" else {}
