@@ -114,7 +114,8 @@ TEST_RC=0
 if [ "$BUILD_RC" = 0 ]; then
   # the new kernel's tests first, so that a cut-off run still reports them
   ANVIL_W4A16_FATBIN=$(tail -1 "$OUT/build_all.txt") timeout 190 python3 -m pytest -q -p no:cacheprovider \
-    -m gpu --maxfail=20 -rs ${TEST_K:+-k "$TEST_K"} libs/kernels/tests/test_cuda_w4a16_gv.py \
+    -m gpu --maxfail=20 -rs ${TEST_K:+-k "$TEST_K"} libs/kernels/tests/test_cuda_pdl.py \
+    libs/kernels/tests/test_cuda_w4a16_gv.py \
     libs/kernels/tests/test_cuda_w4a16_mtc.py libs/kernels/tests/test_cuda_w4a16.py \
     libs/kernels/tests/test_cuda_w4a16_tc.py > "$OUT/gpu_tests.txt" 2>&1 || TEST_RC=$?
   tail -25 "$OUT/gpu_tests.txt"
@@ -157,6 +158,10 @@ for (k, n) in ((8192, 8192), (4096, 14336), (14336, 4096)):
         hit = b <= goal if goal else b <= 0.9 * cb
         want = f"<= {goal} us" if goal else f"<= {0.9 * cb:.1f} (0.9 cuBLAS)"
         t.append(f"M={m} {b:.1f} us {r['best_kernel']} [{want}: {'MET' if hit else 'missed'}]")
+        pb = r.get("gemv_best_pdl")
+        if goal and pb:  # the GEMV-like kernels launched as programmatic dependents (PDL)
+            t.append(f"(PDL {pb['us']:.1f} us {pb['cfg']}: {'MET' if pb['us'] <= goal else 'missed'}; "
+                     f"stream {r['stream_us']}, stream PDL {r.get('stream_pdl_us')})")
     print("  ".join(t))
 print("INT4 slower than cuBLAS bf16 (the table marks bf16_faster) at:", ", ".join(slower) or "none")
 EOF

@@ -134,6 +134,26 @@ __device__ __forceinline__ uint2 ld_stream2(const uint2* ptr, uint64_t pol) {
     return v;
 }
 
+// Programmatic dependent launch (PDL, sm_90). A kernel launched with the programmatic stream
+// serialization attribute (W4A16Linear(pdl=True)) may start while the kernel before it on the
+// stream still runs; griddepcontrol.wait then blocks until that kernel has completed and its writes
+// are visible. So a GEMV-like kernel issues the first loads of its weights (never written by any
+// kernel) and only then waits, before it reads x, bias or the residual or writes out: the next
+// layer's weight stream starts while the previous layer drains. launch_dependents lets the kernel
+// after this one be scheduled (its blocks take SM room as it frees up; it waits likewise). Both are
+// no-ops in a launch without the attribute, and absent below sm_90.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float activate(float v, int act) {
     switch (act) {
         case ACT_RELU:
@@ -277,6 +297,8 @@ __device__ __forceinline__ void w4a16_stream_body(const uint4* __restrict__ W, c
             if (i < ng) sr[i] = ld_stream2(sq + i * 8, pol);
         wq += D * 32;  // the next chunk to load
         sq += GD * 8;  // the next group's scales to load
+        pdl_launch_dependents();
+        pdl_wait();  // the weights are on their way; x is the previous kernel's output
 
         for (int g0 = 0; g0 < ng; g0 += GD) {
 #pragma unroll
@@ -337,6 +359,7 @@ __device__ __forceinline__ void w4a16_stream_body(const uint4* __restrict__ W, c
             }
         }
     }
+    pdl_wait();  // a no-op where the warp waited already
     reduce_and_store<DT, MT, 1>(acc, red4, Y, bias, res, M, N, SN, SK, wn, wk, lane, act);
 }
 
@@ -405,6 +428,8 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
 #pragma unroll
             for (int j = 0; j < NS; ++j)
                 if (i < ng) sr[i][j] = ld_stream2(sp[j] + i * 8, pol);
+        pdl_launch_dependents();
+        pdl_wait();
 
         for (int g0 = 0; g0 < ng; g0 += GD) {
 #pragma unroll
@@ -501,6 +526,7 @@ __device__ __forceinline__ void w4a16_body(const uint4* __restrict__ W, const ui
         }
     }
 
+    pdl_wait();
     reduce_and_store<DT, MT, NS>(acc, red4, Y, bias, res, M, N, SN, SK, wn, wk, lane, act);
 }
 

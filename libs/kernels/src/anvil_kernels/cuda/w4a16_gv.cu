@@ -175,6 +175,8 @@ __device__ __forceinline__ void w4a16_gv_body(const uint4* __restrict__ W, const
                 cp_async_commit();  // empty groups keep wait_group's count uniform
             }
         }
+        pdl_launch_dependents();
+        pdl_wait();  // the ring's first stages are on their way; x is the previous kernel's output
 
         for (int s0 = 0; s0 < nstage; s0 += NST) {
 #pragma unroll
@@ -255,6 +257,7 @@ __device__ __forceinline__ void w4a16_gv_body(const uint4* __restrict__ W, const
             }
         }
     }
+    pdl_wait();  // a no-op where the warp waited already
     reduce_and_store<DT, MT, 1>(acc, red4, Y, bias, res, M, N, SN, SK, wn, wk, lane, act);
 }
 

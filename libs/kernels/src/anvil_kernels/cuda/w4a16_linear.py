@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from anvil_kernels.activations import ACTIVATIONS
+from anvil_kernels.cuda.pdl import PdlLauncher
 from anvil_kernels.cuda.w4a16 import (
     _DT_CODE,
     FLAG_EVICT_FIRST,
@@ -100,7 +101,10 @@ class W4A16Linear:
     counters are sized at construction for every M up to m_max, so steady-state calls allocate
     nothing and only launch. With split-K the tensor-core kernels use those counters: one layer
     must not run on two streams at once. Results are deterministic (split partials are added in a
-    fixed order).
+    fixed order). ``pdl``: the GEMV-like kernels (M up to ~16-32) are launched with programmatic
+    stream serialization (``pdl.PdlLauncher``): each may start while the kernel before it on the
+    stream drains, streams its first weights, and waits (``griddepcontrol.wait``) before it reads x;
+    the tensor-core tiles launch as before. ``launcher``: a stand-in for the PDL launcher (tests).
     """
 
     def __init__(
@@ -117,6 +121,8 @@ class W4A16Linear:
         kernel: str | None = None,
         split: int | None = None,
         keep_host: bool = False,
+        pdl: bool = False,
+        launcher: Any = None,
     ) -> None:
         import cupy
 
@@ -147,6 +153,9 @@ class W4A16Linear:
         self._xt = cupy.zeros(8, self.xdtype)  # x retiled for the wgs kernels, grown by set_kernel
         self._tile_x: Any = None
         self._launches: dict[int, _Launch] = {}
+        # programmatic dependent launch of the GEMV-like kernels (pdl.py): made on the first such call
+        self.pdl = pdl
+        self._pdl_launch: Any = launcher
         self.set_kernel(kernel, split, overrides)
         if not keep_host:
             self._packed = None
@@ -303,7 +312,12 @@ class W4A16Linear:
                 self.qweight, self.sz, x, out, _ptr(bias), _ptr(residual), *dims,
                 np.int32(plan.sn), np.int32(plan.sk), np.int32(self._act), np.int32(flags),
             )  # fmt: skip
-            launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
+            if self.pdl:  # the GEMV-like kernels wait (griddepcontrol.wait) before they read x
+                if self._pdl_launch is None:
+                    self._pdl_launch = PdlLauncher()
+                self._pdl_launch(launch.fn, plan.grid, (plan.block,), args, shared_mem=plan.smem)
+            else:
+                launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
         else:
             # the mtc kernels take no L2 policy: their copies with an evict_first cache hint
             # (cp.async ... L2::cache_hint) raised an illegal instruction on the H200

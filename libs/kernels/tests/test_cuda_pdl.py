@@ -1,0 +1,306 @@
+"""Programmatic dependent launch of the GEMV-like W4A16 kernels (``anvil_kernels.cuda.pdl``).
+
+CPU (CI): the ctypes structures match cuda.h's layout (and the header itself, where nvcc's is
+installed); ``PdlLauncher`` hands the driver the grid, block, shared memory, the current stream, the
+programmatic-serialization attribute and every argument at its width, and raises the driver's
+error; ``W4A16Linear(pdl=True)`` sends the GEMV-like kernels, and only those, through it; in the
+SASS of every GEMV-like kernel the wait (ACQBULK) comes after the first weight loads or copies and
+before any read of x and any store. GPU: a chain of layers whose every input is the previous
+layer's output gives the same bits launched as dependents (eager and inside a CUDA graph) as
+launched one after the other.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from anvil_kernels.cuda import GV_CONFIGS, W4A16Params, prepack
+from anvil_kernels.cuda.gpu_check import has_gpu, random_weight
+from anvil_kernels.cuda.pdl import (
+    PROGRAMMATIC_STREAM_SERIALIZATION,
+    LaunchAttribute,
+    LaunchConfig,
+    PdlLauncher,
+)
+from anvil_kernels.cuda.w4a16 import w4a16_source
+from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits
+
+# ------------------------------------------------------------------------------------ layout
+
+
+def test_structures_have_the_driver_layout() -> None:
+    """CUlaunchAttribute: id, 4 bytes of padding, a 64-byte union; CUlaunchConfig: 7 unsigned ints,
+    then (8-aligned) the stream, the attribute pointer and their count (x86-64)."""
+    assert ctypes.sizeof(LaunchAttribute) == 72
+    assert LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(LaunchConfig) == 56
+    assert LaunchConfig.sharedMemBytes.offset == 24
+    assert (LaunchConfig.hStream.offset, LaunchConfig.attrs.offset, LaunchConfig.numAttrs.offset) == (
+        32,
+        40,
+        48,
+    )
+
+
+_LAYOUT_C = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <cuda.h>
+int main(void) {
+    printf("%zu %zu %zu %zu %zu %zu %zu %d\n", sizeof(CUlaunchAttribute), offsetof(CUlaunchAttribute, value),
+           sizeof(CUlaunchConfig), offsetof(CUlaunchConfig, sharedMemBytes),
+           offsetof(CUlaunchConfig, hStream),
+           offsetof(CUlaunchConfig, attrs), offsetof(CUlaunchConfig, numAttrs),
+           (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_structures_match_the_installed_header(tmp_path: Path) -> None:
+    """The same sizes and offsets, and the attribute's id, as the cuda.h of the installed toolkit
+    (a host program built by nvcc, which finds the header)."""
+    src = tmp_path / "layout.cu"
+    src.write_text(_LAYOUT_C)
+    exe = tmp_path / "layout"
+    subprocess.run(["nvcc", "-o", str(exe), str(src)], check=True, capture_output=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    want = [
+        ctypes.sizeof(LaunchAttribute),
+        LaunchAttribute.value.offset,
+        ctypes.sizeof(LaunchConfig),
+        LaunchConfig.sharedMemBytes.offset,
+        LaunchConfig.hStream.offset,
+        LaunchConfig.attrs.offset,
+        LaunchConfig.numAttrs.offset,
+        PROGRAMMATIC_STREAM_SERIALIZATION,
+    ]
+    assert [int(v) for v in out.split()] == want
+
+
+# ------------------------------------------------------------------------------------ launcher
+
+
+class _DriverError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"CUresult {status}")
+        self.status = status
+
+
+class _FakeDriver:
+    """cuLaunchKernelEx's stand-in: decodes what it was handed and returns ``status``."""
+
+    def __init__(self, status: int = 0) -> None:
+        self.status = status
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, cfg_ptr: Any, fn: ctypes.c_void_p, params: Any, extra: Any) -> int:
+        cfg = cfg_ptr.contents
+        attr = cfg.attrs[0]
+        kinds = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint64)
+        args = [k.from_address(params[i]).value for i, k in enumerate(kinds)]
+        self.calls.append(
+            {
+                "grid": (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ),
+                "block": (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ),
+                "smem": cfg.sharedMemBytes,
+                "stream": cfg.hStream,
+                "attr": (cfg.numAttrs, attr.id, attr.value.programmatic),
+                "fn": fn.value,
+                "args": args,
+                "extra": extra,
+            }
+        )
+        return self.status
+
+
+@pytest.fixture
+def stream_cupy(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """A stand-in cupy with a current stream and the driver's error type."""
+    fake = SimpleNamespace(
+        cuda=SimpleNamespace(
+            get_current_stream=lambda: SimpleNamespace(ptr=0x5000),
+            driver=SimpleNamespace(CUDADriverError=_DriverError),
+        )
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return fake
+
+
+def test_launcher_passes_the_launch_and_the_attribute(stream_cupy: SimpleNamespace) -> None:
+    driver = _FakeDriver()
+    launch = PdlLauncher(driver)
+    arr = SimpleNamespace(data=SimpleNamespace(ptr=0x7000))
+    launch(SimpleNamespace(ptr=0x1234), (5, 3), (128,), (arr, None, np.int32(-7), np.uint64(2**40 + 3)), 4096)
+    (call,) = driver.calls
+    assert call["grid"] == (5, 3, 1) and call["block"] == (128, 1, 1) and call["smem"] == 4096
+    assert call["stream"] == 0x5000 and call["fn"] == 0x1234 and call["extra"] is None
+    assert call["attr"] == (1, PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+    assert call["args"] == [0x7000, None, -7, 2**40 + 3]  # a null pointer reads back as None
+
+
+def test_launcher_raises_the_driver_error_and_refuses_other_arguments(stream_cupy: SimpleNamespace) -> None:
+    launch = PdlLauncher(_FakeDriver(status=700))  # CUDA_ERROR_ILLEGAL_ADDRESS
+    fn = SimpleNamespace(ptr=1)
+    with pytest.raises(_DriverError) as err:
+        launch(fn, (1,), (32,), (None, None, np.int32(0), np.uint64(0)))
+    assert err.value.status == 700
+    with pytest.raises(TypeError, match=r"np\.int32"):
+        PdlLauncher(_FakeDriver())(fn, (1,), (32,), (3,))  # a Python int: its width is not known
+
+
+def test_w4a16_linear_sends_only_gemv_like_kernels_through_the_launcher(
+    fake_cupy: Callable[[np.ndarray], Any], rng: np.random.Generator, model_module: SimpleNamespace
+) -> None:
+    """pdl=True: a GEMV-like kernel's launch goes to the PDL launcher with the same grid, block,
+    arguments and shared memory as a plain launch; a tensor-core tile launches as before."""
+    from anvil_kernels.cuda import W4A16Linear
+
+    dev = fake_cupy
+    seen: list[tuple[str, tuple, tuple, int]] = []
+
+    def launcher(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        seen.append((fn.name, tuple(grid), tuple(block), shared_mem))
+
+    class _Named:
+        def __init__(self, name: str) -> None:
+            self.name = name
+            self.max_dynamic_shared_size_bytes = 0
+
+        def __call__(self, *a: Any, **kw: Any) -> None:
+            raise AssertionError(f"{self.name} launched without the PDL launcher")
+
+    module = SimpleNamespace(get_function=_Named)
+    w = random_weight(rng, 1024, 256, 128, "bf16")
+    x = dev(f32_to_bf16_bits(rng.standard_normal((3, 1024)).astype(np.float32)))
+    out = dev(np.zeros((3, 256), np.uint16))
+    for kernel in ("gemv", *GV_CONFIGS):
+        seen.clear()
+        layer = W4A16Linear(module, prepack(w), 3, sm_count=132, kernel=kernel, pdl=True, launcher=launcher)
+        layer(x, out)
+        plan = layer.plan(3)
+        assert seen == [(seen[0][0], tuple(plan.grid), (plan.block,), plan.smem)], kernel
+    # a tile (the numpy model as the kernel) never goes through the launcher
+    tile = W4A16Linear(model_module, prepack(w), 3, sm_count=132, kernel="mtc8", pdl=True, launcher=launcher)
+    seen.clear()
+    tile(x, out)
+    assert seen == []
+    assert np.isfinite(bf16_bits_to_f32(np.asarray(out))).all()
+
+
+# ------------------------------------------------------------------------------------ SASS
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.timeout(600)
+def test_gemv_like_kernels_wait_after_the_first_weights_and_before_x(
+    tmp_path: Path, cuobjdump: str | None
+) -> None:
+    """In every GEMV-like kernel (register ring and every gv config, bf16 g128) the SASS issues the
+    first weight loads (LDG.E.NA: L1 no-allocate) or copies (LDGSTS, UBLKCP) before the first wait
+    (ACQBULK, griddepcontrol.wait) and PREEXIT (launch_dependents), and no x load (LDG without
+    NA), shared-memory weight read or store (STG) before that wait."""
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump")
+    params = W4A16Params(dtypes=("bf16",), groups=(128,), tc_configs=(), gv_configs=tuple(GV_CONFIGS))
+    src = tmp_path / "k.cu"
+    src.write_text(w4a16_source(params))
+    cubin = tmp_path / "k.cubin"
+    cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(cubin), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    functions = re.split(r"\n\s*Function : ", sass)[1:]
+    names = []
+    for body in functions:
+        name = body.split("\n", 1)[0].strip()
+        if not name.startswith("w4a16"):
+            continue
+        names.append(name)
+        ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)
+        assert "ACQBULK" in ops and "PREEXIT" in ops, name
+        wait = ops.index("ACQBULK")
+        before = ops[:wait]
+        assert any(o.startswith(("LDG.E.NA", "LDGSTS", "UBLKCP")) for o in before), (
+            f"{name}: no weights before the wait"
+        )
+        assert "PREEXIT" in before, f"{name}: launch_dependents after the wait"
+        early = [o for o in before if (o.startswith("LDG.E") and ".NA" not in o) or o.startswith("STG")]
+        assert not early, f"{name}: {early} before the wait"
+    assert any(re.match(r"w4a16_bf16_m\d", n_) for n_ in names), names  # the register ring
+    assert {c for c in GV_CONFIGS if any(n_.startswith(f"w4a16{c}_") for n_ in names)} == set(GV_CONFIGS), (
+        names
+    )
+
+
+# ------------------------------------------------------------------------------------ GPU
+
+gpu = pytest.mark.skipif(not has_gpu(), reason="no CUDA device (or no cupy)")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["gemv", *GV_CONFIGS])
+@pytest.mark.parametrize("m", [1, 5])
+def test_dependent_chain_gives_the_same_bits(
+    module: object, rng: np.random.Generator, kernel: str, m: int
+) -> None:
+    """Twelve layers, each reading the buffer the previous one wrote and writing the one it read
+    (read-after-write and write-after-read between neighbours), launched as programmatic dependents
+    eagerly and as a captured CUDA graph, against the same chain launched plainly with a
+    synchronize after each layer: the same bits, and finite."""
+    import cupy as cp
+
+    from anvil_kernels.cuda import W4A16Linear
+
+    k = 1024
+    weights = [prepack(random_weight(rng, k, k, 128, "bf16")) for _ in range(4)]
+    layers = [W4A16Linear(module, w, m, kernel=kernel) for w in weights]
+    x0 = cp.asarray(f32_to_bf16_bits((0.05 * rng.standard_normal((m, k))).astype(np.float32)))
+
+    def chain(pdl: bool, sync: bool) -> Any:
+        for layer in layers:
+            layer.pdl = pdl
+        a, b = x0.copy(), cp.full((m, k), 0xFFFF, cp.uint16)  # NaN where nothing was written yet
+        for i in range(12):
+            layers[i % len(layers)](a, b)
+            if sync:
+                cp.cuda.runtime.deviceSynchronize()
+            a, b = b, a
+        return a
+
+    ref = cp.asnumpy(chain(pdl=False, sync=True))
+    assert np.isfinite(bf16_bits_to_f32(ref)).all()
+    got = cp.asnumpy(chain(pdl=True, sync=False))
+    cp.cuda.runtime.deviceSynchronize()
+    assert np.array_equal(got, ref), "eager PDL chain differs"
+
+    # the same chain captured once and replayed: 12 layers end in the buffer the first one read
+    bufs = (cp.empty_like(x0), cp.empty_like(x0))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        a, b = bufs
+        for i in range(12):
+            layers[i % len(layers)](a, b)
+            a, b = b, a
+        graph = stream.end_capture()
+    assert a is bufs[0]
+    for _ in range(3):
+        bufs[0][...] = x0
+        bufs[1].fill(0xFFFF)
+        cp.cuda.runtime.deviceSynchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        assert np.array_equal(cp.asnumpy(bufs[0]), ref), "graph PDL chain differs"
