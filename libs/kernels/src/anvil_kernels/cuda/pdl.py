@@ -65,6 +65,15 @@ def _ctype_arg(a: Any) -> ctypes._SimpleCData:
     raise TypeError(f"a PDL kernel argument must be a device array, np.int32 or np.uint64, got {type(a)!r}")
 
 
+def _function_handle(fn: Any) -> int:
+    """The CUfunction of a CuPy kernel: ``Function.ptr``, or a ``RawKernel``'s (what
+    ``RawModule.get_function`` returns in CuPy 13+) through its ``kernel`` for the current device."""
+    ptr = getattr(fn, "ptr", None)
+    if ptr is None:
+        ptr = fn.kernel.ptr
+    return int(ptr)
+
+
 def _load_driver() -> Any:
     lib = ctypes.CDLL("libcuda.so.1")
     fn = lib.cuLaunchKernelEx
@@ -97,6 +106,6 @@ class PdlLauncher:
         cfg.numAttrs = 1
         values = [_ctype_arg(a) for a in args]  # alive until the call returns (the driver copies them)
         params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-        err = int(self._launch(ctypes.pointer(cfg), ctypes.c_void_p(int(fn.ptr)), params, None))
+        err = int(self._launch(ctypes.pointer(cfg), ctypes.c_void_p(_function_handle(fn)), params, None))
         if err != 0:  # the driver's own error type: the executor's fault handling treats it as any launch's
             raise cupy.cuda.driver.CUDADriverError(err)
