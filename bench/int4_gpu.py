@@ -233,6 +233,25 @@ def _in_process(
             row[f"b{b}_graph_us"] = _graph_us(model, b, reps)
             if ref is not None:
                 row[f"b{b}_cos_min_vs_onnxruntime"] = _cos_min(got, ref[:b])
+        if quantize:  # the same artifact, its W4A16 kernels launched as programmatic dependents (PDL)
+            pdl = GpuPlanModel.load(art, 0, name=name, pdl=True)
+            row["pdl_active"] = bool(pdl._lin16 is not None and pdl._lin16.pdl)
+            for b in (1, 4, 16):
+                if b > max_batch:
+                    continue
+                req = [{"x": x[:b]}]
+                plain = model.run(req)[0]["y"]
+                got = pdl.run(req)[0]["y"]
+                row[f"b{b}_pdl_same_output"] = bool(np.array_equal(got, plain))
+                reps = _reps(row[f"b{b}_ms"] / 1e3)
+                times = []
+                for _ in range(reps):
+                    t1 = time.perf_counter()
+                    pdl.run(req)
+                    times.append((time.perf_counter() - t1) * 1e3)
+                row[f"b{b}_ms_pdl"] = round(float(np.median(times)), 4)
+                row[f"b{b}_graph_us_pdl"] = _graph_us(pdl, b, reps)
+            del pdl
         out[name] = row
         del model
         cp.get_default_memory_pool().free_all_blocks()
@@ -307,6 +326,23 @@ def _markdown(res: dict[str, Any]) -> str:
                 cells += [i4[f"b{b}_graph_us"], f16[f"b{b}_graph_us"], ip.get(f"graph_speedup_b{b}")]
                 lines.append("| " + " | ".join(str(c) for c in cells) + " |")
         lines.append("")
+        i4 = ip["wb_int4"]
+        if "b1_graph_us_pdl" in i4:
+            lines += [
+                "INT4 plan with its W4A16 kernels launched as programmatic dependents (PDL, "
+                f"`ANVIL_GPU_PDL`; active: {i4.get('pdl_active')}), same artifact, same run:",
+                "",
+                "| rows | INT4 run ms | INT4 + PDL run ms | INT4 graph µs | INT4 + PDL graph µs "
+                "| graph plain / PDL | same output |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for b in (1, 4, 16):
+                if f"b{b}_graph_us_pdl" in i4:
+                    g, gp = i4[f"b{b}_graph_us"], i4[f"b{b}_graph_us_pdl"]
+                    ratio = round(g / gp, 3) if g and gp else None
+                    cells = [b, i4[f"b{b}_ms"], i4[f"b{b}_ms_pdl"], g, gp, ratio, i4[f"b{b}_pdl_same_output"]]
+                    lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+            lines.append("")
         for n in ("wb_int4", dense):
             r = ip[n]
             lines.append(

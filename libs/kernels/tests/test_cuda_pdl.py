@@ -304,3 +304,26 @@ def test_dependent_chain_gives_the_same_bits(
         graph.launch(stream)
         stream.synchronize()
         assert np.array_equal(cp.asnumpy(bufs[0]), ref), "graph PDL chain differs"
+
+
+def test_pdl_needs_a_module_whose_kernels_wait(
+    fake_cupy: Callable[[np.ndarray], Any], rng: np.random.Generator
+) -> None:
+    """A module without the marker kernel (built from a w4a16.cu before pdl_wait) is refused for
+    pdl=True and still serves plain launches."""
+    from anvil_kernels.cuda import W4A16Linear
+    from anvil_kernels.cuda.w4a16_linear import PDL_MARKER, waits_for_predecessor
+
+    class _Old:
+        def get_function(self, name: str) -> Any:
+            if name == PDL_MARKER:
+                raise KeyError(name)
+            return SimpleNamespace(name=name, max_dynamic_shared_size_bytes=0)
+
+    old = _Old()
+    assert not waits_for_predecessor(old)
+    assert waits_for_predecessor(SimpleNamespace(get_function=lambda name: object()))
+    packed = prepack(random_weight(rng, 256, 64, 128, "bf16"))
+    with pytest.raises(ValueError, match="wait"):
+        W4A16Linear(old, packed, 4, sm_count=132, kernel="gemv", pdl=True)
+    assert W4A16Linear(old, packed, 4, sm_count=132, kernel="gemv").pdl is False

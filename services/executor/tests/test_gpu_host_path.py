@@ -282,3 +282,45 @@ def test_an_fp16_plan_refuses_float_inputs_past_fp16s_range(tmp_path: Path, fake
     for precision in ("bf16", "fp32"):
         plan, weights, source = _lowered(tmp_path / precision, "mlp", False, precision)
         GpuPlanModel(plan, weights, fake_cupy.RawModule(code=source), 0).check_request(big)
+
+
+class _PreMarkerModule(fake_cupy.RawModule):
+    """An older artifact's w4a16.fatbin: every kernel but the PDL marker (its kernels never wait)."""
+
+    def get_function(self, name: str) -> fake_cupy.Function:
+        if name == "w4a16_pdl_marker":
+            raise KeyError(f"no kernel {name!r} in the module")
+        return super().get_function(name)
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_int4_linears_launch_as_dependents_only_where_the_kernels_wait(
+    tmp_path: Path, fake: Any, monkeypatch: pytest.MonkeyPatch, waits: bool
+) -> None:
+    """pdl=True: every W4A16 launch of a half plan goes through the PDL launcher (the same kernel,
+    grid, block and arguments) when the artifact's module has kernels that wait; an older module's
+    kernels launch plainly. The other kernels and cuBLAS never go through it."""
+    import anvil_kernels.cuda.w4a16_linear as wl
+    from anvil_executor.plan_runtime.gpu_model import GpuPlanModel
+
+    through: list[str] = []
+
+    class _Launcher:
+        def __call__(
+            self, fn: Any, grid: Any, block: Any, args: tuple[Any, ...], shared_mem: int = 0
+        ) -> None:
+            through.append(fn.name)
+            fn(grid, block, args, shared_mem=shared_mem)  # recorded and checked as a plain launch is
+
+    monkeypatch.setattr(wl, "PdlLauncher", _Launcher)
+    plan, weights, source = _lowered(tmp_path, "mlp", True, "fp16")
+    w4a16 = fake_cupy.RawModule() if waits else _PreMarkerModule()
+    gpu = GpuPlanModel(
+        plan, weights, fake_cupy.RawModule(code=source), 0, graphs=False, w4a16_module=w4a16, pdl=True
+    )
+    assert gpu._lin16 is not None and gpu._lin16.pdl is waits
+    fake_cupy.LAUNCHES.calls.clear()
+    gpu.run(_requests("mlp"))
+    w4 = [n for n, _ in fake_cupy.LAUNCHES.calls if n.startswith("w4a16_")]
+    assert w4  # the plan's INT4 linears ran on W4A16 (rows <= 16)
+    assert through == (w4 if waits else [])

@@ -111,6 +111,7 @@ class ModelLoading:
             "tf32": self.s.gpu_tf32,
             "precision": self.s.gpu_precision,
             "lt_epilogue": self.s.gpu_lt_epilogue,
+            "pdl": self.s.gpu_pdl,
             "sync": self.s.gpu_sync,
         }
 

@@ -85,6 +85,11 @@ class ExecutorSettings(ServiceSettings):
     # bench/results/gpu_op_profile_23_h100.json, MiniLM fp16 plan alone, same run): back-to-back
     # graph 202.5 vs 213.2 µs at B = 1 T = 40, 245.0 vs 258.5 at 16 x 32, 585.3 vs 609.8 at 64 x 48.
     gpu_lt_epilogue: bool = True
+    # Half plans' INT4 linears on the GEMV-like W4A16 kernels (M <= 16) launched as programmatic
+    # dependents (sm_90 PDL): each streams its first weights while the kernel before it drains, then
+    # waits before it reads x. Only where the artifact's w4a16.fatbin has kernels that wait (built
+    # since the twenty-fourth session); an older artifact runs them plainly.
+    gpu_pdl: bool = False
     # How the compute thread waits for a GPU batch: "spin" busy-waits on the stream (CUDA's own
     # default where a process has fewer contexts than the host has cores); "block" sleeps on a
     # blocking-sync CUDA event, giving its core back meanwhile. Measured on the H200 (MiniLM, 4

@@ -62,6 +62,20 @@ class ModuleSet:
         raise KeyError(f"no kernel {name!r} in any of {len(self._modules)} modules")
 
 
+PDL_MARKER = "w4a16_pdl_marker"  # a kernel of every module whose GEMV-like kernels wait (w4a16.cu)
+
+
+def waits_for_predecessor(module: Any) -> bool:
+    """Whether ``module``'s GEMV-like kernels execute griddepcontrol.wait before they read x (built
+    from a source with ``pdl_wait``: the marker kernel is there), so they may be launched as
+    programmatic dependents. False for a module built before (an older artifact's fatbin)."""
+    try:
+        module.get_function(PDL_MARKER)
+    except Exception:  # KeyError from a ModuleSet, the driver's NOT_FOUND from a RawModule
+        return False
+    return True
+
+
 def load_module(path: str | Path | Sequence[str | Path]) -> Any:
     """A cupy.RawModule from a fatbin/cubin built by ``build_fatbin``, or a ``ModuleSet`` over the
     list ``build_fatbins`` returns (also: one string of paths joined by os.pathsep)."""
@@ -154,6 +168,11 @@ class W4A16Linear:
         self._tile_x: Any = None
         self._launches: dict[int, _Launch] = {}
         # programmatic dependent launch of the GEMV-like kernels (pdl.py): made on the first such call
+        if pdl and not waits_for_predecessor(module):
+            raise ValueError(
+                "pdl=True needs kernels that wait for the kernel before them; this module was built "
+                f"from a w4a16.cu without them (no {PDL_MARKER})"
+            )
         self.pdl = pdl
         self._pdl_launch: Any = launcher
         self.set_kernel(kernel, split, overrides)

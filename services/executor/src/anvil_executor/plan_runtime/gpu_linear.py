@@ -43,6 +43,7 @@ from anvil_kernels import Int4Weight, dequantize
 from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.cuda import PLAN_COMMON
 from anvil_kernels.cuda.w4a16_dispatch import parse_rows, table_from_rows
+from anvil_kernels.cuda.w4a16_linear import waits_for_predecessor
 
 __all__ = [
     "EPILOGUE_F16_SOURCE",
@@ -286,6 +287,7 @@ class F16Linears:
         self._np = half_dtype(precision)  # host / CuPy dtype of the half values (BF16: uint16 bits)
         self.lins = f16_linears(plan, max_batch, max_seq, w4a16_available, precision)
         self.layers: dict[int, Any] = {}
+        self.pdl = False  # W4A16 layers launched as programmatic dependents (bind)
         self._prepacked: dict[int, dict[str, np.ndarray]] = {}
         self._keys: dict[Any, int] = {}
         self._lt: Any = None
@@ -345,15 +347,23 @@ class F16Linears:
         w4a16_module: Any,
         lt: Any = None,
         arch: str = "",
+        *,
+        pdl: bool = False,
     ) -> None:
         """The device side: the arena (banks weights, activations, staging), the fp16 cuBLAS GEMM, the
         epilogue kernels by name, one W4A16Linear per INT4 linear the W4A16 kernels run (the plan's
         measured kernel per M for ``arch``, e.g. "sm_90", where it recorded one), and ``lt``
-        (cublaslt_raw.LtGemm or None): cuBLASLt for the linears whose epilogue it can fuse."""
+        (cublaslt_raw.LtGemm or None): cuBLASLt for the linears whose epilogue it can fuse. ``pdl``:
+        the W4A16 layers launch their GEMV-like kernels as programmatic dependents, where the module's
+        kernels wait for their predecessor (an older artifact's do not: then they launch plainly)."""
         self._arena, self._blas, self._epilogue, self._lt = arena, blas, epilogue, lt
         if self._prepacked:
+            if pdl and not waits_for_predecessor(w4a16_module):
+                log.info("w4a16: this artifact's kernels predate PDL; they launch plainly")
+                pdl = False
+            self.pdl = pdl
             for i, packed in self._prepacked.items():
-                self.layers[i] = self._w4a16_layer(self.lins[i], packed, w4a16_module, arch)
+                self.layers[i] = self._w4a16_layer(self.lins[i], packed, w4a16_module, arch, pdl)
             for i, owner in self.shares.items():
                 if owner in self.layers:
                     lin = self.lins[i]
@@ -362,7 +372,9 @@ class F16Linears:
         self._prepacked = {}  # uploaded: the host copies can go
 
     @staticmethod
-    def _w4a16_layer(lin: LinearF16, packed: dict[str, np.ndarray], module: Any, arch: str) -> Any:
+    def _w4a16_layer(
+        lin: LinearF16, packed: dict[str, np.ndarray], module: Any, arch: str, pdl: bool = False
+    ) -> Any:
         """The W4A16Linear of one INT4 linear: the kernels its measured rows name for ``arch``, else
         (no rows for this arch, or the module lacks one of them: an artifact built for an older arch
         too) the dispatcher's rule, which the module always holds."""
@@ -374,7 +386,9 @@ class F16Linears:
         if rows:
             table = table_from_rows(arch, {(lin.step.k, lin.step.n): rows})
             try:
-                layer = W4A16Linear(module, packed, m_max, dtype=lin.precision, activation=act, table=table)
+                layer = W4A16Linear(
+                    module, packed, m_max, dtype=lin.precision, activation=act, table=table, pdl=pdl
+                )
                 for m in range(1, m_max + 1):  # every M the plan runs (<= 16): each kernel looked up now
                     layer.plan(m)
                 return layer
@@ -383,7 +397,7 @@ class F16Linears:
                     "w4a16: the plan's measured kernels are not all in w4a16.fatbin; the rule runs",
                     extra={"arch": arch, "k": lin.step.k, "n": lin.step.n, "err": str(exc)},
                 )
-        return W4A16Linear(module, packed, m_max, dtype=lin.precision, activation=act)
+        return W4A16Linear(module, packed, m_max, dtype=lin.precision, activation=act, pdl=pdl)
 
     def w4a16_kernel(self, op_index: int, m: int) -> str | None:
         """The W4A16 kernel that runs linear ``op_index`` at M = m (after ``bind``), else None."""

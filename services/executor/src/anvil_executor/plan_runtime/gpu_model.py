@@ -115,6 +115,7 @@ class GpuPlanModel(PlanIO):
         w4a16_module: Any = None,
         lt_epilogue: bool = False,
         sync: str = "spin",
+        pdl: bool = False,
     ) -> None:
         """``precision``: "auto" (what the compiler recorded in the plan), "fp16", "bf16" or "fp32".
         ``sync``: how the host waits for a batch: "spin" on the stream (CUDA's default with fewer
@@ -123,7 +124,8 @@ class GpuPlanModel(PlanIO):
         ``w4a16_module``: the artifact's W4A16 kernels (a half plan's INT4 linears); None: those run
         cuBLAS in the half type on weights dequantized here. ``lt_epilogue``: a half plan's linears
         with a bias and no residual or LayerNorm run on cuBLASLt with the bias (+ ReLU / tanh-GELU)
-        fused."""
+        fused. ``pdl``: the INT4 linears' GEMV-like kernels launch as programmatic dependents where
+        ``w4a16_module``'s kernels wait for their predecessor (anvil_kernels.cuda.pdl)."""
         import cupy as cp
 
         t0 = time.perf_counter()
@@ -192,7 +194,7 @@ class GpuPlanModel(PlanIO):
                 if lt_epilogue and any(lin.lt_epilogue is not None for lin in lin16.lins.values()):
                     lt = LtGemm(self.stream.ptr, ws, CUBLAS_WORKSPACE_BYTES, self.precision)  # same stream
                 arch = f"sm_{cp.cuda.Device(device_id).compute_capability}"
-                lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module, lt, arch)
+                lin16.bind(self.arena, self._blas, self._epilogue, w4a16_module, lt, arch, pdl=pdl)
                 cp.cuda.Device(device_id).synchronize()  # W4A16Linear uploads on the legacy stream
             self._fns = self._functions(module, p, self._kernels)
             self._slots, pinned_bytes = self._layout_pinned()
@@ -243,6 +245,7 @@ class GpuPlanModel(PlanIO):
         precision: str = "auto",
         lt_epilogue: bool = False,
         sync: str = "spin",
+        pdl: bool = False,
     ) -> GpuPlanModel:
         from safetensors.numpy import load_file
 
@@ -262,7 +265,7 @@ class GpuPlanModel(PlanIO):
         return cls(
             plan, weights, module, device_id, name,
             gemm=gemm, tf32=tf32, outputs=outputs, precision=precision, w4a16_module=w4a16,
-            lt_epilogue=lt_epilogue, sync=sync,
+            lt_epilogue=lt_epilogue, sync=sync, pdl=pdl,
         )  # fmt: skip
 
     # ---- load --------------------------------------------------------------------------------
