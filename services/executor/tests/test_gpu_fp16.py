@@ -349,6 +349,27 @@ def test_weight_bound_int4_model_at_small_batch(tmp_path: Path) -> None:
             _check(gpu.run([r]), PlanModel.load(art).run([r]))
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_int4_linears_as_dependent_launches_give_the_same_outputs(tmp_path: Path, precision: str) -> None:
+    """ANVIL_GPU_PDL: the weight-bound model's W4A16 kernels launched as programmatic dependents,
+    captured in the buckets' graphs (every bucket, no fallback to eager launches) and replayed back to
+    back: the same outputs as the plain launches at every bucket up to 16 rows, NaN-filled activations
+    catching a layer that read its input before the layer before it wrote it."""
+    data = weight_bound_bytes(dim=1024, layers=8)
+    art = _onnx(tmp_path, data, True, max_batch=16, precision=precision)
+    plain = _gpu(art, nan_fill=True)
+    pdl = _gpu(art, nan_fill=True, pdl=True)
+    assert pdl._lin16 is not None and pdl._lin16.pdl
+    assert pdl.graph_count == len(pdl.buckets.all()), pdl.graph_error
+    rng = np.random.default_rng(11)
+    for n in (1, 3, 16):
+        req = [{"x": rng.standard_normal((n, 1024)).astype(np.float32)}]
+        want = plain.run(req)[0]["y"]
+        assert np.isfinite(want).all()
+        for _ in range(3):
+            np.testing.assert_array_equal(pdl.run(req)[0]["y"], want)
+
+
 # ---- bf16 plans (anvil deploy --gpu-precision bf16) ---------------------------------------------------
 
 

@@ -42,8 +42,9 @@ __all__ = [
 # kernels' variants changed (4 chunks in flight: new kernel names in the artifact's fatbin); 0.3.2: a
 # weight several linears read (a shared initializer) is quantized and stored once, and the staged
 # attention spreads a short batch's query rows over more blocks; 0.3.3: GPU precision bf16 (kernels.cu
-# carries the bf16 loads and stores)
-COMPILER_VERSION = "0.3.3+plan1"
+# carries the bf16 loads and stores); 0.3.4: the W4A16 fatbin's GEMV-like kernels wait for their
+# predecessor (programmatic dependent launch, w4a16_pdl_marker)
+COMPILER_VERSION = "0.3.4+plan1"
 
 
 def model_digest(data: bytes) -> str:
