@@ -88,8 +88,11 @@ class ExecutorSettings(ServiceSettings):
     # Half plans' INT4 linears on the GEMV-like W4A16 kernels (M <= 16) launched as programmatic
     # dependents (sm_90 PDL): each streams its first weights while the kernel before it drains, then
     # waits before it reads x. Only where the artifact's w4a16.fatbin has kernels that wait (built
-    # since the twenty-fourth session); an older artifact runs them plainly.
-    gpu_pdl: bool = False
+    # since the twenty-fourth session); an older artifact runs them plainly. On since measured
+    # (twenty-fourth session, H100, bench/int4_gpu.py in process, 256 linears of 8192^2, bf16, same
+    # artifact and run): graph 3,688 vs 4,081 µs at 1 row (1.107x), 1.065x at 4, 1.085x at 16;
+    # the same outputs.
+    gpu_pdl: bool = True
     # How the compute thread waits for a GPU batch: "spin" busy-waits on the stream (CUDA's own
     # default where a process has fewer contexts than the host has cores); "block" sleeps on a
     # blocking-sync CUDA event, giving its core back meanwhile. Measured on the H200 (MiniLM, 4
