@@ -2,7 +2,8 @@
 # One device call on a GPU host (see docs/executor_gpu.md): `make test-gpu`, then the whole stack with
 # its executor on cuda:0 serving compiled models (bench/gpu_stack.py). Python packages the image
 # lacks travel as wheels in .whl/ (bench/h200_env.sh installs them), the fp16 MiniLM in
-# .carry/minilm, perf_analyzer in .pa/ (none committed); results go to $OUT. OP_PROFILE=1 also times
+# .carry/minilm, perf_analyzer in .pa/ (none committed); results go to $OUT. PEERS_ALONE=1 first times
+# MiniLM's peers with the stack down (bench/minilm_gpu.py --peers-only). OP_PROFILE=1 also times
 # the fp16 MiniLM plan alone per shape (bench/gpu_op_profile.py, OP_SHAPES) between the tests and the stack.
 # MPS=1 runs the stack under a CUDA MPS control daemon of its own (quit at the end).
 source "$(dirname "$0")/h200_env.sh"
@@ -35,6 +36,13 @@ if [ "${MPS:-0}" = 1 ]; then
     echo "MPS: nvidia-cuda-mps-control could not start; running without MPS"
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   fi
+fi
+if [ "${PEERS_ALONE:-0}" = 1 ] && [ -d .carry/minilm ]; then
+  # the peers (infinity-emb, sentence-transformers) with the GPU and the cores to themselves, before
+  # the stack starts: bench/minilm_gpu.py reports them beside the peers it measures next to the stack
+  echo "== MiniLM peers alone =="
+  timeout 300 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" --peers-only \
+    ${MINILM_ARGS:-} 2>&1 | grep -E "sentences_per_s|what|not measured" | tail -24
 fi
 echo "== stack on cuda:0 =="
 export ANVIL_RUN_ROOT=/tmp/anvil-run ANVIL_PROFILES=gpu ANVIL_SLO_P2_MS=5000
@@ -81,7 +89,10 @@ direct_counts() {
 [ "${HOPS:-0}" = 1 ] && direct_counts "after the identity loads"
 [ "${SKIP_SMOKE:-0}" = 1 ] || timeout 400 python3 bench/gpu_stack.py --out "$OUT/gpu_stack.json" 2>&1 | tail -60
 if [ -d .carry/minilm ] && [ "${SKIP_MINILM:-0}" != 1 ]; then  # all-MiniLM-L6-v2, fp16 safetensors + tokenizer (45 MB)
-  timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" ${MINILM_ARGS:-} 2>&1 | tail -40
+  ALONE=""; [ -f "$OUT/minilm_peers_alone.json" ] && ALONE="--peers-alone $OUT/minilm_peers_alone.json"
+  # shellcheck disable=SC2086  # MINILM_ARGS, ALONE: several arguments
+  timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" ${MINILM_ARGS:-} $ALONE \
+    2>&1 | tail -40
   direct_counts "after the MiniLM loads"
   curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_(target_batch|batch_ceiling|batch_size_(sum|count)|batch_rtt_us_(sum|count)|pid_measured)" \
     | tee "$OUT/scheduler_batching.txt"

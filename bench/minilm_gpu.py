@@ -337,6 +337,19 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="Anvil only (no ratios): a quick A/B of settings")
     ap.add_argument("--infinity-batch", type=int, default=128, help="infinity-emb's --batch-size")
     ap.add_argument(
+        "--peers-only",
+        action="store_true",
+        help="only the peers (infinity-emb, sentence-transformers), no Anvil stack needed: run it before "
+        "the stack starts, in the same call, and hand its JSON to --peers-alone",
+    )
+    ap.add_argument(
+        "--peers-alone",
+        type=Path,
+        default=None,
+        help="a --peers-only JSON of this call: its figures (the peers with the GPU and cores to "
+        "themselves) are reported and ratioed beside those measured next to the running stack",
+    )
+    ap.add_argument(
         "--encoding-format",
         choices=("base64", "float"),
         default=ENCODING,
@@ -366,6 +379,14 @@ def main() -> None:
         # what `anvil up` started (the launcher's count for this host when the variable is unset)
         "executors_per_gpu": executors_per_gpu(os.environ.get("ANVIL_EXECUTORS_PER_GPU")),
     }
+    client = {"procs": args.client_procs, "fmt": args.encoding_format}
+    if args.peers_only:  # the peers with the GPU and the cores to themselves
+        peers = run_peers(args, texts, client)
+        res |= {"peers_alone": True, **peers}
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        (args.out_dir / "minilm_peers_alone.json").write_text(json.dumps(res, indent=2) + "\n")
+        print(json.dumps(res, indent=2))
+        return
     res["deploy_s"] = round(
         deploy(args.model_dir, args.name, args.max_batch, args.max_seq, args.gpu_precision), 2
     )
@@ -377,7 +398,7 @@ def main() -> None:
     )
     got = asyncio.run(embed_all(args.url, args.name, texts))
     res["accuracy_vs_st_fp32"] = accuracy(got, ref)
-    client = {"procs": args.client_procs, "fmt": args.encoding_format}
+    del st  # the peers load their own
     res["client"] = {
         "generator": "bench/http_load.py: one keep-alive http.client connection per concurrent client",
         "processes": args.client_procs,
@@ -408,6 +429,29 @@ def main() -> None:
         )
         write(args.out_dir, res, rows, [], [], None, len(texts))
         return
+    peers = run_peers(args, texts, client)
+    inf_rows = peers["infinity"] if isinstance(peers["infinity"], list) else []
+    st_rows, best = peers["sentence_transformers"], peers["st_best_row"]
+    res["infinity"], res["infinity_log_tail"] = peers["infinity"], peers["infinity_log_tail"]
+    if inf_rows:
+        res["ratio_c16_vs_infinity"] = round(rows[0]["sentences_per_s"] / inf_rows[0]["sentences_per_s"], 3)
+    res["anvil"], res["sentence_transformers"], res["st_best"] = rows, st_rows, best["what"]
+    res["ratio_c16_vs_st_best"] = round(rows[0]["sentences_per_s"] / best["sentences_per_s"], 3)
+    if args.peers_alone is not None and args.peers_alone.is_file():
+        alone = json.loads(args.peers_alone.read_text())
+        res["peers_alone"] = alone_summary(alone, rows[0]["sentences_per_s"])
+    print(json.dumps(res, indent=2))
+    write(args.out_dir, res, rows, inf_rows, st_rows, best, len(texts))
+
+
+def run_peers(args: argparse.Namespace, texts: list[str], client: dict[str, Any]) -> dict[str, Any]:
+    """infinity-emb under the same client load as Anvil (32 sentences at c16 and c64, one at c1), then
+    sentence-transformers in process (fp32 and fp16 at batch 32, 128, 512); the best of the latter is
+    the reference. infinity's rows, or why it was not measured, and the tail of its log."""
+    from sentence_transformers import SentenceTransformer
+
+    out: dict[str, Any] = {}
+    inf_rows: list[dict[str, Any]] = []
     try:
         proc = start_infinity(args.model_dir, args.infinity_port, args.infinity_batch)
         try:
@@ -428,22 +472,38 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
-        res["infinity"] = inf_rows
-        res["ratio_c16_vs_infinity"] = round(rows[0]["sentences_per_s"] / inf_rows[0]["sentences_per_s"], 3)
+        out["infinity"] = inf_rows
     except (RuntimeError, OSError) as exc:
-        res["infinity"] = f"not measured: {exc}"
-        print(res["infinity"], flush=True)
+        out["infinity"] = f"not measured: {exc}"
+        print(out["infinity"], flush=True)
+    log = Path(f"/tmp/infinity-{args.infinity_port}.log")
+    # what infinity said of its device, engine and batching: the figures' first explanation
+    out["infinity_log_tail"] = log.read_bytes()[-3000:].decode(errors="replace") if log.is_file() else ""
     st_rows = []
     for label, half in (("fp32", False), ("fp16", True)):
         model = SentenceTransformer(str(args.model_dir), device="cuda")
         model = model.half() if half else model.float()
         for b in (32, 128, 512):
             st_rows.append(st_speed(model, texts, b, args.seconds / 2, label))
+        del model
     best = max(st_rows, key=lambda r: r["sentences_per_s"])
-    res["anvil"], res["sentence_transformers"], res["st_best"] = rows, st_rows, best["what"]
-    res["ratio_c16_vs_st_best"] = round(rows[0]["sentences_per_s"] / best["sentences_per_s"], 3)
-    print(json.dumps(res, indent=2))
-    write(args.out_dir, res, rows, inf_rows, st_rows, best, len(texts))
+    out["sentence_transformers"], out["st_best"], out["st_best_row"] = st_rows, best["what"], best
+    return out
+
+
+def alone_summary(alone: dict[str, Any], anvil_c16: float) -> dict[str, Any]:
+    """The peers measured alone (a --peers-only run of the same call) and Anvil's c16 against them."""
+    best = alone["st_best_row"]
+    inf = alone["infinity"] if isinstance(alone["infinity"], list) else []
+    out: dict[str, Any] = {
+        "st_best": best,
+        "sentence_transformers": alone["sentence_transformers"],
+        "infinity": alone["infinity"],
+        "ratio_c16_vs_st_best": round(anvil_c16 / best["sentences_per_s"], 3),
+    }
+    if inf:
+        out["ratio_c16_vs_infinity"] = round(anvil_c16 / inf[0]["sentences_per_s"], 3)
+    return out
 
 
 def write(
@@ -486,6 +546,25 @@ def write(
         lines += [
             f"Anvil c16 / best sentence-transformers ({best['what']}): {res['ratio_c16_vs_st_best']}x",
             f"Anvil c16 / infinity-emb c16: {res.get('ratio_c16_vs_infinity', res['infinity'])}",
+        ]
+    alone = res.get("peers_alone")
+    if alone:
+        inf = alone["infinity"] if isinstance(alone["infinity"], list) else []
+        lines += [
+            "",
+            "The peers measured alone (before the Anvil stack started, same call, same corpus and client):",
+            "",
+            "| what | concurrency | sentences/s | p50 ms | p99 ms |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {r['what']} | {r.get('concurrency', 'in process')} | {r['sentences_per_s']:,} | "
+                f"{r['p50_ms']} | {r['p99_ms']} |"
+                for r in inf + alone["sentence_transformers"]
+            ),
+            "",
+            f"Anvil c16 / best sentence-transformers alone ({alone['st_best']['what']}): "
+            f"{alone['ratio_c16_vs_st_best']}x; Anvil c16 / infinity-emb alone c16: "
+            f"{alone.get('ratio_c16_vs_infinity', alone['infinity'] if not inf else '-')}",
         ]
     (out_dir / "minilm_gpu.md").write_text("\n".join(lines) + "\n")
 
