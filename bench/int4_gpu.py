@@ -224,12 +224,7 @@ def _in_process(
             for _ in range(5):
                 got = model.run(req)[0]["y"]
             reps = _reps((time.perf_counter() - t1) / 5)
-            times = []
-            for _ in range(reps):
-                t1 = time.perf_counter()
-                model.run(req)
-                times.append((time.perf_counter() - t1) * 1e3)
-            row[f"b{b}_ms"] = round(float(np.median(times)), 4)
+            row[f"b{b}_ms"] = _run_ms(model, req, reps)
             row[f"b{b}_graph_us"] = _graph_us(model, b, reps)
             if ref is not None:
                 row[f"b{b}_cos_min_vs_onnxruntime"] = _cos_min(got, ref[:b])
@@ -244,12 +239,7 @@ def _in_process(
                 got = pdl.run(req)[0]["y"]
                 row[f"b{b}_pdl_same_output"] = bool(np.array_equal(got, plain))
                 reps = _reps(row[f"b{b}_ms"] / 1e3)
-                times = []
-                for _ in range(reps):
-                    t1 = time.perf_counter()
-                    pdl.run(req)
-                    times.append((time.perf_counter() - t1) * 1e3)
-                row[f"b{b}_ms_pdl"] = round(float(np.median(times)), 4)
+                row[f"b{b}_ms_pdl"] = _run_ms(pdl, req, reps)
                 row[f"b{b}_graph_us_pdl"] = _graph_us(pdl, b, reps)
             del pdl
         out[name] = row
@@ -263,6 +253,16 @@ def _in_process(
         if g4 and g16:
             out[f"graph_speedup_b{b}"] = round(g16 / g4, 3)
     return out
+
+
+def _run_ms(model: Any, req: list[dict[str, np.ndarray]], reps: int) -> float:
+    """Median ms of ``reps`` calls of ``model.run(req)`` (staging, graph launch, wait, fetch)."""
+    times = []
+    for _ in range(reps):
+        t1 = time.perf_counter()
+        model.run(req)
+        times.append((time.perf_counter() - t1) * 1e3)
+    return round(float(np.median(times)), 4)
 
 
 def _graph_us(model: Any, b: int, reps: int = 200) -> float | None:

@@ -16,6 +16,7 @@ header where one is installed.
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,7 +75,9 @@ def _function_handle(fn: Any) -> int:
     return int(ptr)
 
 
+@functools.cache
 def _load_driver() -> Any:
+    """libcuda's cuLaunchKernelEx, looked up once per process (every layer's launcher shares it)."""
     lib = ctypes.CDLL("libcuda.so.1")
     fn = lib.cuLaunchKernelEx
     fn.restype = ctypes.c_int
