@@ -16,6 +16,8 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
+from anvil_kernels.cuda.w4a16_linear import PDL_MARKER
+
 PTXAS_ENTRY = re.compile(
     r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame, (\d+) bytes spill stores, "
     r"(\d+) bytes spill loads\s*ptxas info\s*: Used (\d+) registers",
@@ -32,7 +34,8 @@ def ptxas_registers() -> Callable[[str], dict[str, int]]:
         out: dict[str, int] = {}
         for name, stack, st, ld, regs in PTXAS_ENTRY.findall(stderr):
             assert (int(stack), int(st), int(ld)) == (0, 0, 0), f"{name}: stack/spills {stack}/{st}/{ld}"
-            out[name] = int(regs)
+            if name != PDL_MARKER:  # the empty kernel every module carries (w4a16.cu): no tile of any family
+                out[name] = int(regs)
         return out
 
     return read
