@@ -324,3 +324,5 @@ def test_int4_linears_launch_as_dependents_only_where_the_kernels_wait(
     w4 = [n for n, _ in fake_cupy.LAUNCHES.calls if n.startswith("w4a16_")]
     assert w4  # the plan's INT4 linears ran on W4A16 (rows <= 16)
     assert through == (w4 if waits else [])
+    w4_entries = [r for r in gpu.linear_report() if any(k.startswith("w4a16") for k in r["rows"])]
+    assert w4_entries and all(r.get("pdl", False) is waits for r in w4_entries)

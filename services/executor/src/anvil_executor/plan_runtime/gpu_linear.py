@@ -461,7 +461,8 @@ class F16Linears:
         return [self._keys.get(("w", i), -1) for i in range(n_weights)]
 
     def report(self, buckets: list[tuple[int, int]]) -> list[dict[str, Any]]:
-        """Per linear: its backend and the row counts (over ``buckets``) each kernel runs."""
+        """Per linear: its backend, the row counts (over ``buckets``) each kernel runs, and ``pdl``
+        where its W4A16 kernels launch as programmatic dependents."""
         out: list[dict[str, Any]] = []
         for lin in self.lins.values():
             per: dict[str, list[int]] = {}
@@ -471,5 +472,8 @@ class F16Linears:
                 per.setdefault(lin.kernel_at(m, self._lt is not None, w4a16), []).append(m)
             name = _s(self.plan.ops[lin.step.op_index].name)
             rows = {k: [min(v), max(v)] for k, v in per.items()}
-            out.append({"op": name, "backend": lin.backend, "rows": rows})
+            entry: dict[str, Any] = {"op": name, "backend": lin.backend, "rows": rows}
+            if self.pdl and any(k.startswith("w4a16") for k in rows):
+                entry["pdl"] = True  # its W4A16 kernels launch as programmatic dependents
+            out.append(entry)
         return out
