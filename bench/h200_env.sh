@@ -8,6 +8,9 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# the results name ANVIL_COMMIT; without it the benches read the device copy's git HEAD, which has
+# lagged the working tree sent (twenty-fourth session: it read 87c3813 three commits later)
+[ -n "${ANVIL_COMMIT:-}" ] || echo "warning: ANVIL_COMMIT unset: results will name the device copy's git HEAD, which can be stale"
 # the peers' extra wheels (infinity-emb and what it needs beyond .whl/), where carried in .whl_peers/
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
   $(ls .whl_peers/*.whl 2>/dev/null) || exit 1

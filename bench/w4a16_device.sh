@@ -22,6 +22,7 @@ SRC=libs/core/src:libs/client/src:libs/kernels/src:services/gateway/src:services
 SRC=$SRC:services/executor/src:services/compiler/src:services/qos/src
 export PYTHONPATH=$PWD/${SRC//:/:$PWD/}${PYTHONPATH:+:$PYTHONPATH}
 COMMIT=${ANVIL_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}  # the device copy's git can be stale
+[ -n "${ANVIL_COMMIT:-}" ] || echo "warning: ANVIL_COMMIT unset: the results name the device copy's git HEAD ($COMMIT), which can be stale"
 BUILD=$(mktemp -d /tmp/anvil_w4a16.XXXXXX)
 T0=$SECONDS
 nvidia-smi -L || true
