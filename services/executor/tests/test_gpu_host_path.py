@@ -312,7 +312,7 @@ def test_int4_linears_launch_as_dependents_only_where_the_kernels_wait(
             through.append(fn.name)
             fn(grid, block, args, shared_mem=shared_mem)  # recorded and checked as a plain launch is
 
-    monkeypatch.setattr(wl, "PdlLauncher", _Launcher)
+    monkeypatch.setattr(wl, "default_launcher", _Launcher)  # the process's launcher: this stand-in
     plan, weights, source = _lowered(tmp_path, "mlp", True, "fp16")
     w4a16 = fake_cupy.RawModule() if waits else _PreMarkerModule()
     gpu = GpuPlanModel(

@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROGRAMMATIC_STREAM_SERIALIZATION", "LaunchAttribute", "LaunchConfig", "PdlLauncher"]
+__all__ = [
+    "PROGRAMMATIC_STREAM_SERIALIZATION",
+    "LaunchAttribute",
+    "LaunchConfig",
+    "PdlLauncher",
+    "default_launcher",
+]
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
@@ -112,3 +118,9 @@ class PdlLauncher:
         err = int(self._launch(ctypes.pointer(cfg), ctypes.c_void_p(_function_handle(fn)), params, None))
         if err != 0:  # the driver's own error type: the executor's fault handling treats it as any launch's
             raise cupy.cuda.driver.CUDADriverError(err)
+
+
+@functools.cache
+def default_launcher() -> PdlLauncher:
+    """The process's launcher on libcuda (made on first use; every W4A16 layer shares it)."""
+    return PdlLauncher()

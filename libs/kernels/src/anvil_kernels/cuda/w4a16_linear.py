@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from anvil_kernels.activations import ACTIVATIONS
-from anvil_kernels.cuda.pdl import PdlLauncher
+from anvil_kernels.cuda.pdl import default_launcher
 from anvil_kernels.cuda.w4a16 import (
     _DT_CODE,
     FLAG_EVICT_FIRST,
@@ -167,7 +167,7 @@ class W4A16Linear:
         self._xt = cupy.zeros(8, self.xdtype)  # x retiled for the wgs kernels, grown by set_kernel
         self._tile_x: Any = None
         self._launches: dict[int, _Launch] = {}
-        # programmatic dependent launch of the GEMV-like kernels (pdl.py): made on the first such call
+        # programmatic dependent launch of the GEMV-like kernels (pdl.py), only of kernels that wait
         if pdl and not waits_for_predecessor(module):
             raise ValueError(
                 "pdl=True needs kernels that wait for the kernel before them; this module was built "
@@ -332,9 +332,8 @@ class W4A16Linear:
                 np.int32(plan.sn), np.int32(plan.sk), np.int32(self._act), np.int32(flags),
             )  # fmt: skip
             if self.pdl:  # the GEMV-like kernels wait (griddepcontrol.wait) before they read x
-                if self._pdl_launch is None:
-                    self._pdl_launch = PdlLauncher()
-                self._pdl_launch(launch.fn, plan.grid, (plan.block,), args, shared_mem=plan.smem)
+                pdl_launch = self._pdl_launch or default_launcher()
+                pdl_launch(launch.fn, plan.grid, (plan.block,), args, shared_mem=plan.smem)
             else:
                 launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
         else:
