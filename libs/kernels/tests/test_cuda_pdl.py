@@ -3,11 +3,13 @@
 CPU (CI): the ctypes structures match cuda.h's layout (and the header itself, where nvcc's is
 installed); ``PdlLauncher`` hands the driver the grid, block, shared memory, the current stream, the
 programmatic-serialization attribute and every argument at its width, and raises the driver's
-error; ``W4A16Linear(pdl=True)`` sends the GEMV-like kernels, and only those, through it; in the
-SASS of every GEMV-like kernel the wait (ACQBULK) comes after the first weight loads or copies and
-before any read of x and any store. GPU: a chain of layers whose every input is the previous
-layer's output gives the same bits launched as dependents (eager and inside a CUDA graph) as
-launched one after the other.
+error; ``W4A16Linear(pdl=True)`` sends the GEMV-like kernels and the wgs tiles with their x
+retiling (where the module's build waits there too), and nothing else, through it; in the SASS of
+every GEMV-like kernel the wait (ACQBULK) comes after the first weight loads or copies and before
+any read of x and any store, and in the wgs kernels the producer copies only weights and scale words
+before it (x after), the consumers store nothing before theirs, w4a16_tile_x waits before it reads.
+GPU: a chain of layers whose every input is the previous layer's output gives the same bits launched
+as dependents (eager and inside a CUDA graph) as launched one after the other.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from anvil_kernels.cuda import GV_CONFIGS, W4A16Params, prepack
+from anvil_kernels.cuda import GV_CONFIGS, MTC_CONFIGS, W4A16Params, prepack
 from anvil_kernels.cuda.gpu_check import has_gpu, random_weight
 from anvil_kernels.cuda.pdl import (
     PROGRAMMATIC_STREAM_SERIALIZATION,
@@ -34,7 +36,7 @@ from anvil_kernels.cuda.pdl import (
     PdlLauncher,
 )
 from anvil_kernels.cuda.w4a16 import w4a16_source
-from anvil_kernels.cuda.w4a16_linear import PDL_MARKER
+from anvil_kernels.cuda.w4a16_linear import PDL_MARKER, PDL_MARKERS, WGS_PDL_MARKER
 from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits
 
 # ------------------------------------------------------------------------------------ layout
@@ -201,6 +203,49 @@ def test_w4a16_linear_sends_only_gemv_like_kernels_through_the_launcher(
     assert np.isfinite(bf16_bits_to_f32(np.asarray(out))).all()
 
 
+def test_w4a16_linear_sends_wgs_tiles_through_the_launcher_where_they_wait(
+    fake_cupy: Callable[[np.ndarray], Any], rng: np.random.Generator, model_module: SimpleNamespace
+) -> None:
+    """pdl=True and a module built with the wgs waits (WGS_PDL_MARKER): w4a16_tile_x, then the wgs
+    kernel, each through the launcher with a plain launch's grid, block and shared memory, and the
+    same output as plain launches; a module built before them launches both plainly."""
+    from anvil_kernels.cuda import W4A16Linear
+
+    dev = fake_cupy
+    w = prepack(random_weight(rng, 512, 256, 128, "bf16"))
+    x = dev(f32_to_bf16_bits(rng.standard_normal((37, 512)).astype(np.float32)))
+    seen: list[tuple[str, tuple, tuple, int]] = []
+
+    def running(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        seen.append((fn.name, tuple(grid), tuple(block), shared_mem))
+        fn(grid, block, args, shared_mem=shared_mem)  # the numpy model runs as the kernel
+
+    def before_wgs_waits(name: str) -> Any:
+        if name == WGS_PDL_MARKER:
+            raise KeyError(name)
+        return model_module.get_function(name)
+
+    old = SimpleNamespace(get_function=before_wgs_waits)
+    wgs = [c for c in MTC_CONFIGS if MTC_CONFIGS[c].ws]
+    assert wgs
+    for cfg in wgs:
+        outs = []
+        for mod, pdl in ((model_module, False), (model_module, True), (old, True)):
+            seen.clear()
+            layer = W4A16Linear(mod, w, 37, sm_count=132, kernel=cfg, pdl=pdl, launcher=running)
+            out = dev(np.full((37, 256), 0xFFFF, np.uint16))
+            layer(x, out)
+            outs.append(np.asarray(out).copy())
+            plan = layer.plan(37)
+            if pdl and mod is model_module:
+                assert [s_[0] for s_ in seen] == ["w4a16_tile_x", seen[1][0]], (cfg, seen)
+                assert seen[1][1:] == (tuple(plan.grid), (plan.block,), plan.smem), cfg
+            else:
+                assert seen == [], (cfg, pdl)
+        assert np.isfinite(bf16_bits_to_f32(outs[0])).all(), cfg
+        assert np.array_equal(outs[1], outs[0]) and np.array_equal(outs[2], outs[0]), cfg
+
+
 # ------------------------------------------------------------------------------------ SASS
 
 
@@ -226,10 +271,10 @@ def test_gemv_like_kernels_wait_after_the_first_weights_and_before_x(
     names = []
     for body in functions:
         name = body.split("\n", 1)[0].strip()
-        if not name.startswith("w4a16") or name == PDL_MARKER:  # the marker kernel is empty
+        if not name.startswith("w4a16") or name in PDL_MARKERS:  # the marker kernels are empty
             continue
         names.append(name)
-        ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)
+        ops = _ops(body)
         assert "ACQBULK" in ops and "PREEXIT" in ops, name
         wait = ops.index("ACQBULK")
         before = ops[:wait]
@@ -243,6 +288,49 @@ def test_gemv_like_kernels_wait_after_the_first_weights_and_before_x(
     assert {c for c in GV_CONFIGS if any(n_.startswith(f"w4a16{c}_") for n_ in names)} == set(GV_CONFIGS), (
         names
     )
+
+
+def _ops(body: str) -> list[str]:
+    """The opcodes of one function's SASS, in address order (predicates dropped)."""
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.timeout(600)
+def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump: str | None) -> None:
+    """The wgs tiles (one producer warp, and a producer warpgroup) and w4a16_tile_x, bf16 g128: the
+    consumers' code loads and stores nothing global before its wait (ACQBULK); the producer's bulk
+    copies (UBLKCP) before its wait are two (the prologue's weights and scale words), then
+    launch_dependents (PREEXIT), the wait, and the x copies after it; w4a16_tile_x waits before its
+    first load and store."""
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump")
+    cfgs = ("wgs64n", "wgs128w")
+    assert all(MTC_CONFIGS[c].ws for c in cfgs)
+    params = W4A16Params(dtypes=("bf16",), groups=(128,), tc_configs=(), mtc_configs=cfgs)
+    src = tmp_path / "k.cu"
+    src.write_text(w4a16_source(params))
+    cubin = tmp_path / "k.cubin"
+    cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(cubin), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    bodies = {b.split("\n", 1)[0].strip(): b for b in re.split(r"\n\s*Function : ", sass)[1:]}
+    assert WGS_PDL_MARKER in bodies
+    for cfg in cfgs:
+        ops = _ops(bodies[f"w4a16{cfg}_bf16_c2"])
+        first_wait = ops.index("ACQBULK")
+        assert not [o for o in ops[:first_wait] if o.startswith(("LDG", "STG", "UBLKCP"))], cfg
+        # the producer's code: from its first bulk copy on
+        prod = ops[ops.index("UBLKCP.S.G") :]
+        wait = prod.index("ACQBULK")
+        assert prod[:wait].count("UBLKCP.S.G") == 2, (cfg, prod[: wait + 1])
+        assert "PREEXIT" in prod[:wait], cfg
+        assert "UBLKCP.S.G" in prod[wait:], cfg  # x
+    tx = _ops(bodies["w4a16_tile_x"])
+    wait = tx.index("ACQBULK")
+    assert "PREEXIT" in tx[:wait]
+    assert not [o for o in tx[:wait] if o.startswith(("LDG", "STG"))], tx
+    assert any(o.startswith("LDG") for o in tx[wait:]) and any(o.startswith("STG") for o in tx[wait:])
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -261,6 +349,23 @@ def test_dependent_chain_gives_the_same_bits(
     (read-after-write and write-after-read between neighbours), launched as programmatic dependents
     eagerly and as a captured CUDA graph, against the same chain launched plainly with a
     synchronize after each layer: the same bits, and finite."""
+    _chain_same_bits(module, rng, kernel, m)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [c for c in MTC_CONFIGS if MTC_CONFIGS[c].ws])
+@pytest.mark.parametrize("m", [37, 64])
+def test_dependent_wgs_chain_gives_the_same_bits(
+    module: object, rng: np.random.Generator, kernel: str, m: int
+) -> None:
+    """The same chain on a wgs tile: each layer two dependent launches (w4a16_tile_x, then the
+    tile, whose producer copies weights before it waits), every layer reusing its retiled x and
+    split-K workspace three times over the chain."""
+    _chain_same_bits(module, rng, kernel, m)
+
+
+def _chain_same_bits(module: object, rng: np.random.Generator, kernel: str, m: int) -> None:
     import cupy as cp
 
     from anvil_kernels.cuda import W4A16Linear

@@ -63,14 +63,18 @@ class ModuleSet:
 
 
 PDL_MARKER = "w4a16_pdl_marker"  # a kernel of every module whose GEMV-like kernels wait (w4a16.cu)
+# likewise for the wgs kernels and w4a16_tile_x (w4a16_wgs.cu), which wait since a later commit
+WGS_PDL_MARKER = "w4a16_wgs_pdl_marker"
+PDL_MARKERS = (PDL_MARKER, WGS_PDL_MARKER)  # empty kernels, no tile of any family
 
 
-def waits_for_predecessor(module: Any) -> bool:
-    """Whether ``module``'s GEMV-like kernels execute griddepcontrol.wait before they read x (built
-    from a source with ``pdl_wait``: the marker kernel is there), so they may be launched as
-    programmatic dependents. False for a module built before (an older artifact's fatbin)."""
+def waits_for_predecessor(module: Any, marker: str = PDL_MARKER) -> bool:
+    """Whether ``module``'s GEMV-like kernels (``marker`` WGS_PDL_MARKER: its wgs kernels and
+    w4a16_tile_x) execute griddepcontrol.wait before they read x (built from a source with
+    ``pdl_wait``: the marker kernel is there), so they may be launched as programmatic dependents.
+    False for a module built before (an older artifact's fatbin)."""
     try:
-        module.get_function(PDL_MARKER)
+        module.get_function(marker)
     except Exception:  # KeyError from a ModuleSet, the driver's NOT_FOUND from a RawModule
         return False
     return True
@@ -118,7 +122,9 @@ class W4A16Linear:
     fixed order). ``pdl``: the GEMV-like kernels (M up to ~16-32) are launched with programmatic
     stream serialization (``pdl.PdlLauncher``): each may start while the kernel before it on the
     stream drains, streams its first weights, and waits (``griddepcontrol.wait``) before it reads x;
-    the tensor-core tiles launch as before. ``launcher``: a stand-in for the PDL launcher (tests).
+    so are the wgs tiles and the x retiling before them where the module's build waits there too
+    (``WGS_PDL_MARKER``); every other tile launches as before. ``launcher``: a stand-in for the PDL
+    launcher (tests).
     """
 
     def __init__(
@@ -174,6 +180,7 @@ class W4A16Linear:
                 f"from a w4a16.cu without them (no {PDL_MARKER})"
             )
         self.pdl = pdl
+        self._wgs_waits = waits_for_predecessor(module, WGS_PDL_MARKER)  # else wgs launches stay plain
         self._pdl_launch: Any = launcher
         self.set_kernel(kernel, split, overrides)
         if not keep_host:
@@ -341,17 +348,26 @@ class W4A16Linear:
             # (cp.async ... L2::cache_hint) raised an illegal instruction on the H200
             wq, wsz = (self.mq, self.msz) if plan.cfg in MTC_CONFIGS else (self.qweight, self.sz)
             xs = x
+            # a wgs kernel and its x retiling wait for the kernel before them (where built so)
+            dependent = self.pdl and self._wgs_waits and bool(launch.xt_rows)
+            run = (self._pdl_launch or default_launcher()) if dependent else None
             if launch.xt_rows:  # a wgs kernel reads x retiled, rows past M zero
                 pieces = launch.xt_rows * (self.k // 8)
                 grid = (-(-pieces // TILE_X_THREADS),)
                 targs = (x, self._xt, np.int32(m), np.int32(launch.xt_rows), np.int32(self.k))
-                self._tile_x(grid, (TILE_X_THREADS,), targs)
+                if run is not None:
+                    run(self._tile_x, grid, (TILE_X_THREADS,), targs)
+                else:
+                    self._tile_x(grid, (TILE_X_THREADS,), targs)
                 xs = self._xt
             args = (
                 wq, wsz, xs, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
                 *dims, np.int32(self._act), np.int32(self._scale_flag),
             )  # fmt: skip
-            launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
+            if run is not None:
+                run(launch.fn, plan.grid, (plan.block,), args, shared_mem=plan.smem)
+            else:
+                launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
         return out
 
 

@@ -21,6 +21,13 @@
 // the scale/weight loads (generic) read after waiting on it: no proxy fence is needed.
 // The producer warps leave after the last copy; the consumers' split-K barriers in tile_finish are
 // a named barrier over the 32*WN consumer threads (BAR = 1).
+// Programmatic dependent launch (W4A16Linear(pdl=True), as the GEMV-like kernels of w4a16.cu): the
+// producer copies the first ST stages' weights and scale words (no kernel writes them), then
+// launch_dependents, then waits (griddepcontrol.wait) for the kernel before it, w4a16_tile_x, which
+// wrote XT, and only then copies x. Every consumer thread waits too before tile_finish reads bias or
+// the residual and writes the output, the split-K workspace and the counters (a no-op by then:
+// its chunks came through the producer's wait). w4a16_tile_x waits before it reads x and before it
+// writes XT, which the previous wgs launch of the same layer may still be reading.
 
 namespace anvil_w4a16 {
 
@@ -78,13 +85,34 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             const uint16_t* xt = XT + (static_cast<size_t>(c0) * mpad + m0) * 64;
             const size_t wstep = static_cast<size_t>(strips) * 32, szstep = static_cast<size_t>(strips) * 4;
             const size_t xstep = static_cast<size_t>(mpad) * 64;
-            for (int i = 0; i < nck; ++i) {
+            // the first stages: weights and scale words now (each stage's full barrier expects its x
+            // bytes too, so no consumer passes it before they land), x after the wait
+            const int pro = min(ST, nck);
+            for (int i = 0; i < pro; ++i) {
+                const uint32_t st = smem_s + i * T::STAGE;
+                const uint32_t full = full0 + 8 * i;
+                const bool first = i % CPG == 0;  // c0 is a multiple of CPG
+                mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));
+                bulk_g2s(st, w, wbytes, full);
+                if (first) {
+                    bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
+                    sz += szstep;
+                }
+                w += wstep;
+            }
+            pdl_launch_dependents();
+            pdl_wait();  // w4a16_tile_x has written XT
+            for (int i = 0; i < pro; ++i) {
+                bulk_g2s(smem_s + i * T::STAGE + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * i);
+                xt += xstep;
+            }
+            for (int i = pro; i < nck; ++i) {
                 const int s = i % ST;
                 // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1
-                if (i >= ST) mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
+                mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
                 const uint32_t st = smem_s + s * T::STAGE;
                 const uint32_t full = full0 + 8 * s;
-                const bool first = i % CPG == 0;  // c0 is a multiple of CPG
+                const bool first = i % CPG == 0;
                 mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));
                 bulk_g2s(st, w, wbytes, full);
                 if (first) {
@@ -125,6 +153,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
+    pdl_wait();  // before bias, residual, output, workspace and counters (a no-op: see the top)
     tile_finish<DT, MT, NS, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
 }
 
@@ -146,6 +175,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 #define ANVIL_W4A16_TILE_X_KERNEL()                                                                     \
     extern "C" __global__ void __launch_bounds__(256) w4a16_tile_x(                                     \
         const uint4* __restrict__ X, uint4* __restrict__ XT, int M, int mpad, int K) {                 \
+        anvil_w4a16::pdl_launch_dependents(); /* the wgs kernel's weight copies may start */           \
+        anvil_w4a16::pdl_wait();              /* x written; the last wgs launch done with XT */       \
         const long long p = static_cast<long long>(blockIdx.x) * 256 + threadIdx.x;                    \
         const long long total = static_cast<long long>(mpad) * (K >> 3);                               \
         if (p >= total) return;                                                                        \
@@ -155,3 +186,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         const int piece = static_cast<int>(blk / groups) * 8 + static_cast<int>((p >> 3) & 7);         \
         XT[p] = r < M ? X[static_cast<long long>(r) * (K >> 3) + piece] : make_uint4(0, 0, 0, 0);     \
     }
+
+// Present in every module built from this source: the wgs kernels and w4a16_tile_x wait
+// (pdl_wait) before they read x or XT, so W4A16Linear may launch them as programmatic dependents;
+// a module built before lacks it and launches them plainly (w4a16_linear.WGS_PDL_MARKER).
+extern "C" __global__ void w4a16_wgs_pdl_marker() {}
