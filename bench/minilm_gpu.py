@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -107,9 +108,12 @@ def load(
     who: str = "anvil",
     procs: int = CLIENT_PROCS,
     fmt: str = ENCODING,
+    warmup: float = 0.0,
 ) -> dict[str, Any]:
     """``conc`` closed-loop clients (bench/http_load.py) over ``min(procs, conc)`` processes, for
-    ``seconds``; every answer decoded as the OpenAI client does and checked for ``per_req`` vectors."""
+    ``seconds``; every answer decoded as the OpenAI client does and checked for ``per_req`` vectors.
+    ``warmup``: seconds of the same load first, not counted (every server's first batches of a shape
+    and size, e.g. a peer's lazily loaded kernels, fall there)."""
     job = http_load.Load(
         url=url,
         path="/v1/embeddings",
@@ -121,6 +125,8 @@ def load(
         expect=per_req,
         procs=procs,
     )
+    if warmup > 0:
+        http_load.run(dataclasses.replace(job, seconds=warmup))
     got = http_load.summary(http_load.run(job), per_req)
     row: dict[str, Any] = {
         "what": f"{who} {per_req} sentences/request",
@@ -332,6 +338,12 @@ def main() -> None:
     )
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=6.0, help="duration of each load phase, s")
+    ap.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=2.0,
+        help="the same load before each measured phase, not counted, for every server, s",
+    )
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--infinity-port", type=int, default=7997)
     ap.add_argument("--no-peers", action="store_true", help="Anvil only (no ratios): a quick A/B of settings")
@@ -379,7 +391,7 @@ def main() -> None:
         # what `anvil up` started (the launcher's count for this host when the variable is unset)
         "executors_per_gpu": executors_per_gpu(os.environ.get("ANVIL_EXECUTORS_PER_GPU")),
     }
-    client = {"procs": args.client_procs, "fmt": args.encoding_format}
+    client = {"procs": args.client_procs, "fmt": args.encoding_format, "warmup": args.warmup_seconds}
     if args.peers_only:  # the peers with the GPU and the cores to themselves
         peers = run_peers(args, texts, client)
         res |= {"peers_alone": True, **peers}
@@ -403,6 +415,7 @@ def main() -> None:
         "generator": "bench/http_load.py: one keep-alive http.client connection per concurrent client",
         "processes": args.client_procs,
         "encoding_format": args.encoding_format,
+        "warmup_s": args.warmup_seconds,
     }
     rows = [
         load(args.url, args.name, texts, 32, 16, args.seconds, **client),
@@ -410,9 +423,7 @@ def main() -> None:
         load(args.url, args.name, texts, 1, 1, args.seconds, **client),
     ]
     if args.encoding_format == "base64":  # the float JSON answers of earlier runs, for comparison
-        rows.append(
-            load(args.url, args.name, texts, 32, 16, args.seconds, procs=args.client_procs, fmt="float")
-        )
+        rows.append(load(args.url, args.name, texts, 32, 16, args.seconds, **(client | {"fmt": "float"})))
     res["c1_hops"] = c1_hops(args.url, args.name, texts, split_compute=res["gateway_workers"] == 1)
     print("c1 hops (KServe BYTES, one sentence):", res["c1_hops"], flush=True)
     inf_rows: list[dict[str, Any]] = []
@@ -478,7 +489,9 @@ def run_peers(args: argparse.Namespace, texts: list[str], client: dict[str, Any]
         print(out["infinity"], flush=True)
     log = Path(f"/tmp/infinity-{args.infinity_port}.log")
     # what infinity said of its device, engine and batching: the figures' first explanation
-    out["infinity_log_tail"] = log.read_bytes()[-3000:].decode(errors="replace") if log.is_file() else ""
+    text = log.read_bytes().decode(errors="replace") if log.is_file() else ""
+    # its start (device, engine, batch size, warm-up) and its end (errors, shutdown)
+    out["infinity_log_tail"] = text if len(text) <= 6000 else f"{text[:3000]}\n[...]\n{text[-3000:]}"
     st_rows = []
     for label, half in (("fp32", False), ("fp16", True)):
         model = SentenceTransformer(str(args.model_dir), device="cuda")
@@ -527,7 +540,9 @@ def write(
         f"· plan {res['plan']} · gateway processes: {res['gateway_workers']}"
         f" · executors per GPU: {res.get('executors_per_gpu', 1)}",
         f"· client: {res['client']['generator']}, {res['client']['processes']} processes, "
-        f"encoding_format {res['client']['encoding_format']} (every server, same client)",
+        f"encoding_format {res['client']['encoding_format']}, "
+        f"{res['client'].get('warmup_s', 0)} s of the same load before each phase, not counted "
+        "(every server, same client)",
         "",
         f"Accuracy vs sentence-transformers fp32: {res['accuracy_vs_st_fp32']}",
         "",
