@@ -302,7 +302,7 @@ def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump
     consumers' code loads and stores nothing global before its wait (ACQBULK); the producer's bulk
     copies (UBLKCP) before its wait are two (the prologue's weights and scale words), then
     launch_dependents (PREEXIT), the wait, and the x copies after it; w4a16_tile_x waits before its
-    first load and store."""
+    first load and store, and only then lets its dependent launch (one layer ahead at most)."""
     if cuobjdump is None:
         pytest.skip("no cuobjdump")
     cfgs = ("wgs64n", "wgs128w")
@@ -328,7 +328,7 @@ def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump
         assert "UBLKCP.S.G" in prod[wait:], cfg  # x
     tx = _ops(bodies["w4a16_tile_x"])
     wait = tx.index("ACQBULK")
-    assert "PREEXIT" in tx[:wait]
+    assert "PREEXIT" in tx[wait:] and "PREEXIT" not in tx[:wait], tx  # its wgs kernel launches after
     assert not [o for o in tx[:wait] if o.startswith(("LDG", "STG"))], tx
     assert any(o.startswith("LDG") for o in tx[wait:]) and any(o.startswith("STG") for o in tx[wait:])
 
