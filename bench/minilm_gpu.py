@@ -392,6 +392,12 @@ def main() -> None:
         "executors_per_gpu": executors_per_gpu(os.environ.get("ANVIL_EXECUTORS_PER_GPU")),
     }
     client = {"procs": args.client_procs, "fmt": args.encoding_format, "warmup": args.warmup_seconds}
+    res["client"] = {
+        "generator": "bench/http_load.py: one keep-alive http.client connection per concurrent client",
+        "processes": args.client_procs,
+        "encoding_format": args.encoding_format,
+        "warmup_s": args.warmup_seconds,
+    }
     if args.peers_only:  # the peers with the GPU and the cores to themselves
         peers = run_peers(args, texts, client)
         res |= {"peers_alone": True, **peers}
@@ -411,12 +417,6 @@ def main() -> None:
     got = asyncio.run(embed_all(args.url, args.name, texts))
     res["accuracy_vs_st_fp32"] = accuracy(got, ref)
     del st  # the peers load their own
-    res["client"] = {
-        "generator": "bench/http_load.py: one keep-alive http.client connection per concurrent client",
-        "processes": args.client_procs,
-        "encoding_format": args.encoding_format,
-        "warmup_s": args.warmup_seconds,
-    }
     rows = [
         load(args.url, args.name, texts, 32, 16, args.seconds, **client),
         load(args.url, args.name, texts, 32, 64, args.seconds, **client),
