@@ -261,16 +261,8 @@ def test_gemv_like_kernels_wait_after_the_first_weights_and_before_x(
     if cuobjdump is None:
         pytest.skip("no cuobjdump")
     params = W4A16Params(dtypes=("bf16",), groups=(128,), tc_configs=(), gv_configs=tuple(GV_CONFIGS))
-    src = tmp_path / "k.cu"
-    src.write_text(w4a16_source(params))
-    cubin = tmp_path / "k.cubin"
-    cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(cubin), str(src)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    functions = re.split(r"\n\s*Function : ", sass)[1:]
     names = []
-    for body in functions:
-        name = body.split("\n", 1)[0].strip()
+    for name, body in _sass_functions(tmp_path, params, cuobjdump).items():
         if not name.startswith("w4a16") or name in PDL_MARKERS:  # the marker kernels are empty
             continue
         names.append(name)
@@ -295,6 +287,17 @@ def _ops(body: str) -> list[str]:
     return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)
 
 
+def _sass_functions(tmp_path: Path, params: W4A16Params, cuobjdump: str) -> dict[str, str]:
+    """The kernels of ``params`` built for sm_90a: kernel name -> its SASS (cuobjdump)."""
+    src = tmp_path / "k.cu"
+    src.write_text(w4a16_source(params))
+    cubin = tmp_path / "k.cubin"
+    cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(cubin), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return {b.split("\n", 1)[0].strip(): b for b in re.split(r"\n\s*Function : ", sass)[1:]}
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.timeout(600)
 def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump: str | None) -> None:
@@ -308,13 +311,7 @@ def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump
     cfgs = ("wgs64n", "wgs128w")
     assert all(MTC_CONFIGS[c].ws for c in cfgs)
     params = W4A16Params(dtypes=("bf16",), groups=(128,), tc_configs=(), mtc_configs=cfgs)
-    src = tmp_path / "k.cu"
-    src.write_text(w4a16_source(params))
-    cubin = tmp_path / "k.cubin"
-    cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-arch=sm_90a", "-o", str(cubin), str(src)]
-    subprocess.run(cmd, check=True, capture_output=True)
-    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    bodies = {b.split("\n", 1)[0].strip(): b for b in re.split(r"\n\s*Function : ", sass)[1:]}
+    bodies = _sass_functions(tmp_path, params, cuobjdump)
     assert WGS_PDL_MARKER in bodies
     for cfg in cfgs:
         ops = _ops(bodies[f"w4a16{cfg}_bf16_c2"])
