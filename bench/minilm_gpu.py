@@ -346,7 +346,12 @@ def main() -> None:
     )
     ap.add_argument("--out-dir", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--infinity-port", type=int, default=7997)
-    ap.add_argument("--no-peers", action="store_true", help="Anvil only (no ratios): a quick A/B of settings")
+    ap.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="no peers next to the stack: a quick A/B of settings (no ratios, but those to the "
+        "peers measured alone where --peers-alone is given)",
+    )
     ap.add_argument("--infinity-batch", type=int, default=128, help="infinity-emb's --batch-size")
     ap.add_argument(
         "--peers-only",
@@ -428,8 +433,12 @@ def main() -> None:
     print("c1 hops (KServe BYTES, one sentence):", res["c1_hops"], flush=True)
     inf_rows: list[dict[str, Any]] = []
     if args.no_peers:
-        res["infinity"] = res["sentence_transformers"] = "not run (--no-peers)"
+        res["infinity"] = res["sentence_transformers"] = "not run next to the stack (--no-peers)"
         res["anvil"] = rows
+        if args.peers_alone is not None and args.peers_alone.is_file():  # measured alone, same call
+            res["peers_alone"] = alone_summary(
+                json.loads(args.peers_alone.read_text()), rows[0]["sentences_per_s"]
+            )
         print(json.dumps(res, indent=2))
         print(
             "\n".join(
@@ -531,7 +540,12 @@ def write(
     """minilm_gpu.json and .md in `out_dir` (also for an Anvil-only run: no peers, no ratios)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "minilm_gpu.json").write_text(json.dumps(res, indent=2) + "\n")
-    title = "vs sentence-transformers (same run)" if best else "(Anvil only: --no-peers, no ratios)"
+    if best:
+        title = "vs sentence-transformers (same run)"
+    elif res.get("peers_alone"):
+        title = "(--no-peers: the peers were measured alone in the same call, below)"
+    else:
+        title = "(Anvil only: --no-peers, no ratios)"
     lines = [
         f"# MiniLM on the GPU through the stack {title}",
         "",
