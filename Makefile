@@ -84,7 +84,7 @@ proto:
 lint: sync
 	$(PY) ruff check .
 	$(PY) ruff format --check .
-	$(PY) mypy libs/core/src libs/client/src services/gateway/src services/scheduler/src \
+	$(PY) mypy libs/core/src libs/client/src libs/kernels/src services/gateway/src services/scheduler/src \
 		services/executor/src services/compiler/src services/qos/src
 	$(PY) python -m anvil_client.lint_compose compose.yaml
 	$(PY) hadolint Dockerfile

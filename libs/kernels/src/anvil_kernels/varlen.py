@@ -55,7 +55,7 @@ Q0, Q1, Q2, Q3, Q4, Q5 = (np.float32(c) for c in _Q)
 
 
 @njit(fastmath=_jit.ELEMENTWISE, cache=True, nogil=True, inline="always", error_model="numpy")
-def erf_fast(x: float) -> float:  # pragma: no cover (numba)
+def erf_fast(x: float) -> np.float32:  # pragma: no cover (numba)
     """erf of a float32 value, branch-free (vectorizable)."""
     c = min(max(np.float32(x), np.float32(-4.0)), np.float32(4.0))
     s = c * c

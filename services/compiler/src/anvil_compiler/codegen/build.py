@@ -136,8 +136,10 @@ def build_w4a16(
     if nvcc is None:
         return {}, "nvcc not on PATH (the W4A16 kernels need the CUDA headers)"
     from anvil_kernels.cuda import W4A16Params, build_fatbin
+    from anvil_kernels.cuda.w4a16 import ActDType
 
-    params = W4A16Params(dtypes=(dtype,), groups=tuple(sorted(groups)), tc_configs=(), gv_configs=gv)
+    act: ActDType = "bf16" if dtype == "bf16" else "fp16"  # checked above: one or the other
+    params = W4A16Params(dtypes=(act,), groups=tuple(sorted(groups)), tc_configs=(), gv_configs=gv)
     gencode = tuple(f"compute_{a.removeprefix('sm_')},code={a}" for a in sorted(archs))
     try:
         path = build_fatbin(params, gencode, out_dir, nvcc=nvcc)

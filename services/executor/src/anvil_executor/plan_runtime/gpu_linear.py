@@ -42,6 +42,7 @@ from anvil_executor.plan_runtime.precision import LINEAR_KINDS, WeightLayout, ha
 from anvil_kernels import Int4Weight, dequantize
 from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.cuda import PLAN_COMMON
+from anvil_kernels.cuda.w4a16 import ActDType
 from anvil_kernels.cuda.w4a16_dispatch import parse_rows, table_from_rows
 from anvil_kernels.cuda.w4a16_linear import waits_for_predecessor
 
@@ -382,13 +383,12 @@ class F16Linears:
 
         m_max = max(1, min(lin.w4a16_max_m, lin.max_rows))
         act = lin.act_name if lin.fused else "none"
+        dtype: ActDType = "bf16" if lin.precision == "bf16" else "fp16"  # LINEAR_KINDS: one or the other
         rows = dict(lin.w4a16_rows).get(arch)
         if rows:
             table = table_from_rows(arch, {(lin.step.k, lin.step.n): rows})
             try:
-                layer = W4A16Linear(
-                    module, packed, m_max, dtype=lin.precision, activation=act, table=table, pdl=pdl
-                )
+                layer = W4A16Linear(module, packed, m_max, dtype=dtype, activation=act, table=table, pdl=pdl)
                 for m in range(1, m_max + 1):  # every M the plan runs (<= 16): each kernel looked up now
                     layer.plan(m)
                 return layer
@@ -397,7 +397,7 @@ class F16Linears:
                     "w4a16: the plan's measured kernels are not all in w4a16.fatbin; the rule runs",
                     extra={"arch": arch, "k": lin.step.k, "n": lin.step.n, "err": str(exc)},
                 )
-        return W4A16Linear(module, packed, m_max, dtype=lin.precision, activation=act, pdl=pdl)
+        return W4A16Linear(module, packed, m_max, dtype=dtype, activation=act, pdl=pdl)
 
     def w4a16_kernel(self, op_index: int, m: int) -> str | None:
         """The W4A16 kernel that runs linear ``op_index`` at M = m (after ``bind``), else None."""
