@@ -338,11 +338,8 @@ class W4A16Linear:
                 self.qweight, self.sz, x, out, _ptr(bias), _ptr(residual), *dims,
                 np.int32(plan.sn), np.int32(plan.sk), np.int32(self._act), np.int32(flags),
             )  # fmt: skip
-            if self.pdl:  # the GEMV-like kernels wait (griddepcontrol.wait) before they read x
-                pdl_launch = self._pdl_launch or default_launcher()
-                pdl_launch(launch.fn, plan.grid, (plan.block,), args, shared_mem=plan.smem)
-            else:
-                launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
+            # the GEMV-like kernels wait (griddepcontrol.wait) before they read x
+            self._launch(self.pdl, launch.fn, plan.grid, (plan.block,), args, plan.smem)
         else:
             # the mtc kernels take no L2 policy: their copies with an evict_first cache hint
             # (cp.async ... L2::cache_hint) raised an illegal instruction on the H200
@@ -350,25 +347,28 @@ class W4A16Linear:
             xs = x
             # a wgs kernel and its x retiling wait for the kernel before them (where built so)
             dependent = self.pdl and self._wgs_waits and bool(launch.xt_rows)
-            run = (self._pdl_launch or default_launcher()) if dependent else None
             if launch.xt_rows:  # a wgs kernel reads x retiled, rows past M zero
                 pieces = launch.xt_rows * (self.k // 8)
                 grid = (-(-pieces // TILE_X_THREADS),)
                 targs = (x, self._xt, np.int32(m), np.int32(launch.xt_rows), np.int32(self.k))
-                if run is not None:
-                    run(self._tile_x, grid, (TILE_X_THREADS,), targs)
-                else:
-                    self._tile_x(grid, (TILE_X_THREADS,), targs)
+                self._launch(dependent, self._tile_x, grid, (TILE_X_THREADS,), targs)
                 xs = self._xt
             args = (
                 wq, wsz, xs, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
                 *dims, np.int32(self._act), np.int32(self._scale_flag),
             )  # fmt: skip
-            if run is not None:
-                run(launch.fn, plan.grid, (plan.block,), args, shared_mem=plan.smem)
-            else:
-                launch.fn(plan.grid, (plan.block,), args, shared_mem=plan.smem)
+            self._launch(dependent, launch.fn, plan.grid, (plan.block,), args, plan.smem)
         return out
+
+    def _launch(
+        self, dependent: bool, fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0
+    ) -> None:
+        """One kernel launch: as a programmatic dependent of the kernel before it (the PDL launcher),
+        or plainly."""
+        if dependent:
+            (self._pdl_launch or default_launcher())(fn, grid, block, args, shared_mem=shared_mem)
+        else:
+            fn(grid, block, args, shared_mem=shared_mem)
 
 
 def int4_linear_cuda(x: Any, layer: W4A16Linear, out: Any, bias: Any = None, residual: Any = None) -> Any:
