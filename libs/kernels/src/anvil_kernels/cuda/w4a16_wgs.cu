@@ -88,21 +88,21 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             const uint16_t* xt = XT + (static_cast<size_t>(c0) * mpad + m0) * 64;
             const size_t wstep = static_cast<size_t>(strips) * 32, szstep = static_cast<size_t>(strips) * 4;
             const size_t xstep = static_cast<size_t>(mpad) * 64;
-            // the first stages: weights and scale words now (each stage's full barrier expects its x
-            // bytes too, so no consumer passes it before they land), x after the wait
-            const int pro = min(ST, nck);
-            for (int i = 0; i < pro; ++i) {
-                const uint32_t st = smem_s + i * T::STAGE;
-                const uint32_t full = full0 + 8 * i;
+            // chunk i's weights (and, a group's first chunk, its scale words) into stage st
+            auto copy_weights = [&](int i, uint32_t st, uint32_t full) {
                 const bool first = i % CPG == 0;  // c0 is a multiple of CPG
-                mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));
+                mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));  // x's bytes too
                 bulk_g2s(st, w, wbytes, full);
                 if (first) {
                     bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
                     sz += szstep;
                 }
                 w += wstep;
-            }
+            };
+            // the first stages: weights and scale words now (each stage's full barrier expects its x
+            // bytes too, so no consumer passes it before they land), x after the wait
+            const int pro = min(ST, nck);
+            for (int i = 0; i < pro; ++i) copy_weights(i, smem_s + i * T::STAGE, full0 + 8 * i);
             pdl_launch_dependents();
             pdl_wait();  // w4a16_tile_x has written XT
             for (int i = 0; i < pro; ++i) {
@@ -114,16 +114,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
                 // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1
                 mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
                 const uint32_t st = smem_s + s * T::STAGE;
-                const uint32_t full = full0 + 8 * s;
-                const bool first = i % CPG == 0;
-                mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));
-                bulk_g2s(st, w, wbytes, full);
-                if (first) {
-                    bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
-                    sz += szstep;
-                }
-                bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full);
-                w += wstep;
+                copy_weights(i, st, full0 + 8 * s);
+                bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * s);
                 xt += xstep;
             }
         }
