@@ -282,10 +282,9 @@ def bench_shape(
             outs: list = outs,
             layers: list = layers,
             pdl: bool = False,
-            overrides: dict[str, int] | None = None,
         ) -> tuple[float, float]:
             for layer in layers:
-                layer.set_kernel(kernel, split, overrides)
+                layer.set_kernel(kernel, split)
                 layer.pdl = pdl  # the GEMV-like kernels as programmatic dependent launches
             try:
                 outs[0].fill(0xFFFF)
@@ -324,17 +323,6 @@ def bench_shape(
                 t, e = anvil(cfg, None, pdl=True)
                 res["pdl"][cfg] = {"us": round(t, 2), "err": e}
         pdl_ok = {c_: ok(v["us"], v["err"]) for c_, v in res["pdl"].items()}
-        if 8 < m <= 16:
-            # an experiment, not a candidate of the table: the register ring with two 16-column strips
-            # a warp (mt 2, ns 2), so each x fragment it loads feeds two strips (x is ~4x the weight
-            # bytes a warp reads at 16 rows), plain and as dependents
-            res["gemv_ns2"] = {}
-            try:
-                for key, dep in (("plain", False), ("pdl", True)):
-                    t, e = anvil("gemv", None, pdl=dep, overrides={"mt": 2, "ns": 2})
-                    res["gemv_ns2"][key] = {"us": round(t, 2), "err": e}
-            except Exception as exc:  # an experiment must not end the run
-                res["gemv_ns2"]["error"] = repr(exc)
         if pdl_ok:
             pb = min(pdl_ok, key=lambda c_: pdl_ok[c_])
             res["gemv_best_pdl"] = {"cfg": pb, "us": round(pdl_ok[pb], 2)}
@@ -396,8 +384,7 @@ def bench_shape(
             f"{sweep[best_split]:8.2f} (PDL {res.get('tile_pdl', {}).get('us')}) | "
             f"dispatch {res['dispatch_us']:8.2f} "
             f"({res['dispatch_choice']['kernel']}) | cuBLAS {res['cublas_us']:8.2f} | tinygemm "
-            f"{res['tinygemm_us']:8.2f} | err best {tiles[best_cfg]['err']:.1e}"
-            + (f" | gemv ns2 {res['gemv_ns2']}" if "gemv_ns2" in res else ""),
+            f"{res['tinygemm_us']:8.2f} | err best {tiles[best_cfg]['err']:.1e}",
             flush=True,
         )
     return rows

@@ -163,9 +163,6 @@ for (k, n) in ((8192, 8192), (4096, 14336), (14336, 4096)):
         if goal and pb:  # the GEMV-like kernels launched as programmatic dependents (PDL)
             t.append(f"(PDL {pb['us']:.1f} us {pb['cfg']}: {'MET' if pb['us'] <= goal else 'missed'}; "
                      f"stream {r['stream_us']}, stream PDL {r.get('stream_pdl_us')})")
-        n2 = r.get("gemv_ns2")
-        if goal and n2 and "pdl" in n2:  # the register ring with two strips a warp (an experiment)
-            t.append(f"(gemv ns2 {n2['plain']['us']:.1f} / PDL {n2['pdl']['us']:.1f} us)")
         tp = r.get("tile_pdl")
         if tp:  # a wgs best tile launched as programmatic dependents
             hit = tp["us"] <= goal if goal else tp["us"] <= 0.9 * cb
