@@ -119,6 +119,9 @@ def _kernel_weight(w: Int4Weight, sa: bool, dt: str) -> np.ndarray:
         ("wgs64", 70, 1024, 288, 128, 2, "bf16"),  # x from tile_x: two M tiles, the second padded
         ("wgs64n", 9, 768, 160, 64, 3, "fp16"),
         ("wgs128w", 130, 512, 288, 128, 2, "bf16"),  # producer warpgroup: two M tiles, partial N
+        ("wgs16", 1, 768, 160, 64, 3, "fp16"),  # wgmma n16: one row, 15 padded
+        ("wgs16", 23, 512, 288, 128, 2, "bf16"),  # two M tiles, the second partial; partial N tile
+        ("wgs32", 40, 1024, 288, 128, 2, "bf16"),  # wgmma n32: two M tiles
     ],
 )
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])
@@ -289,6 +292,8 @@ def test_mtc_ptxas_report_and_sass(
         ("wgs64", "bf16", 70, 512, 288, 128, 2),  # x retiled by the tile_x stand-in first
         ("wgs64n", "fp16", 5, 256, 160, 64, 1),
         ("wgs128w", "bf16", 40, 256, 288, 128, 2),
+        ("wgs16", "bf16", 16, 256, 160, 128, 2),
+        ("wgs32", "fp16", 3, 256, 288, 64, 1),
     ],
 )
 def test_launcher_drives_the_model(
@@ -434,7 +439,9 @@ def test_mtc_split_is_deterministic_and_reusable(module: object, rng: np.random.
 # ------------------------------------------------------------------------------ wgs: x retiled
 
 
-@pytest.mark.parametrize(("m", "bm", "k"), [(70, 64, 256), (5, 64, 128), (64, 64, 512), (130, 128, 192)])
+@pytest.mark.parametrize(
+    ("m", "bm", "k"), [(70, 64, 256), (5, 64, 128), (64, 64, 512), (130, 128, 192), (1, 16, 128), (40, 32, 192)]
+)
 def test_tile_x_slices_are_the_wg_stages(rng: np.random.Generator, m: int, bm: int, k: int) -> None:
     """The producer's one bulk copy of x per chunk (XT from (c * mpad + m0) * 64, BM * 64 values)
     lands what the wg kernel's cp.async pieces land (``stage_x_wg``), zeros past M included; and

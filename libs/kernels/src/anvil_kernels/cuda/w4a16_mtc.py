@@ -49,8 +49,11 @@ class MtcConfig:
     ws: int = 0
 
     def __post_init__(self) -> None:
-        if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (8, 16)):
-            raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 64 or 128")
+        if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (2, 4, 8, 16)):
+            raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 16, 32, 64 or 128")
+        if self.wg and not self.ws and self.mt < 8:
+            # wg's cp.async copies take whole trips of whole 8-row groups (MtcLoader's assertion)
+            raise ValueError("a wg config without a producer (ws = 0) has BM = 64 or 128")
         if self.ws and not self.wg:
             raise ValueError("a ws config is a wg config (the same math, its copies on a producer warp)")
         if self.ws not in (0, 1, 4):
@@ -125,6 +128,12 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 128 x 256 (wg128w's tile): a producer warpgroup hands its registers to the consumers
     # (setmaxnreg: 40 / 232; ptxas reports the launch's 168)
     "wgs128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4),
+    # 16 and 32 rows (twenty-sixth session): wgmma m64n16k16 / m64n32k16. x reaches the tensor cores
+    # from the stage once a warpgroup (the GEMV-like kernels read every x fragment once a warp,
+    # through L1: at 16 rows 4x the bytes of the weights); smaller accumulators leave room for
+    # more blocks a SM
+    "wgs16": MtcConfig(mt=2, ns=1, wm=1, wn=8, st=8, regs=53, sa=True, minb=4, wg=True, ws=1),
+    "wgs32": MtcConfig(mt=4, ns=1, wm=1, wn=8, st=8, regs=60, sa=True, minb=3, wg=True, ws=1),
 }
 
 
