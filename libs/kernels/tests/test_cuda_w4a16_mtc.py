@@ -440,7 +440,8 @@ def test_mtc_split_is_deterministic_and_reusable(module: object, rng: np.random.
 
 
 @pytest.mark.parametrize(
-    ("m", "bm", "k"), [(70, 64, 256), (5, 64, 128), (64, 64, 512), (130, 128, 192), (1, 16, 128), (40, 32, 192)]
+    ("m", "bm", "k"),
+    [(70, 64, 256), (5, 64, 128), (64, 64, 512), (130, 128, 192), (1, 16, 128), (40, 32, 192)],
 )
 def test_tile_x_slices_are_the_wg_stages(rng: np.random.Generator, m: int, bm: int, k: int) -> None:
     """The producer's one bulk copy of x per chunk (XT from (c * mpad + m0) * 64, BM * 64 values)
