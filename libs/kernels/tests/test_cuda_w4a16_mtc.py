@@ -122,6 +122,7 @@ def _kernel_weight(w: Int4Weight, sa: bool, dt: str) -> np.ndarray:
         ("wgs16", 1, 768, 160, 64, 3, "fp16"),  # wgmma n16: one row, 15 padded
         ("wgs16", 23, 512, 288, 128, 2, "bf16"),  # two M tiles, the second partial; partial N tile
         ("wgs32", 40, 1024, 288, 128, 2, "bf16"),  # wgmma n32: two M tiles
+        ("wgs16w", 7, 512, 544, 128, 2, "fp16"),  # two strips a warp: a second, partial 256-column tile
     ],
 )
 @pytest.mark.parametrize("dt", ["bf16", "fp16"])

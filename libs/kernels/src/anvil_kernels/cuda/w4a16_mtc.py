@@ -134,6 +134,8 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # more blocks a SM
     "wgs16": MtcConfig(mt=2, ns=1, wm=1, wn=8, st=8, regs=53, sa=True, minb=4, wg=True, ws=1),
     "wgs32": MtcConfig(mt=4, ns=1, wm=1, wn=8, st=8, regs=60, sa=True, minb=3, wg=True, ws=1),
+    # two strips a warp (16 x 256): a chunk's wait, scale load and loop overhead over twice the weights
+    "wgs16w": MtcConfig(mt=2, ns=2, wm=1, wn=8, st=6, regs=95, sa=True, minb=2, wg=True, ws=1),
 }
 
 
