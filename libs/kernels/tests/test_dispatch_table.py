@@ -43,6 +43,22 @@ def test_int4_max_rows_stops_before_the_first_shape_dense_won(entries: tuple, wa
     assert _table(*entries).int4_max_rows(16, 256, 512) == want
 
 
+@pytest.mark.parametrize(
+    ("entries", "want"),
+    [
+        (((1, False), (16, False), (64, False), (128, True)), 64),  # up to the entry before dense won
+        (((16, True), (128, True)), 0),
+        (((1, False), (32, False)), 32),  # never dense, but nothing measured past 32
+        ((), 0),  # unmeasured
+    ],
+)
+def test_int4_measured_rows_stop_before_dense_won_and_at_the_last_measurement(
+    entries: tuple, want: int
+) -> None:
+    table = _table(*entries) if entries else _table((16, False))
+    assert table.int4_measured_rows(256, 512 if entries else 1024) == want
+
+
 def test_int4_max_rows_of_an_unmeasured_shape_is_the_rule() -> None:
     assert _table((16, True)).int4_max_rows(16, 256, 1024) == 16
     assert _table((16, True)).int4_max_rows(16, 128, 512) == 16
@@ -59,17 +75,28 @@ def test_measured_h200_rows_for_the_minilm_and_large_shapes() -> None:
 
 
 def test_recorded_rows_round_trip_and_drive_choose() -> None:
-    rows = {"sm_90": [(1, "gvb8w"), (4, "gemv"), (16, "gemv")], "sm_89": [(16, "gemv")]}
+    rows = {
+        "sm_90": [
+            (1, "gvb8w", None),
+            (4, "gemv", None),
+            (16, "gemv", None),
+            (32, "mtc32", 8),
+            (64, "wgs64n", None),
+        ],
+        "sm_89": [(16, "gemv", None)],
+    }
     text = format_rows(rows)
-    assert text == "sm_89:16=gemv;sm_90:1=gvb8w,4=gemv,16=gemv"
+    assert text == "sm_89:16=gemv;sm_90:1=gvb8w,4=gemv,16=gemv,32=mtc32/8,64=wgs64n"
     back = parse_rows(text)
     assert back == {a: tuple(r) for a, r in rows.items()}
     table = table_from_rows("sm_90", {(8192, 8192): back["sm_90"]})
-    assert [choose(m, 8192, 8192, 128, table).kernel for m in (1, 2, 4, 5, 16)] == [
-        "gvb8w", "gemv", "gemv", "gemv", "gemv",
+    got = [choose(m, 8192, 8192, 128, table) for m in (1, 2, 4, 5, 16, 17, 32, 33, 64)]
+    assert [(c.kernel, c.split) for c in got] == [
+        ("gvb8w", None), ("gemv", None), ("gemv", None), ("gemv", None), ("gemv", None),
+        ("mtc32", 8), ("mtc32", 8), ("wgs64n", None), ("wgs64n", None),
     ]  # fmt: skip
     assert choose(1, 8192, 8192, 128, table).source == "table"
-    assert choose(32, 8192, 8192, 128, table).source == "rule"  # above the recorded rows
+    assert choose(65, 8192, 8192, 128, table).source == "rule"  # above the recorded rows
     assert choose(1, 4096, 4096, 128, table).source == "rule"  # another shape
     assert parse_rows("") == {}
 
@@ -77,7 +104,13 @@ def test_recorded_rows_round_trip_and_drive_choose() -> None:
 @pytest.mark.parametrize(
     "text",
     [
-        "sm_90:1=mtc64",  # not GEMV-like: the executor's W4A16 build holds no tiles
+        "sm_90:1=mtc65",  # no such kernel
+        "sm_90:1=gemv/2",  # a split on a GEMV-like kernel
+        "sm_90:1=mtc64/0",
+        "sm_90:1=mtc64/65",  # past ROW_MAX_SPLIT
+        "sm_90:1=mtc64/",
+        "sm_90:1=mtc64/x",
+        "sm_90:1=mtc64/2/2",
         "sm_90:4=gemv,1=gvb8w",  # M not increasing
         "sm_90:0=gemv",
         "sm_90:x=gemv",

@@ -349,6 +349,39 @@ def test_weight_bound_int4_model_at_small_batch(tmp_path: Path) -> None:
             _check(gpu.run([r]), PlanModel.load(art).run([r]))
 
 
+def test_an_sm90_plan_runs_the_measured_tensor_core_tiles_past_16_rows(tmp_path: Path) -> None:
+    """One 8192 x 8192 INT4 linear (a shape the sm_90 table measured) at up to 64 rows: the plan for
+    sm_90 alone carries the table's rows up to the last M an INT4 kernel beat cuBLAS (tiles with their
+    split), the artifact's fatbin holds those tiles (sm_90a), and every bucket runs the table's kernel
+    with the output matching the CPU's INT4 plan; graphs replay what eager launches do."""
+    from anvil_kernels.cuda import choose, packaged_table
+
+    table = packaged_table(_arch())
+    if _arch() != "sm_90" or table is None:
+        pytest.skip(f"tiles are planned for sm_90 alone (this GPU: {_arch()})")
+    rows = table.int4_measured_rows(8192, 8192)
+    assert rows > 16, "the sm_90 table no longer has a tile ahead of cuBLAS at 8192 x 8192"
+    art = _onnx(tmp_path, weight_bound_bytes(dim=8192, layers=1), True, max_batch=rows)
+    gpu = _gpu(art, nan_fill=True)
+    assert gpu.graph_count == len(gpu.buckets.all()), gpu.graph_error
+    (report,) = gpu.linear_report()
+    assert report["backend"] == "w4a16", report
+    tiles = set()
+    for kernel, (lo, hi) in report["rows"].items():  # the table's kernel at each bucket's rows
+        picked = {choose(m, 8192, 8192, 128, table).kernel for m in (lo, hi)}
+        assert {kernel.removeprefix("w4a16_").removesuffix("+epilogue")} == picked, report
+        tiles |= {k for k in picked if k.startswith(("mtc", "wg", "tc"))}
+    assert tiles, report  # some bucket past 16 rows runs a tile
+    rng = np.random.default_rng(6)
+    reqs = [{"x": rng.standard_normal((n, 8192)).astype(np.float32)} for n in (1, 17, 33, rows)]
+    cpu = PlanModel.load(art)
+    eager = _gpu(art, graphs=False, nan_fill=True)
+    for r in reqs:
+        got = gpu.run([r])
+        _check(got, cpu.run([r]))
+        np.testing.assert_array_equal(got[0]["y"], eager.run([r])[0]["y"])
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_int4_linears_as_dependent_launches_give_the_same_outputs(tmp_path: Path, precision: str) -> None:
     """ANVIL_GPU_PDL: the weight-bound model's W4A16 kernels launched as programmatic dependents,

@@ -300,7 +300,7 @@ def test_w4a16_layers_run_the_plans_measured_kernels_for_their_arch(monkeypatch:
         act=0,
         eps=0.0,
     )
-    rows = (("sm_90", ((1, "gvb8w"), (4, "gemv"), (16, "gemv"))),)
+    rows = (("sm_90", ((1, "gvb8w", None), (4, "gemv", None), (16, "gemv", None))),)
     lin = LinearF16(step, "w4a16", 16, "none", group=128, int4=(0, 1, 2), max_rows=64, w4a16_rows=rows)
     layer = F16Linears._w4a16_layer(lin, {}, {"gemv", "gvb8w"}, "sm_90")
     assert [layer.choice(m).kernel for m in (1, 2, 16)] == ["gvb8w", "gemv", "gemv"]
@@ -309,9 +309,22 @@ def test_w4a16_layers_run_the_plans_measured_kernels_for_their_arch(monkeypatch:
     assert other.table is None and other.choice(1).kernel == "gemv"
     lacking = F16Linears._w4a16_layer(lin, {}, {"gemv"}, "sm_90")  # the fatbin lacks gvb8w: the rule
     assert lacking.table is None and lacking.choice(1).kernel == "gemv"
-    middle = (("sm_90", ((1, "gemv"), (4, "gvb8w"), (16, "gemv"))),)  # a kernel only at M = 2..4
+    middle = (("sm_90", ((1, "gemv", None), (4, "gvb8w", None), (16, "gemv", None))),)  # gvb8w: M = 2..4
     lin2 = LinearF16(step, "w4a16", 16, "none", group=128, int4=(0, 1, 2), max_rows=64, w4a16_rows=middle)
     assert F16Linears._w4a16_layer(lin2, {}, {"gemv"}, "sm_90").table is None  # found missing at load
+    # an sm_90 plan's tiles past the rule's 16 rows: run where the module holds them, else refused
+    # (the rule would name tiles the artifact does not hold, and no dense weights cover those rows)
+    tiled = (("sm_90", (*rows[0][1], (32, "mtc32", 8), (64, "wgs64n", 4))),)
+    lin3 = LinearF16(step, "w4a16", 64, "none", group=128, int4=(0, 1, 2), max_rows=64, w4a16_rows=tiled)
+    layer = F16Linears._w4a16_layer(lin3, {}, {"gemv", "gvb8w", "mtc32", "wgs64n"}, "sm_90")
+    got = [(layer.choice(m).kernel, layer.choice(m).split) for m in (16, 17, 33, 64)]
+    assert got == [("gemv", None), ("mtc32", 8), ("wgs64n", 4), ("wgs64n", 4)] and layer.m_max == 64
+    with pytest.raises(ValueError, match=r"8192x8192: .* up to 64 rows but w4a16.fatbin lacks"):
+        F16Linears._w4a16_layer(lin3, {}, {"gemv", "gvb8w", "mtc32"}, "sm_90")
+    with pytest.raises(ValueError, match=r"up to 64 rows but no measured rows for sm_100"):
+        F16Linears._w4a16_layer(lin3, {}, {"gemv", "gvb8w", "mtc32", "wgs64n"}, "sm_100")
+    lin4 = LinearF16(step, "w4a16", 64, "none", group=128, int4=(0, 1, 2), max_rows=16, w4a16_rows=tiled)
+    assert F16Linears._w4a16_layer(lin4, {}, {"gemv"}, "sm_100").m_max == 16  # 16 rows at most: the rule
 
 
 def test_a_plans_w4a16_rows_are_checked(tmp_path: Path) -> None:
@@ -323,7 +336,15 @@ def test_a_plans_w4a16_rows_are_checked(tmp_path: Path) -> None:
     assert attrs_of(op)["gpu_backend"] == "w4a16" and "w4a16_kernels" not in attrs_of(op)  # unmeasured
     assert all(lin.w4a16_rows == () for lin in f16_linears(p, 8, 1, True).values())
     bad = pg.AttrT()
-    bad.key, bad.sval = "w4a16_kernels", "sm_90:1=mtc64"
+    bad.key, bad.sval = "w4a16_kernels", "sm_90:1=gemv/2"
     op.attrs = [*(op.attrs or []), bad]
     with pytest.raises(ValueError, match=r"op .*w4a16 rows: bad row"):
+        f16_linears(p, 8, 1, True)
+    bad.sval = "sm_90:1=gemv,32=mtc32/8"  # a tile with its split: read
+    assert {lin.w4a16_rows for lin in f16_linears(p, 8, 1, True).values() if lin.w4a16_rows} == {
+        (("sm_90", ((1, "gemv", None), (32, "mtc32", 8))),)
+    }
+    negative = next(a for a in op.attrs if _s(a.key) == "w4a16_max_m")
+    negative.ival = -1
+    with pytest.raises(ValueError, match=r"w4a16_max_m must be >= 0"):
         f16_linears(p, 8, 1, True)

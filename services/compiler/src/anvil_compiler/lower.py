@@ -9,7 +9,12 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
-from anvil_compiler.codegen.gpu_backend import gv_configs_of, linear_backend, resolve_precision
+from anvil_compiler.codegen.gpu_backend import (
+    gv_configs_of,
+    linear_backend,
+    resolve_precision,
+    tile_configs_of,
+)
 from anvil_compiler.codegen.kernels import Arg, KernelSpec, OpView, emit
 from anvil_compiler.errors import CompileError
 from anvil_compiler.ir import Dim, Graph, Node, TensorType
@@ -212,6 +217,7 @@ def lower(g: Graph, weights: dict[str, OpWeights], opts: CompileOptions) -> Lowe
         "gpu_linear_backends": backends,
         "w4a16_groups": sorted(w4a16_groups),  # the W4A16 kernels the artifact's w4a16.fatbin holds
         "w4a16_gv_configs": gv_configs_of(w4a16_kernels),  # and the measured tables' ring GEMVs
+        "w4a16_tile_configs": tile_configs_of(w4a16_kernels),  # and tensor-core tiles (sm_90 plans)
         # packed nibbles + scales + zeros: the share of weight_bytes held in INT4 (shared ones once)
         "int4_weight_bytes": sum(
             {

@@ -87,6 +87,7 @@ def compile_model(
             opts.archs,
             out_dir,
             gv_configs=lowered.stats.get("w4a16_gv_configs", []),
+            tile_configs=lowered.stats.get("w4a16_tile_configs", []),
             dtype=lowered.stats.get("gpu_precision", "fp16"),
         )
         kernels.update(w4a16)

@@ -12,8 +12,10 @@ M >= 32 (8192x8192: M = 32 28.4 vs 39.4 us, M = 256 126 vs 170 us).
 
 The measured tables are kept with the kernels: ``tables/w4a16_<arch>.json`` (a copy of the bench's
 ``w4a16_dispatch.json``, bench/results keeps the same file; a test checks they agree), read by
-``packaged_table(arch)``. The compiler asks ``DispatchTable.int4_max_rows`` how many rows of a linear
-the W4A16 kernels may take before cuBLAS on dense weights measured faster (0: never)."""
+``packaged_table(arch)``. The compiler asks ``DispatchTable.int4_max_rows`` (GEMV-like kernels only,
+up to a cap) or ``int4_measured_rows`` (tiles too) how many rows of a linear the W4A16 kernels may take
+before cuBLAS on dense weights measured faster (0: never), and records the table's rows up to there in
+the plan (``format_rows`` / ``parse_rows``)."""
 
 from __future__ import annotations
 
@@ -104,6 +106,17 @@ class DispatchTable:
             prev = mm
         return m_max
 
+    def int4_measured_rows(self, n: int, k: int) -> int:
+        """Rows up to which the measured entries for (K, N) have an INT4 kernel ahead of cuBLAS bf16:
+        the M of the entry before the first ``bf16_faster`` one, else the largest measured M (no
+        measurement says anything past it); 0 where (K, N) was not measured or dense won first."""
+        prev = 0
+        for mm, ch in self.entries.get((k, n), ()):
+            if ch.bf16_faster:
+                break
+            prev = mm
+        return prev
+
     def lookup(self, m: int, n: int, k: int) -> KernelChoice | None:
         rows = self.entries.get((k, n))
         if not rows:
@@ -144,40 +157,57 @@ def choose(m: int, n: int, k: int, g: int, table: DispatchTable | None = None) -
     raise AssertionError("RULE's last row covers every M")
 
 
-def format_rows(per_arch: dict[str, list[tuple[int, str]]]) -> str:
-    """Measured (M, kernel) rows per arch as one line, ``"sm_90:1=gvb8w,4=gemv;sm_100:..."``: a plan's
-    ``w4a16_kernels`` attr (the compiler's gpu_backend.py), read back by ``parse_rows``."""
-    return ";".join(f"{a}:" + ",".join(f"{m}={k}" for m, k in rows) for a, rows in sorted(per_arch.items()))
+Row = tuple[int, str, int | None]  # (M, kernel, split): a recorded row; split None for GEMV-like
+ROW_MAX_SPLIT = 64  # the largest split-K a recorded row may name (the kernels' planners check more)
 
 
-def parse_rows(text: str) -> dict[str, tuple[tuple[int, str], ...]]:
+def format_rows(per_arch: Mapping[str, Sequence[Row]]) -> str:
+    """Measured (M, kernel, split) rows per arch as one line, ``"sm_90:1=gvb8w,16=gemv,32=mtc32/8"``
+    (``/split`` only where a tile's split is recorded): a plan's ``w4a16_kernels`` attr (the
+    compiler's gpu_backend.py), read back by ``parse_rows``."""
+
+    def item(row: Row) -> str:
+        m, kernel, split = row
+        return f"{m}={kernel}" + ("" if split is None else f"/{split}")
+
+    return ";".join(f"{a}:" + ",".join(map(item, rows)) for a, rows in sorted(per_arch.items()))
+
+
+def parse_rows(text: str) -> dict[str, tuple[Row, ...]]:
     """The inverse of ``format_rows``; ValueError on anything else (a plan is checked, not
-    trusted): arches ``sm_<digits>``, M positive and increasing, kernels GEMV-like."""
-    out: dict[str, tuple[tuple[int, str], ...]] = {}
+    trusted): arches ``sm_<digits>``, M positive and increasing, kernels of ``KERNELS``, a split
+    (1..ROW_MAX_SPLIT) only after a tile."""
+    out: dict[str, tuple[Row, ...]] = {}
     for part in filter(None, text.split(";")):
         arch, sep, rows_text = part.partition(":")
         if not sep or not arch.startswith("sm_") or not arch[3:].isdigit() or arch in out:
             raise ValueError(f"w4a16 rows: bad arch in {part!r}")
-        rows: list[tuple[int, str]] = []
+        rows: list[Row] = []
         for item in rows_text.split(","):
-            m_text, sep, kernel = item.partition("=")
-            if not sep or not m_text.isdigit() or kernel not in GEMV_LIKE:
-                raise ValueError(f"w4a16 rows: bad row {item!r} (M=kernel, a GEMV-like kernel)")
+            m_text, sep, rest = item.partition("=")
+            kernel, slash, split_text = rest.partition("/")
+            ok = sep and m_text.isdigit() and kernel in KERNELS
+            if slash:
+                ok = ok and kernel not in GEMV_LIKE and split_text.isdigit()
+                ok = ok and 1 <= int(split_text or 0) <= ROW_MAX_SPLIT
+            if not ok:
+                want = f"M=kernel, or M=tile/split with split in 1..{ROW_MAX_SPLIT}"
+                raise ValueError(f"w4a16 rows: bad row {item!r} ({want})")
             m = int(m_text)
             if m < 1 or (rows and m <= rows[-1][0]):
                 raise ValueError(f"w4a16 rows: M must be positive and increasing in {part!r}")
-            rows.append((m, kernel))
+            rows.append((m, kernel, int(split_text) if slash else None))
         out[arch] = tuple(rows)
     return out
 
 
-def table_from_rows(arch: str, shapes: Mapping[tuple[int, int], Sequence[tuple[int, str]]]) -> DispatchTable:
+def table_from_rows(arch: str, shapes: Mapping[tuple[int, int], Sequence[Row]]) -> DispatchTable:
     """A DispatchTable of recorded rows (``parse_rows``' rows of one arch, per (K, N)): what a plan
     chose at compile time, handed to ``W4A16Linear(table=...)`` at load."""
     return DispatchTable(
         arch,
         {
-            kn: tuple((m, KernelChoice(kernel, source="table")) for m, kernel in rows)
+            kn: tuple((m, KernelChoice(kernel, split, source="table")) for m, kernel, split in rows)
             for kn, rows in shapes.items()
         },
     )

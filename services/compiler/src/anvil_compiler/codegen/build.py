@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from anvil_compiler.codegen.gpu_backend import tiles_allowed
 from anvil_compiler.errors import CompileError
 from anvil_kernels.cuda import PLAN_COMMON
 
@@ -25,8 +26,8 @@ __all__ = ["NVCC_TIMEOUT_S", "W4A16_FATBIN", "build_kernels", "build_w4a16", "fu
 
 W4A16_FATBIN = "w4a16.fatbin"
 _W4A16_BUILT: dict[
-    tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], str], bytes
-] = {}  # (groups, archs, gv, dtype) -> fatbin
+    tuple[tuple[int, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...], str], bytes
+] = {}  # (groups, archs, gv, tiles, dtype) -> fatbin
 
 NVCC_TIMEOUT_S = 300
 
@@ -113,34 +114,44 @@ def build_w4a16(
     out_dir: Path,
     gv_configs: list[str] | None = None,
     dtype: str = "fp16",
+    tile_configs: list[str] | None = None,
 ) -> tuple[dict[str, str], str]:
     """The W4A16 kernels a half plan's INT4 linears need (``dtype`` activations, the GEMV-like variants
-    for ``groups`` and the shared-memory-ring GEMVs ``gv_configs`` the measured tables picked for the
-    plan's shapes (gpu_backend.py, ``w4a16_kernels``); no tensor-core tiles: above ``W4A16_MAX_M``
-    rows the plan runs cuBLAS on the dequantized weights) as ``w4a16.fatbin``. Returns (role -> file,
-    "") or ({}, why not built): the kernels include CUDA headers, so they need nvcc; without it the
-    executor runs every INT4 linear of the plan on cuBLAS fp16 over weights dequantized at load, and
-    says so."""
+    for ``groups``, the shared-memory-ring GEMVs ``gv_configs`` and the tensor-core tiles
+    ``tile_configs`` the measured tables picked for the plan's shapes: gpu_backend.py,
+    ``w4a16_kernels``) as ``w4a16.fatbin``. Tiles come only with a plan for sm_90 alone
+    (``tiles_allowed``), and are built as sm_90a code (the wg/wgs tiles' wgmma needs it; an sm_90a
+    cubin runs on sm_90 devices). Returns (role -> file, "") or ({}, why not built): the kernels
+    include CUDA headers, so they need nvcc; without it the executor runs every INT4 linear of the
+    plan on cuBLAS fp16 over weights dequantized at load, and says so."""
     if not groups:
         return {}, ""
     # the ring GEMVs issue cp.async.bulk (sm_90 and up): a build for an older arch too leaves them
     # out, and the executor's W4A16Linear then runs the rule's kernels (it checks the module)
     gv = tuple(sorted(gv_configs or ())) if all(_arch_number(a) >= 90 for a in archs) else ()
+    tiles = tuple(sorted(tile_configs or ()))
+    if tiles and not tiles_allowed(archs):
+        return {}, f"tensor-core tiles {list(tiles)} asked for archs {list(archs)} (sm_90 alone takes them)"
     if dtype not in ("fp16", "bf16"):
         return {}, f"no W4A16 kernels for {dtype} activations"
-    key = (tuple(sorted(groups)), tuple(sorted(archs)), gv, dtype)
+    key = (tuple(sorted(groups)), tuple(sorted(archs)), gv, tiles, dtype)
     if key in _W4A16_BUILT:  # the same library kernels: compiled once per process (seconds each)
         (out_dir / W4A16_FATBIN).write_bytes(_W4A16_BUILT[key])
         return {"w4a16": W4A16_FATBIN}, ""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         return {}, "nvcc not on PATH (the W4A16 kernels need the CUDA headers)"
-    from anvil_kernels.cuda import W4A16Params, build_fatbin
+    from anvil_kernels.cuda import TC_CONFIGS, W4A16Params, build_fatbin
     from anvil_kernels.cuda.w4a16 import ActDType
 
     act: ActDType = "bf16" if dtype == "bf16" else "fp16"  # checked above: one or the other
-    params = W4A16Params(dtypes=(act,), groups=tuple(sorted(groups)), tc_configs=(), gv_configs=gv)
-    gencode = tuple(f"compute_{a.removeprefix('sm_')},code={a}" for a in sorted(archs))
+    tc = tuple(t for t in tiles if t in TC_CONFIGS)
+    mtc = tuple(t for t in tiles if t not in TC_CONFIGS)
+    params = W4A16Params(
+        dtypes=(act,), groups=tuple(sorted(groups)), tc_configs=tc, mtc_configs=mtc, gv_configs=gv
+    )
+    suffix = "a" if tiles else ""  # sm_90a: the tiles' wgmma (tiles_allowed: sm_90 alone)
+    gencode = tuple(f"compute_{a.removeprefix('sm_')}{suffix},code={a}{suffix}" for a in sorted(archs))
     try:
         path = build_fatbin(params, gencode, out_dir, nvcc=nvcc)
     except RuntimeError as exc:  # e.g. an arch the kernels do not support: the dense fallback still runs

@@ -14,21 +14,28 @@ which backend runs each linear there. Both are recorded in the plan (op attrs ``
 
 ``W4A16_MAX_M``: the H200 measurement (bench/results/kernels_gpu.md, w4a16_dispatch.json) has the
 GEMV-like W4A16 kernel 1.5-1.8x faster than cuBLAS bf16 up to M = 16 on the three large shapes
-(8192x8192, 4096x14336, 14336x4096). Above 16 rows the tensor-core tiles take over (since the
-twentieth session the wgs tiles beat cuBLAS at M = 64 there, and every INT4 kernel is slower from
-M = 128 on), but plans do not carry those tiles or their weight layout: 16 stays the cap. Per
-linear shape the measured table kept with the kernels (``anvil_kernels.cuda.packaged_table`` for each
-of the plan's archs that has one) lowers that: where cuBLAS on dense weights measured faster at the
-smallest M (MiniLM's 384x1152 and 384x1536: 2.9 vs 4.0 us at M = 16), the linear runs
-``cublas_f16_dequant`` for every M; ``w4a16_from`` in the op's attrs names the table or "rule".
+(8192x8192, 4096x14336, 14336x4096): the rule's 16 rows, for a shape no table measured. Per linear
+shape the measured table kept with the kernels (``anvil_kernels.cuda.packaged_table`` for each of the
+plan's archs that has one) decides instead:
+
+- where cuBLAS on dense weights measured faster at the smallest M (MiniLM's 384x1152 and 384x1536:
+  2.9 vs 4.0 us at M = 16), the linear runs ``cublas_f16_dequant`` for every M;
+- a plan whose archs are all sm_90 (``tiles_allowed``) follows the table as far as an INT4 kernel
+  measured faster than cuBLAS, tensor-core tiles included (8192x8192 at 34fb6b7: mtc32 at M = 32,
+  wgs64n at 64, cuBLAS from 128 on, so ``w4a16_max_m`` 64);
+- any other plan keeps the GEMV-like kernels, at most ``W4A16_MAX_M`` rows, and fewer where the
+  table has cuBLAS faster sooner.
+
+``w4a16_from`` in the op's attrs names the table or "rule".
 
 Which W4A16 kernel runs each M up to ``w4a16_max_m`` is the measured table's too: ``w4a16_kernels``
 records, per arch whose table measured the shape, the table's rows up to that M
-(``"sm_90:1=gvb8w,4=gemv,16=gemv"``: ``anvil_kernels.cuda.w4a16_dispatch.format_rows``). The
-GEMV-like shared-memory-ring kernels (``GV_CONFIGS``) those rows name are compiled into the
-artifact's ``w4a16.fatbin`` (``w4a16_gv_configs`` in the stats), and the executor hands the rows of
-its device's arch to the kernels' dispatcher (``W4A16Linear(table=...)``); a shape or arch no table
-measured runs the rule.
+(``"sm_90:1=gvb8w,4=gemv,16=gemv,32=mtc32/8,64=wgs64n/4"``, a tile with its measured split:
+``anvil_kernels.cuda.w4a16_dispatch.format_rows``). The kernels those rows name beyond the rule's
+(the ring GEMVs, ``GV_CONFIGS``, and the tiles) are compiled into the artifact's ``w4a16.fatbin``
+(``w4a16_gv_configs`` and ``w4a16_tile_configs`` in the stats; sm_90a code where it holds tiles), and
+the executor hands the rows of its device's arch to the kernels' dispatcher
+(``W4A16Linear(table=...)``); a shape or arch no table measured runs the rule.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from anvil_compiler.ir import Graph
 from anvil_compiler.options import CompileOptions
 from anvil_core.plan_format import HALF_LINEAR_BACKENDS
 from anvil_kernels.cuda import GV_CONFIGS, packaged_table
-from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE, format_rows, parse_rows
+from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE, Row, format_rows, parse_rows
 
 __all__ = [
     "W4A16_GROUPS",
@@ -49,9 +56,12 @@ __all__ = [
     "gv_configs_of",
     "linear_backend",
     "resolve_precision",
+    "tile_configs_of",
+    "tiles_allowed",
 ]
 
-W4A16_MAX_M = 16
+W4A16_MAX_M = 16  # the rule's rows (GEMV-like kernels), where tiles are not allowed or not measured
+TILE_ARCH = "sm_90"  # where a plan may carry the tensor-core tiles (tiles_allowed)
 W4A16_GROUPS = (64, 128, 256)  # anvil_kernels.cuda.w4a16.SUPPORTED_GROUPS (kept import-free of cupy)
 
 
@@ -79,8 +89,9 @@ def linear_backend(
     n = int(weights["packed"].shape[1])
     if not (group in W4A16_GROUPS and n % 16 == 0 and k % group == 0):
         return {"gpu_backend": names["dequant"]}
+    tiles = tiles_allowed(archs)
     measured = {  # arch -> rows, for each of the plan's archs whose table measured this shape
-        arch: table.int4_max_rows(W4A16_MAX_M, n, k)
+        arch: table.int4_measured_rows(n, k) if tiles else table.int4_max_rows(W4A16_MAX_M, n, k)
         for arch in sorted(archs)
         if (table := packaged_table(arch)) is not None and (k, n) in table.entries
     }
@@ -91,24 +102,30 @@ def linear_backend(
     if rows == 0:
         return {"gpu_backend": names["dequant"], "w4a16_from": source}
     attrs: dict[str, Any] = {"gpu_backend": names["w4a16"], "w4a16_max_m": rows, "w4a16_from": source}
-    kernels = {arch: _table_rows(arch, k, n, rows) for arch in sorted(measured)}
+    kernels = {arch: _table_rows(arch, k, n, rows, tiles) for arch in sorted(measured)}
     if any(kernels.values()):
         attrs["w4a16_kernels"] = format_rows({a: r for a, r in kernels.items() if r})
     return attrs
 
 
-def _table_rows(arch: str, k: int, n: int, rows: int) -> list[tuple[int, str]]:
-    """The measured (M, kernel) rows of ``arch``'s table for (K, N) that decide M = 1..rows: each
-    covers the Ms above the previous row's up to its own, so the rows up to the first at or past
-    ``rows``. Empty where one would name a kernel that is not GEMV-like (the executor's W4A16 build
-    holds no tensor-core tiles; the rule decides there)."""
+def tiles_allowed(archs: tuple[str, ...]) -> bool:
+    """Whether a plan for ``archs`` may run the tensor-core tiles (``TILE_ARCH`` alone: the wg/wgs
+    tiles' wgmma needs sm_90a code, which runs on sm_90 devices only, and only sm_90 was measured)."""
+    return bool(archs) and all(a == TILE_ARCH for a in archs)
+
+
+def _table_rows(arch: str, k: int, n: int, rows: int, tiles: bool) -> list[Row]:
+    """The measured (M, kernel, split) rows of ``arch``'s table for (K, N) that decide M = 1..rows:
+    each covers the Ms above the previous row's up to its own, so the rows up to the first at or past
+    ``rows``. Without ``tiles``, empty where one would name a kernel that is not GEMV-like (the
+    build then holds no tensor-core tiles; the rule decides there)."""
     table = packaged_table(arch)
     assert table is not None
-    out: list[tuple[int, str]] = []
+    out: list[Row] = []
     for m, choice in table.entries.get((k, n), ()):
-        if choice.kernel not in GEMV_LIKE:
+        if choice.kernel not in GEMV_LIKE and not tiles:
             return []
-        out.append((m, choice.kernel))
+        out.append((m, choice.kernel, None if choice.kernel in GEMV_LIKE else choice.split))
         if m >= rows:
             break
     return out
@@ -117,5 +134,14 @@ def _table_rows(arch: str, k: int, n: int, rows: int) -> list[tuple[int, str]]:
 def gv_configs_of(texts: list[str]) -> list[str]:
     """The shared-memory-ring GEMV configs (GV_CONFIGS) that any of the linears' ``w4a16_kernels``
     names: what the artifact's ``w4a16.fatbin`` must hold besides the rule's kernels."""
-    named = {k for t in texts for rows in parse_rows(t).values() for _, k in rows}
-    return sorted(named & set(GV_CONFIGS))
+    return sorted(_named(texts) & set(GV_CONFIGS))
+
+
+def tile_configs_of(texts: list[str]) -> list[str]:
+    """The tensor-core tiles (TC_CONFIGS, MTC_CONFIGS) that any of the linears' ``w4a16_kernels``
+    names: the artifact's ``w4a16.fatbin`` holds them too (built for sm_90a)."""
+    return sorted(_named(texts) - set(GEMV_LIKE))
+
+
+def _named(texts: list[str]) -> set[str]:
+    return {row[1] for t in texts for rows in parse_rows(t).values() for row in rows}

@@ -5,10 +5,11 @@ cuBLAS and W4A16 in bf16, the epilogue's bf16 kernels).
 
     fp32 weights  (gpu_backend cublas_f16)   tmp (M, N) fp16 = x (M, K) fp16 @ W16 (K, N)   cuBLAS,
                                                                                       fp32 accumulation
-    INT4 weights  (gpu_backend w4a16)        M <= w4a16_max_m: the W4A16 GEMV-like kernel the plan's
-                                             measured rows name for this arch and M (``w4a16_kernels``;
-                                             else the dispatcher's rule), anvil_kernels.cuda.W4A16Linear
-                                             on the prepacked INT4
+    INT4 weights  (gpu_backend w4a16)        M <= w4a16_max_m: the W4A16 kernel (GEMV-like, or a
+                                             tensor-core tile in an sm_90 plan) the plan's measured
+                                             rows name for this arch and M (``w4a16_kernels``; else
+                                             the dispatcher's rule, up to 16 rows),
+                                             anvil_kernels.cuda.W4A16Linear on the prepacked INT4
                                              weights, bias + activation + residual fused when there
                                              is no LayerNorm; above: cuBLAS on W16 = the weights
                                              dequantized at load
@@ -43,7 +44,7 @@ from anvil_kernels import Int4Weight, dequantize
 from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.cuda import PLAN_COMMON
 from anvil_kernels.cuda.w4a16 import ActDType
-from anvil_kernels.cuda.w4a16_dispatch import parse_rows, table_from_rows
+from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE, RULE, Row, parse_rows, table_from_rows
 from anvil_kernels.cuda.w4a16_linear import waits_for_predecessor
 
 __all__ = [
@@ -69,6 +70,8 @@ EPILOGUE_KERNELS = tuple(
 THREADS = 256
 MAX_BLOCKS = 132 * 16  # a few waves of the H200's SMs; the grid-stride loop covers the rest
 log = get_logger("anvil.executor.gpu_linear")
+# the rows the dispatcher's rule gives to GEMV-like kernels (which every w4a16.fatbin holds)
+_RULE_GEMV_ROWS = max(m for m, kernel in RULE if kernel in GEMV_LIKE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +88,8 @@ class LinearF16:
     group: int = 0
     int4: tuple[int, int, int] | None = None
     max_rows: int = 0  # rows at (max_batch, max_seq)
-    # the measured W4A16 kernel per M, per arch (attr w4a16_kernels: arch -> ((M, kernel), ...))
-    w4a16_rows: tuple[tuple[str, tuple[tuple[int, str], ...]], ...] = ()
+    # the measured W4A16 kernel per M, per arch (attr w4a16_kernels: arch -> ((M, kernel, split), ...))
+    w4a16_rows: tuple[tuple[str, tuple[Row, ...]], ...] = ()
     fused: bool = field(init=False)  # W4A16 applies bias + activation + residual itself (no LayerNorm)
     precision: str = field(init=False)  # "fp16" or "bf16", from the backend's name
     kind: str = field(init=False)  # "cublas", "w4a16" or "dequant", from the backend's name
@@ -165,6 +168,9 @@ def f16_linears(
         act = str(attrs.get("act", "none"))
         try:
             rows = parse_rows(str(attrs.get("w4a16_kernels", ""))) if kind == "w4a16" else {}
+            max_m = int(attrs.get("w4a16_max_m", 0)) if kind == "w4a16" else 0
+            if max_m < 0:
+                raise ValueError(f"w4a16_max_m must be >= 0, got {max_m}")
         except ValueError as exc:
             raise ValueError(f"op {_s(op.name)!r}: {exc}") from None
         ln = "gamma" in w
@@ -185,7 +191,7 @@ def f16_linears(
         out[i] = LinearF16(
             step=step,
             backend=backend,
-            w4a16_max_m=int(attrs.get("w4a16_max_m", 0)) if kind == "w4a16" else 0,
+            w4a16_max_m=max_m,
             act_name=act,
             group=int(attrs.get("group", 0)),
             int4=int4,
@@ -378,25 +384,36 @@ class F16Linears:
     ) -> Any:
         """The W4A16Linear of one INT4 linear: the kernels its measured rows name for ``arch``, else
         (no rows for this arch, or the module lacks one of them: an artifact built for an older arch
-        too) the dispatcher's rule, which the module always holds."""
+        too) the dispatcher's rule, which the module always holds up to its GEMV-like rows (16). A
+        plan that runs W4A16 past those rows (tensor-core tiles: an sm_90 plan) on an arch without
+        rows, or with a module that lacks its tiles, is refused here (ValueError): the rule's tiles
+        are not in the module, and no dense weights were uploaded for those rows."""
         from anvil_kernels.cuda import W4A16Linear
 
         m_max = max(1, min(lin.w4a16_max_m, lin.max_rows))
         act = lin.act_name if lin.fused else "none"
         dtype: ActDType = "bf16" if lin.precision == "bf16" else "fp16"  # LINEAR_KINDS: one or the other
         rows = dict(lin.w4a16_rows).get(arch)
+        why = f"no measured rows for {arch}"
         if rows:
             table = table_from_rows(arch, {(lin.step.k, lin.step.n): rows})
             try:
                 layer = W4A16Linear(module, packed, m_max, dtype=dtype, activation=act, table=table, pdl=pdl)
-                for m in range(1, m_max + 1):  # every M the plan runs (<= 16): each kernel looked up now
+                for m in range(1, m_max + 1):  # every M the plan runs: each kernel looked up now
                     layer.plan(m)
                 return layer
             except _missing_kernel() as exc:
-                log.warning(
-                    "w4a16: the plan's measured kernels are not all in w4a16.fatbin; the rule runs",
-                    extra={"arch": arch, "k": lin.step.k, "n": lin.step.n, "err": str(exc)},
-                )
+                why = f"w4a16.fatbin lacks a kernel its rows name ({exc})"
+        if m_max > _RULE_GEMV_ROWS:  # the rule names tiles there, which an artifact holds only by its rows
+            raise ValueError(
+                f"linear {lin.step.k}x{lin.step.n}: the plan runs the W4A16 kernels up to {m_max} rows "
+                f"but {why} on this {arch or 'GPU'}: recompile the model for this GPU's arch"
+            )
+        if rows:
+            log.warning(
+                "w4a16: the plan's measured kernels are not all in w4a16.fatbin; the rule runs",
+                extra={"arch": arch, "k": lin.step.k, "n": lin.step.n, "err": why},
+            )
         return W4A16Linear(module, packed, m_max, dtype=dtype, activation=act, pdl=pdl)
 
     def w4a16_kernel(self, op_index: int, m: int) -> str | None:
