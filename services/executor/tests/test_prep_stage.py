@@ -27,11 +27,14 @@ from wire_helpers import batch_frames, executor_settings
 
 
 class Prepper(Model):
-    """INPUT0 + 1 as OUTPUT0; `prepare` adds the 1 and records its thread and batch."""
+    """INPUT0 + 1 as OUTPUT0; `prepare` adds the 1 and records its thread and batch. ``overlap``: the
+    first batch's compute waits (up to 20 s) until a second batch has been prepared, and records
+    whether it was (the overlap test; a test that sends one batch would wait the 20 s out)."""
 
     prepares = True
 
-    def __init__(self) -> None:
+    def __init__(self, overlap: bool = False) -> None:
+        self.overlap = overlap
         self.spec = ModelSpec(
             name="prepper",
             max_batch=8,
@@ -51,7 +54,7 @@ class Prepper(Model):
 
     def run_prepared(self, prepared: Any) -> list[RequestOutputs]:
         self.computed_on.append(threading.current_thread().name)
-        if len(self.computed_on) == 1:  # the first batch computes only once the second is prepared
+        if self.overlap and len(self.computed_on) == 1:  # the first computes once the second is prepared
             self.overlapped.append(self.second_prepared.wait(20))
         return [{"OUTPUT0": x} for x in prepared]
 
@@ -81,7 +84,7 @@ def test_prepared_on_one_thread_finished_on_another_equals_run_batch() -> None:
 def test_next_batch_is_prepared_while_the_previous_computes(redis_url: str, tmp_path: Path) -> None:
     settings = executor_settings(redis_url, tmp_path, "ex-prep")
     ex = Executor(settings)
-    prepper = Prepper()
+    prepper = Prepper(overlap=True)
     ex.models["prepper"] = prepper
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
