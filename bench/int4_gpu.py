@@ -5,7 +5,8 @@ cuBLAS), both as fp16 GPU plans (``--precision bf16``: both bf16, the dense mode
 issue's "same model with bf16 weights"), then measured in the same run:
 
   1. in process (unless --skip-in-process): each compiled plan on cuda:0 (GpuPlanModel, CUDA graph
-     replay), median ms per batch of 1 / 4 / 16 rows, and the outputs' cosine to onnxruntime fp32;
+     replay), median ms per batch of 1 / 4 / 16 rows (32 / 64 too up to --max-batch: past 16 rows an
+     sm_90 plan runs the measured tensor-core tiles), and the outputs' cosine to onnxruntime fp32;
   2. through the whole stack over HTTP (KServe v2, binary tensors in and out): closed loop of 1-row
      requests at concurrency 1 / 4 / 16 (the scheduler batches them: batch <= 16), requests/s and
      p50/p99 latency, INT4 / dense throughput ratio per concurrency (issue #16's target: >= 1.5x).
@@ -46,6 +47,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import http_load  # noqa: E402
 
 PRECISIONS = ("fp16", "bf16")
+# batches timed in process, those up to --max-batch: past 16 rows an sm_90 plan runs the measured
+# table's tensor-core tiles (8192 x 8192: up to 64 rows), other plans cuBLAS on dequantized weights
+IN_PROCESS_BATCHES = (1, 4, 16, 32, 64)
 
 
 def dense_name(precision: str) -> str:
@@ -216,7 +220,7 @@ def _in_process(
         row["graphs"], row["graph_error"] = model.graph_count, model.graph_error
         row["linears"] = _linears(model.linear_report())
         row["weights_mib"] = round(model.weight_bytes / 2**20, 1)
-        for b in (1, 4, 16):
+        for b in IN_PROCESS_BATCHES:
             if b > max_batch:
                 continue
             req = [{"x": x[:b]}]
@@ -231,7 +235,7 @@ def _in_process(
         if quantize:  # the same artifact, its W4A16 kernels launched as programmatic dependents (PDL)
             pdl = GpuPlanModel.load(art, 0, name=name, pdl=True)
             row["pdl_active"] = bool(pdl._lin16 is not None and pdl._lin16.pdl)
-            for b in (1, 4, 16):
+            for b in IN_PROCESS_BATCHES:
                 if b > max_batch:
                     continue
                 req = [{"x": x[:b]}]
@@ -245,7 +249,7 @@ def _in_process(
         out[name] = row
         del model
         cp.get_default_memory_pool().free_all_blocks()
-    for b in (1, 4, 16):
+    for b in IN_PROCESS_BATCHES:
         key, gkey = f"b{b}_ms", f"b{b}_graph_us"
         if key in out["wb_int4"] and key in out[dense]:
             out[f"speedup_b{b}"] = round(out[dense][key] / out["wb_int4"][key], 3)
@@ -319,7 +323,7 @@ def _markdown(res: dict[str, Any]) -> str:
             f"| {prec} / INT4 graph |",
             "|---|---|---|---|---|---|---|",
         ]
-        for b in (1, 4, 16):
+        for b in IN_PROCESS_BATCHES:
             if f"b{b}_ms" in ip["wb_int4"]:
                 i4, f16 = ip["wb_int4"], ip[dense]
                 cells = [b, i4[f"b{b}_ms"], f16[f"b{b}_ms"], ip[f"speedup_b{b}"]]
@@ -336,7 +340,7 @@ def _markdown(res: dict[str, Any]) -> str:
                 "| graph plain / PDL | same output |",
                 "|---|---|---|---|---|---|---|",
             ]
-            for b in (1, 4, 16):
+            for b in IN_PROCESS_BATCHES:
                 if f"b{b}_graph_us_pdl" in i4:
                     g, gp = i4[f"b{b}_graph_us"], i4[f"b{b}_graph_us_pdl"]
                     ratio = round(g / gp, 3) if g and gp else None
@@ -433,7 +437,8 @@ def main() -> None:
     res["model"]["onnx_mib"] = round(onnx_path.stat().st_size / 2**20, 1)
     res["model"]["onnx_build_s"] = round(time.perf_counter() - t0, 1)
     print(f"model: {res['model']['onnx_mib']:.0f} MiB in {res['model']['onnx_build_s']} s", flush=True)
-    x = np.random.default_rng(1).standard_normal((16, args.dim)).astype(np.float32)
+    rows = max(16, min(args.max_batch, max(IN_PROCESS_BATCHES)))
+    x = np.random.default_rng(1).standard_normal((rows, args.dim)).astype(np.float32)
     t0 = time.perf_counter()
     ref = _reference(onnx_path, x)
     res["reference_s"] = round(time.perf_counter() - t0, 1)
