@@ -468,10 +468,11 @@ class F16Linears:
 
     @property
     def w4a16_bytes(self) -> int:
-        """Device bytes of the W4A16 layers' prepacked weights (outside the arena's weight bank; a
-        shared weight once)."""
-        layers = {id(layer.qweight): layer for layer in self.layers.values()}
-        return sum(int(layer.qweight.nbytes) + int(layer.sz.nbytes) for layer in layers.values())
+        """Device bytes of the W4A16 layers' prepacked weights, every layout a layer uploaded (the
+        GEMV-like kernels' and, where the plan runs tiles, the tiles'), outside the arena's weight
+        bank; a shared weight once."""
+        layers = {(id(layer.qweight), id(layer.mq)): layer for layer in self.layers.values()}
+        return sum(int(layer.device_bytes) for layer in layers.values())
 
     def weight_offsets(self, n_weights: int) -> list[int]:
         """Per plan weight, its offset in the bank ``layout`` made (-1: replaced, not on the device)."""
