@@ -97,25 +97,24 @@ class DispatchTable:
         than every INT4 kernel: an entry at M covers the rows above the previous entry's M up to M,
         so the first ``bf16_faster`` entry caps the rows at the previous entry's M (0 when it is the
         first). ``m_max`` where (K, N) was not measured or nothing up to m_max was faster dense."""
-        prev = 0
-        for mm, ch in self.entries.get((k, n), ()):
-            if ch.bf16_faster:
-                return min(prev, m_max)
-            if mm >= m_max:
-                break
-            prev = mm
-        return m_max
+        rows, dense_won = self._int4_ahead(n, k)
+        return min(rows, m_max) if dense_won else m_max
 
     def int4_measured_rows(self, n: int, k: int) -> int:
         """Rows up to which the measured entries for (K, N) have an INT4 kernel ahead of cuBLAS bf16:
         the M of the entry before the first ``bf16_faster`` one, else the largest measured M (no
         measurement says anything past it); 0 where (K, N) was not measured or dense won first."""
+        return self._int4_ahead(n, k)[0]
+
+    def _int4_ahead(self, n: int, k: int) -> tuple[int, bool]:
+        """(the M of the last entry before the first ``bf16_faster`` one, or of the last entry;
+        whether a ``bf16_faster`` entry was found)."""
         prev = 0
         for mm, ch in self.entries.get((k, n), ()):
             if ch.bf16_faster:
-                break
+                return prev, True
             prev = mm
-        return prev
+        return prev, False
 
     def lookup(self, m: int, n: int, k: int) -> KernelChoice | None:
         rows = self.entries.get((k, n))

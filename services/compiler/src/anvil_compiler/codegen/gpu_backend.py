@@ -125,7 +125,7 @@ def _table_rows(arch: str, k: int, n: int, rows: int, tiles: bool) -> list[Row]:
     for m, choice in table.entries.get((k, n), ()):
         if choice.kernel not in GEMV_LIKE and not tiles:
             return []
-        out.append((m, choice.kernel, None if choice.kernel in GEMV_LIKE else choice.split))
+        out.append((m, choice.kernel, choice.split))  # KernelChoice: no split on a GEMV-like kernel
         if m >= rows:
             break
     return out
