@@ -21,8 +21,8 @@ plan's archs that has one) decides instead:
 - where cuBLAS on dense weights measured faster at the smallest M (MiniLM's 384x1152 and 384x1536:
   2.9 vs 4.0 us at M = 16), the linear runs ``cublas_f16_dequant`` for every M;
 - a plan whose archs are all sm_90 (``tiles_allowed``) follows the table as far as an INT4 kernel
-  measured faster than cuBLAS, tensor-core tiles included (8192x8192 at 34fb6b7: mtc32 at M = 32,
-  wgs64n at 64, cuBLAS from 128 on, so ``w4a16_max_m`` 64);
+  measured faster than cuBLAS, tensor-core tiles included (8192x8192 on the H200 at 9877a4f: wgs32 at
+  M = 32, wgs64nd at 64, cuBLAS from 128 on, so ``w4a16_max_m`` 64);
 - any other plan keeps the GEMV-like kernels, at most ``W4A16_MAX_M`` rows, and fewer where the
   table has cuBLAS faster sooner.
 
@@ -30,7 +30,7 @@ plan's archs that has one) decides instead:
 
 Which W4A16 kernel runs each M up to ``w4a16_max_m`` is the measured table's too: ``w4a16_kernels``
 records, per arch whose table measured the shape, the table's rows up to that M
-(``"sm_90:1=gvb8w,4=gemv,16=gemv,32=mtc32/8,64=wgs64n/4"``, a tile with its measured split:
+(``"sm_90:1=gvb8w,4=gvb8w,16=gemv,32=wgs32/4,64=wgs64nd/4"``, a tile with its measured split:
 ``anvil_kernels.cuda.w4a16_dispatch.format_rows``). The kernels those rows name beyond the rule's
 (the ring GEMVs, ``GV_CONFIGS``, and the tiles) are compiled into the artifact's ``w4a16.fatbin``
 (``w4a16_gv_configs`` and ``w4a16_tile_configs`` in the stats; sm_90a code where it holds tiles), and
