@@ -128,14 +128,13 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 128 x 256 (wg128w's tile): a producer warpgroup hands its registers to the consumers
     # (setmaxnreg: 40 / 232; ptxas reports the launch's 168)
     "wgs128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4),
-    # 16 and 32 rows (twenty-sixth session): wgmma m64n16k16 / m64n32k16. x reaches the tensor cores
-    # from the stage once a warpgroup (the GEMV-like kernels read every x fragment once a warp,
-    # through L1: at 16 rows 4x the bytes of the weights); smaller accumulators leave room for
-    # more blocks a SM
-    "wgs16": MtcConfig(mt=2, ns=1, wm=1, wn=8, st=8, regs=53, sa=True, minb=4, wg=True, ws=1),
+    # 32 rows (twenty-sixth session): wgmma m64n32k16. x reaches the tensor cores from the stage
+    # once a warpgroup (the GEMV-like kernels read every x fragment once a warp, through L1); a
+    # smaller accumulator leaves room for more blocks a SM. The fastest kernel at M = 32 on two of the
+    # three large shapes (H100 and H200). Its 16-row siblings (wgs16: 16 x 128, 8 stages; wgs16w:
+    # 16 x 256) lost to the GEMV-like kernels at 1-16 rows on both cards (22-27 µs against 14-19) and
+    # were taken out in the twenty-eighth session (the code is in 9877a4f)
     "wgs32": MtcConfig(mt=4, ns=1, wm=1, wn=8, st=8, regs=60, sa=True, minb=3, wg=True, ws=1),
-    # two strips a warp (16 x 256): a chunk's wait, scale load and loop overhead over twice the weights
-    "wgs16w": MtcConfig(mt=2, ns=2, wm=1, wn=8, st=6, regs=95, sa=True, minb=2, wg=True, ws=1),
 }
 
 
