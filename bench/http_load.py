@@ -1,11 +1,16 @@
 """Closed-loop HTTP load for the GPU benches (minilm_gpu.py, int4_gpu.py): lean keep-alive clients.
 
-Each concurrent client is one thread with its own stdlib ``http.client`` connection (keep-alive,
-Nagle off), posting prepared bodies in turn and reading every answer whole; clients are spread over
-``procs`` processes so the generator's GIL is not what is measured. Why not httpx: on the build
-machine one httpx.AsyncClient request costs ~900 µs of client CPU against ~150 µs for http.client
-(same local server, same 32-sentence body), and the old generator's four httpx processes, parsing
-~135 KB of float JSON per answer, were a ceiling of every server they measured.
+Each concurrent client is one thread with its own keep-alive HTTP/1.1 connection (``Wire``: one
+TCP socket, Nagle off), posting prepared requests in turn and reading every answer whole; clients are
+spread over ``procs`` processes so the generator's GIL is not what is measured. Why not httpx: on the
+build machine one httpx.AsyncClient request costs ~900 µs of client CPU against ~150 µs for
+http.client (same local server, same 32-sentence body), and the old generator's four httpx processes,
+parsing ~135 KB of float JSON per answer, were a ceiling of every server they measured. Why not
+http.client either (twenty-eighth session): per request it builds and validates the request line and
+headers and parses the answer's headers with ``email.parser``, ~180 µs more than ``Wire`` per lone
+request on the build machine against the same canned server (``bench/client_overhead.py``), time a
+c1 latency counts as the server's. ``Wire`` sends each request as one prepared byte string and reads
+the status line, the headers it needs and a Content-Length or chunked body.
 
 Every answer is checked by a named ``check`` (a function of this module, so spawned processes can
 find it): a 200 whose body does not hold what was asked counts as an error ("bad answer"), so a
@@ -17,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import http.client
 import json
 import multiprocessing as mp
 import socket
@@ -84,23 +88,136 @@ def check_kserve_binary(body: bytes, expect: int, header_len: int) -> bool:
     return size == expect * 4 and len(body) - header_len >= size
 
 
-def _ok(load: Load, resp: http.client.HTTPResponse, body: bytes) -> bool:
+def _ok(load: Load, headers: dict[str, str], body: bytes) -> bool:
     try:
         if load.check == "embeddings":
             return check_embeddings(body, load.expect)
         if load.check == "kserve_binary":
-            header_len = int(resp.getheader("Inference-Header-Content-Length") or 0)
+            header_len = int(headers.get("inference-header-content-length") or 0)
             return check_kserve_binary(body, load.expect, header_len)
     except (ValueError, KeyError, IndexError, TypeError):
         return False
     raise ValueError(f"unknown check {load.check!r}")
 
 
-def _connect(host: str, port: int) -> http.client.HTTPConnection:
-    conn = http.client.HTTPConnection(host, port, timeout=60)
-    conn.connect()
-    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return conn
+class BadResponse(Exception):
+    """An answer that is not HTTP/1.x as sent by a server (counted by this name, then reconnect)."""
+
+
+_MAX_HEAD = 64 * 1024  # a status line and headers larger than this are not an answer
+
+
+class Wire:
+    """One keep-alive HTTP/1.1 connection (TCP, Nagle off) that posts prepared requests.
+
+    ``request(data)`` sends ``data`` (a whole request: ``prepare`` builds one) in one write and
+    returns (status, headers with lower-case names, body). The body is read by Content-Length or
+    chunked transfer coding; an answer with neither ends with the connection (as HTTP/1.1 says), and
+    a ``Connection: close`` answer closes it after its body: the next request reconnects. A peer that
+    closes mid-answer raises ``ConnectionError``; one that sends no HTTP raises ``BadResponse``."""
+
+    def __init__(self, host: str, port: int, timeout_s: float = 60.0) -> None:
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+        self.sock: socket.socket | None = None
+        self.buf = bytearray()
+
+    def prepare(self, path: str, body: bytes, headers: tuple[tuple[str, str], ...]) -> bytes:
+        lines = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Accept-Encoding: identity"]
+        lines += [f"{k}: {v}" for k, v in headers]
+        lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+        self.buf.clear()
+
+    def request(self, data: bytes) -> tuple[int, dict[str, str], bytes]:
+        if self.sock is None:
+            self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout_s)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(data)
+        status, headers = self._head()
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            body = self._chunked()
+        elif "content-length" in headers:
+            body = self._exactly(int(headers["content-length"]))
+        elif status in (204, 304) or status < 200:
+            body = b""
+        else:  # delimited by the end of the connection
+            body = self._until_closed()
+        if headers.get("connection", "").lower() == "close":
+            self.close()
+        return status, headers, body
+
+    def _fill(self) -> None:
+        assert self.sock is not None
+        chunk = self.sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("the server closed the connection mid-answer")
+        self.buf += chunk
+
+    def _line(self, limit: int = _MAX_HEAD) -> bytes:
+        while (end := self.buf.find(b"\r\n")) < 0:
+            if len(self.buf) > limit:
+                raise BadResponse("a line longer than the limit")
+            self._fill()
+        line = bytes(self.buf[:end])
+        del self.buf[: end + 2]
+        return line
+
+    def _head(self) -> tuple[int, dict[str, str]]:
+        while (end := self.buf.find(b"\r\n\r\n")) < 0:
+            if len(self.buf) > _MAX_HEAD:
+                raise BadResponse("headers longer than the limit")
+            self._fill()
+        head = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+        del self.buf[: end + 4]
+        version, _, rest = head[0].partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            raise BadResponse(f"not an HTTP/1.x status line: {head[0][:80]!r}")
+        headers: dict[str, str] = {}
+        for line in head[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise BadResponse(f"a header line without a colon: {line[:80]!r}")
+            headers[name.strip().lower()] = value.strip()
+        return int(code), headers
+
+    def _exactly(self, n: int) -> bytes:
+        if n < 0:
+            raise BadResponse("a negative Content-Length")
+        while len(self.buf) < n:
+            self._fill()
+        body = bytes(self.buf[:n])
+        del self.buf[:n]
+        return body
+
+    def _chunked(self) -> bytes:
+        out = bytearray()
+        while True:
+            size_text = self._line().split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise BadResponse(f"a bad chunk size: {size_text[:20]!r}") from None
+            if size == 0:
+                while self._line():  # trailers, up to the empty line
+                    pass
+                return bytes(out)
+            out += self._exactly(size)
+            if self._line():
+                raise BadResponse("a chunk not followed by CRLF")
+
+    def _until_closed(self) -> bytes:
+        assert self.sock is not None
+        while chunk := self.sock.recv(1 << 20):
+            self.buf += chunk
+        body = bytes(self.buf)
+        self.close()
+        return body
 
 
 def _hops(value: str | None) -> tuple[float, ...] | None:
@@ -115,34 +232,31 @@ def _hops(value: str | None) -> tuple[float, ...] | None:
 
 def _client(load: Load, first: int, stride: int, stop: float, part: Part, lock: threading.Lock) -> None:
     split = urlsplit(load.url)
-    conn = _connect(split.hostname or "127.0.0.1", split.port or 80)
-    headers = dict(load.headers)
+    conn = Wire(split.hostname or "127.0.0.1", split.port or 80)
+    requests = [conn.prepare(load.path, body, load.headers) for body in load.bodies]
     i = first
     lat: list[float] = []
     hops: list[tuple[float, ...]] = []
     errors: dict[str, int] = {}
     try:
         while time.perf_counter() < stop:
-            body = load.bodies[i % len(load.bodies)]
+            data = requests[i % len(requests)]
             i += stride
             t0 = time.perf_counter()
             try:
-                conn.request("POST", load.path, body, headers)
-                resp = conn.getresponse()
-                data = resp.read()
-            except (OSError, http.client.HTTPException) as exc:
+                status, headers, body = conn.request(data)
+            except (OSError, BadResponse) as exc:
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-                conn.close()
-                conn = _connect(split.hostname or "127.0.0.1", split.port or 80)
+                conn.close()  # the next request reconnects
                 continue
             took = (time.perf_counter() - t0) * 1e3
-            if resp.status != 200:
-                errors[str(resp.status)] = errors.get(str(resp.status), 0) + 1
-            elif not _ok(load, resp, data):
+            if status != 200:
+                errors[str(status)] = errors.get(str(status), 0) + 1
+            elif not _ok(load, headers, body):
                 errors["bad answer"] = errors.get("bad answer", 0) + 1
             else:
                 lat.append(took)
-                if (h := _hops(resp.getheader(HOPS_HEADER))) is not None:
+                if (h := _hops(headers.get(HOPS_HEADER))) is not None:
                     hops.append(h)
     finally:
         conn.close()

@@ -287,7 +287,7 @@ def main() -> None:
     }
     client = {"procs": args.client_procs, "fmt": args.encoding_format, "warmup": args.warmup_seconds}
     res["client"] = {
-        "generator": "bench/http_load.py: one keep-alive http.client connection per concurrent client",
+        "generator": "bench/http_load.py: one keep-alive http_load.Wire connection per concurrent client",
         "processes": args.client_procs,
         "encoding_format": args.encoding_format,
         "warmup_s": args.warmup_seconds,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path in ("/chunked", "/close"):  # an embeddings answer chunked, or closing the connection
+            return self._other(self.path, json.loads(body))
         if self.path == "/v1/embeddings":
             doc = json.loads(body)
             items = doc["input"] if isinstance(doc["input"], list) else [doc["input"]]
@@ -58,6 +61,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(body)
+
+    def _other(self, path: str, doc: dict[str, Any]) -> None:
+        n = len(doc["input"])
+        data = [{"object": "embedding", "index": i, "embedding": [1.0, 2.0]} for i in range(n)]
+        out = json.dumps({"object": "list", "data": data}).encode()
+        self.send_response(200)
+        if path == "/close":
+            self.send_header("Content-Length", str(len(out)))
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+            self.wfile.write(out)
+            return
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for piece in (out[:7], out[7:]):  # two chunks, then the last (with an extension) and a trailer
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        self.wfile.write(b"0;ext=1\r\nX-Trailer: t\r\n\r\n")
 
     def log_message(self, *args: Any) -> None:
         return None
@@ -130,3 +151,69 @@ def test_a_kserve_binary_output_is_checked_for_its_size(url: str) -> None:
     assert whole["answers"] > 0 and whole["errors"] == 0
     short = http_load.summary(http_load.run(job(1, 8)))
     assert short["answers"] == 0 and set(short["error_kinds"]) == {"bad answer"}
+
+
+@pytest.mark.parametrize("path", ["/chunked", "/close"])
+def test_chunked_answers_and_closed_connections_are_read_whole(url: str, path: str) -> None:
+    """A chunked body is joined (extensions and trailers skipped); a ``Connection: close`` answer
+    counts and the next request reconnects."""
+    load = http_load.Load(
+        url=url, path=path, bodies=(json.dumps({"input": ["a", "b"]}).encode(),), headers=(),
+        concurrency=1, seconds=0.3, check="embeddings", expect=2,
+    )  # fmt: skip
+    got = http_load.summary(http_load.run(load), 2)
+    assert got["answers"] > 1 and got["errors"] == 0
+
+
+def _raw_server(answer: bytes) -> tuple[socket.socket, threading.Thread]:
+    """A TCP server that reads each request's first bytes and writes ``answer`` (then closes, if it
+    does not look like a whole HTTP answer: a cut or garbage)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                if conn.recv(65536):
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return srv, thread
+
+
+@pytest.mark.parametrize(
+    ("answer", "kinds"),
+    [  # a cut: the end of the stream, or a reset where the kernel had more to say
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{", {"ConnectionError", "ConnectionResetError"}),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", {"BadResponse"}),  # no HTTP status line
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", {"BadResponse"}),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", {"BadResponse"}),
+    ],
+)
+def test_a_broken_answer_is_an_error_of_its_kind_and_the_client_reconnects(
+    answer: bytes, kinds: set[str]
+) -> None:
+    srv, _ = _raw_server(answer)
+    try:
+        load = http_load.Load(
+            url=f"http://127.0.0.1:{srv.getsockname()[1]}", path="/v1/embeddings", bodies=(b"{}",),
+            headers=(), concurrency=1, seconds=0.3, check="embeddings", expect=1,
+        )  # fmt: skip
+        got = http_load.summary(http_load.run(load))
+    finally:
+        srv.close()
+    assert got["answers"] == 0 and set(got["error_kinds"]) <= kinds
+    assert got["errors"] > 1  # it reconnected and failed again
+
+
+def test_the_request_is_one_prepared_http11_post() -> None:
+    wire = http_load.Wire("example.test", 8080)
+    data = wire.prepare("/v1/embeddings", b'{"a": 1}', (("Content-Type", "application/json"),))
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "POST /v1/embeddings HTTP/1.1" and body == b'{"a": 1}'
+    assert {"Host: example.test:8080", "Content-Type: application/json", "Content-Length: 8"} <= set(lines)
