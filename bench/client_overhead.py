@@ -15,7 +15,8 @@ compute would bury the client's share).
     python bench/client_overhead.py [--requests 3000] [--rounds 3] [--url http://127.0.0.1:8000
         [--kserve identity]]
 
-Writes bench/results/client_overhead.{json,md}.
+Writes bench/results/client_overhead.{json,md} (``--out-dir``, ``--out-name``). On the GPU host,
+``CLIENT_AB=1 bash bench/h200_gpu.sh`` runs it against the stack's MiniLM after the MiniLM bench.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def main() -> None:
     ap.add_argument("--model", default="minilm-gpu", help="the embeddings body's model (with --url)")
     ap.add_argument("--kserve", default="", metavar="MODEL", help="a KServe JSON infer of this model instead")
     ap.add_argument("--out-name", default="client_overhead")
+    ap.add_argument("--out-dir", default=str(RESULTS))
     args = ap.parse_args()
     body = json.dumps(
         {"model": args.model, "input": ["A lone sentence of about a dozen tokens, as at c1."],
@@ -192,9 +194,10 @@ def main() -> None:
         "gap_ms": args.gap_ms,
         "answer_bytes": len(_ANSWER) if not args.url else None,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     out = {"meta": meta, "rows": rows, "p50_saved_us": saved, "p50_ratio": ratio, "rounds": per}
-    (RESULTS / f"{args.out_name}.json").write_text(json.dumps(out, indent=1))
+    (out_dir / f"{args.out_name}.json").write_text(json.dumps(out, indent=1))
     lines = [
         "# A lone request's round trip by HTTP client (`bench/client_overhead.py`)",
         "",
@@ -216,7 +219,7 @@ def main() -> None:
         f"http.client / Wire at p50: {ratio}x ({saved} µs a request that a c1 latency counted as the "
         "server's).",
     ]
-    (RESULTS / f"{args.out_name}.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{args.out_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

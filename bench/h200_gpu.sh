@@ -5,7 +5,8 @@
 # .carry/minilm, perf_analyzer in .pa/ (none committed); results go to $OUT. PEERS_ALONE=1 first times
 # MiniLM's peers with the stack down (bench/minilm_gpu.py --peers-only). OP_PROFILE=1 also times
 # the fp16 MiniLM plan alone per shape (bench/gpu_op_profile.py, OP_SHAPES) between the tests and the stack.
-# MPS=1 runs the stack under a CUDA MPS control daemon of its own (quit at the end).
+# MPS=1 runs the stack under a CUDA MPS control daemon of its own (quit at the end). CLIENT_AB=1 times a
+# lone MiniLM sentence through the stack by http.client and by http_load.Wire (bench/client_overhead.py).
 source "$(dirname "$0")/h200_env.sh"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== make test-gpu =="
@@ -94,6 +95,10 @@ if [ -d .carry/minilm ] && [ "${SKIP_MINILM:-0}" != 1 ]; then  # all-MiniLM-L6-v
   timeout 500 python3 bench/minilm_gpu.py --model-dir .carry/minilm --out-dir "$OUT" ${MINILM_ARGS:-} $ALONE \
     2>&1 | tail -40
   direct_counts "after the MiniLM loads"
+  if [ "${CLIENT_AB:-0}" = 1 ]; then  # a lone sentence by http.client vs http_load.Wire, same stack
+    timeout 180 python3 bench/client_overhead.py --url http://127.0.0.1:8000 --model minilm-gpu \
+      --requests 2000 --rounds 4 --out-dir "$OUT" --out-name client_overhead_gpu 2>&1 | tail -9
+  fi
   curl -s localhost:8003/metrics | grep -E "^anvil_scheduler_(target_batch|batch_ceiling|batch_size_(sum|count)|batch_rtt_us_(sum|count)|pid_measured)" \
     | tee "$OUT/scheduler_batching.txt"
   if [ "${PROFILE:-0}" = 1 ]; then  # py-spy (carried in .whl) on each service under c64 load
