@@ -105,6 +105,9 @@ class BadResponse(Exception):
 
 
 _MAX_HEAD = 64 * 1024  # a status line and headers larger than this are not an answer
+# bytes a recv asks for: a larger request allocates (and faults in) a larger buffer each call, 1 MiB
+# costing ~12 µs more a call than 64 KiB on the build machine for a 2 KB answer
+_RECV = 64 * 1024
 
 
 class Wire:
@@ -153,7 +156,7 @@ class Wire:
 
     def _fill(self) -> None:
         assert self.sock is not None
-        chunk = self.sock.recv(1 << 20)
+        chunk = self.sock.recv(_RECV)
         if not chunk:
             raise ConnectionError("the server closed the connection mid-answer")
         self.buf += chunk
@@ -213,7 +216,7 @@ class Wire:
 
     def _until_closed(self) -> bytes:
         assert self.sock is not None
-        while chunk := self.sock.recv(1 << 20):
+        while chunk := self.sock.recv(_RECV):
             self.buf += chunk
         body = bytes(self.buf)
         self.close()
