@@ -7,7 +7,7 @@ build machine one httpx.AsyncClient request costs ~900 µs of client CPU against
 http.client (same local server, same 32-sentence body), and the old generator's four httpx processes,
 parsing ~135 KB of float JSON per answer, were a ceiling of every server they measured. Why not
 http.client either (twenty-eighth session): per request it builds and validates the request line and
-headers and parses the answer's headers with ``email.parser``, ~180 µs more than ``Wire`` per lone
+headers and parses the answer's headers with ``email.parser``, ~160-185 µs more than ``Wire`` per lone
 request on the build machine against the same canned server (``bench/client_overhead.py``), time a
 c1 latency counts as the server's. ``Wire`` sends each request as one prepared byte string and reads
 the status line, the headers it needs and a Content-Length or chunked body.
