@@ -10,7 +10,10 @@ http.client either (twenty-eighth session): per request it builds and validates 
 headers and parses the answer's headers with ``email.parser``, ~160-185 µs more than ``Wire`` per lone
 request on the build machine against the same canned server (``bench/client_overhead.py``), time a
 c1 latency counts as the server's. ``Wire`` sends each request as one prepared byte string and reads
-the status line, the headers it needs and a Content-Length or chunked body.
+the status line, the headers it needs and a Content-Length or chunked body: the request head and the
+answer's head are built and parsed as `anvil bench`'s asyncio client does
+(``anvil_client.bench.http1.request_head`` / ``parse_head``); a blocking socket per client thread,
+where that client is a coroutine on a loop.
 
 Every answer is checked by a named ``check`` (a function of this module, so spawned processes can
 find it): a 200 whose body does not hold what was asked counts as an error ("bad answer"), so a
@@ -34,6 +37,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from anvil_client.bench.engine import ALL_HOPS, HOPS, parse_hops
+from anvil_client.bench.http1 import parse_head, request_head
 
 HOPS_HEADER = "x-anvil-hops-us"
 
@@ -125,10 +129,8 @@ class Wire:
         self.buf = bytearray()
 
     def prepare(self, path: str, body: bytes, headers: tuple[tuple[str, str], ...]) -> bytes:
-        lines = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Accept-Encoding: identity"]
-        lines += [f"{k}: {v}" for k, v in headers]
-        lines.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        extra = (("Accept-Encoding", "identity"), *headers)
+        return request_head(self.host, self.port, path, extra, len(body)) + body
 
     def close(self) -> None:
         if self.sock is not None:
@@ -175,19 +177,12 @@ class Wire:
             if len(self.buf) > _MAX_HEAD:
                 raise BadResponse("headers longer than the limit")
             self._fill()
-        head = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+        raw = bytes(self.buf[:end])
         del self.buf[: end + 4]
-        version, _, rest = head[0].partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit():
-            raise BadResponse(f"not an HTTP/1.x status line: {head[0][:80]!r}")
-        headers: dict[str, str] = {}
-        for line in head[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise BadResponse(f"a header line without a colon: {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
-        return int(code), headers
+        try:
+            return parse_head(raw)
+        except ValueError as exc:
+            raise BadResponse(str(exc)) from None
 
     def _exactly(self, n: int) -> bytes:
         if n < 0:

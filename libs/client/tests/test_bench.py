@@ -281,3 +281,17 @@ def test_latencies_are_not_quantized_by_uvloops_clock() -> None:
     assert lat_ms.size > 20
     off_whole_ms = np.abs(lat_ms - np.round(lat_ms)) > 0.01
     assert off_whole_ms.mean() > 0.5 and float(np.median(lat_ms)) > 0
+
+
+def test_a_response_head_is_read_strictly_and_a_request_head_built_whole() -> None:
+    """parse_head (the bench engine's client and bench/http_load.py's Wire): lower-case names, a
+    three-digit status; no HTTP/1.x status line, or a header line without a colon, is ValueError."""
+    from anvil_client.bench.http1 import parse_head, request_head
+
+    status, headers = parse_head(b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\nX-A:  b \r\n\r\n")
+    assert status == 503 and headers == {"content-length": "2", "x-a": "b"}
+    for bad in (b"SSH-2.0-OpenSSH", b"HTTP/1.1 2x0 OK", b"HTTP/1.1 200 OK\r\nno colon"):
+        with pytest.raises(ValueError):
+            parse_head(bad)
+    head = request_head("h", 8, "/p", [("A", "1")], 5, method="PUT")
+    assert head == b"PUT /p HTTP/1.1\r\nHost: h:8\r\nA: 1\r\nContent-Length: 5\r\n\r\n"

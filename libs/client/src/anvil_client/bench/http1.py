@@ -9,14 +9,46 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["Conn", "Endpoint", "HttpError", "Pool", "Response"]
+__all__ = ["Conn", "Endpoint", "HttpError", "Pool", "Response", "parse_head", "request_head"]
 
 
 class HttpError(Exception):
     """The connection failed or the peer spoke something that is not HTTP/1.1."""
+
+
+def request_head(
+    host: str, port: int, target: str, extra: Iterable[tuple[str, str]], length: int, method: str = "POST"
+) -> bytes:
+    """A request's head (ending in CRLF CRLF) for `method target`, with Host, `extra` and
+    Content-Length: what goes before a body of `length` bytes."""
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}:{port}"]
+    lines += [f"{k}: {v}" for k, v in extra]
+    lines.append(f"Content-Length: {length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def parse_head(raw: bytes) -> tuple[int, dict[str, str]]:
+    """(status, headers with lower-case names) of a response head (its status line and header
+    lines; a trailing blank line is ignored). ValueError when it is not HTTP/1.x: no HTTP/1.x status
+    line with a three-digit code, or a header line without a colon."""
+    lines = raw.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError(f"a header line without a colon: {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    return int(code), headers
 
 
 @dataclass(frozen=True)
@@ -63,16 +95,7 @@ class Conn:
             self.writer.write(head + body if len(body) < 65536 else head)
             if len(body) >= 65536:
                 self.writer.write(body)
-            raw = await self.reader.readuntil(b"\r\n\r\n")
-            lines = raw.decode("latin-1").split("\r\n")
-            parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-                raise HttpError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                if line:
-                    k, _, v = line.partition(":")
-                    headers[k.strip().lower()] = v.strip()
+            status, headers = parse_head(await self.reader.readuntil(b"\r\n\r\n"))
             if "content-length" in headers:
                 data = await self.reader.readexactly(int(headers["content-length"]))
             elif headers.get("transfer-encoding", "").lower() == "chunked":
@@ -82,7 +105,7 @@ class Conn:
                 self.closed = True
             if headers.get("connection", "").lower() == "close":
                 self.close()
-            return Response(int(parts[1]), headers, data)
+            return Response(status, headers, data)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             self.close()
             raise HttpError(f"{type(exc).__name__}: {exc}".strip()) from exc
@@ -126,10 +149,8 @@ class Pool:
 
     def head(self, path: str, extra: dict[str, str], length: int, method: str = "POST") -> bytes:
         """Request head for `method path` (relative to the endpoint's base path)."""
-        lines = [f"{method} {self.ep.base_path}{path} HTTP/1.1", f"Host: {self.ep.host}:{self.ep.port}"]
-        lines += [f"{k}: {v}" for k, v in extra.items()]
-        lines.append(f"Content-Length: {length}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        ep = self.ep
+        return request_head(ep.host, ep.port, f"{ep.base_path}{path}", extra.items(), length, method)
 
     async def request(self, head: bytes, body: bytes) -> Response:
         loop = asyncio.get_running_loop()

@@ -38,6 +38,8 @@ KERNELS: tuple[str, ...] = (*GEMV_LIKE, *TC_CONFIGS, *MTC_CONFIGS)
 
 # (largest M, kernel) in increasing M; the last row covers every larger M.
 RULE: tuple[tuple[int, str], ...] = ((16, GEMV), (32, "mtc32"), (64, "mtc64"), (1 << 30, "mtc128w"))
+# the rows the rule gives to GEMV-like kernels, which every W4A16 build holds (tiles only by a plan's rows)
+RULE_GEMV_ROWS = max(m for m, kernel in RULE if kernel in GEMV_LIKE)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from anvil_compiler.ir import Graph
 from anvil_compiler.options import CompileOptions
 from anvil_core.plan_format import HALF_LINEAR_BACKENDS
 from anvil_kernels.cuda import GV_CONFIGS, packaged_table
-from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE, Row, format_rows, parse_rows
+from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE, RULE_GEMV_ROWS, Row, format_rows, parse_rows
 
 __all__ = [
     "W4A16_GROUPS",
@@ -60,7 +60,7 @@ __all__ = [
     "tiles_allowed",
 ]
 
-W4A16_MAX_M = 16  # the rule's rows (GEMV-like kernels), where tiles are not allowed or not measured
+W4A16_MAX_M = RULE_GEMV_ROWS  # the rule's GEMV-like rows (16): where tiles are not allowed or measured
 TILE_ARCH = "sm_90"  # where a plan may carry the tensor-core tiles (tiles_allowed)
 W4A16_GROUPS = (64, 128, 256)  # anvil_kernels.cuda.w4a16.SUPPORTED_GROUPS (kept import-free of cupy)
 

@@ -44,7 +44,7 @@ from anvil_kernels import Int4Weight, dequantize
 from anvil_kernels.activations import ACTIVATIONS
 from anvil_kernels.cuda import PLAN_COMMON
 from anvil_kernels.cuda.w4a16 import ActDType
-from anvil_kernels.cuda.w4a16_dispatch import GEMV_LIKE, RULE, Row, parse_rows, table_from_rows
+from anvil_kernels.cuda.w4a16_dispatch import RULE_GEMV_ROWS, Row, parse_rows, table_from_rows
 from anvil_kernels.cuda.w4a16_linear import waits_for_predecessor
 
 __all__ = [
@@ -70,8 +70,6 @@ EPILOGUE_KERNELS = tuple(
 THREADS = 256
 MAX_BLOCKS = 132 * 16  # a few waves of the H200's SMs; the grid-stride loop covers the rest
 log = get_logger("anvil.executor.gpu_linear")
-# the rows the dispatcher's rule gives to GEMV-like kernels (which every w4a16.fatbin holds)
-_RULE_GEMV_ROWS = max(m for m, kernel in RULE if kernel in GEMV_LIKE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,7 +402,7 @@ class F16Linears:
                 return layer
             except _missing_kernel() as exc:
                 why = f"w4a16.fatbin lacks a kernel its rows name ({exc})"
-        if m_max > _RULE_GEMV_ROWS:  # the rule names tiles there, which an artifact holds only by its rows
+        if m_max > RULE_GEMV_ROWS:  # the rule names tiles there, which an artifact holds only by its rows
             raise ValueError(
                 f"linear {lin.step.k}x{lin.step.n}: the plan runs the W4A16 kernels up to {m_max} rows "
                 f"but {why} on this {arch or 'GPU'}: recompile the model for this GPU's arch"
