@@ -163,24 +163,22 @@ class Wire:
             raise ConnectionError("the server closed the connection mid-answer")
         self.buf += chunk
 
-    def _line(self, limit: int = _MAX_HEAD) -> bytes:
-        while (end := self.buf.find(b"\r\n")) < 0:
-            if len(self.buf) > limit:
-                raise BadResponse("a line longer than the limit")
+    def _until(self, delimiter: bytes) -> bytes:
+        """The bytes before the next `delimiter` (consumed with it), at most _MAX_HEAD of them."""
+        while (end := self.buf.find(delimiter)) < 0:
+            if len(self.buf) > _MAX_HEAD:
+                raise BadResponse(f"no {delimiter!r} within {_MAX_HEAD} bytes")
             self._fill()
-        line = bytes(self.buf[:end])
-        del self.buf[: end + 2]
-        return line
+        out = bytes(self.buf[:end])
+        del self.buf[: end + len(delimiter)]
+        return out
+
+    def _line(self) -> bytes:
+        return self._until(b"\r\n")
 
     def _head(self) -> tuple[int, dict[str, str]]:
-        while (end := self.buf.find(b"\r\n\r\n")) < 0:
-            if len(self.buf) > _MAX_HEAD:
-                raise BadResponse("headers longer than the limit")
-            self._fill()
-        raw = bytes(self.buf[:end])
-        del self.buf[: end + 4]
         try:
-            return parse_head(raw)
+            return parse_head(self._until(b"\r\n\r\n"))
         except ValueError as exc:
             raise BadResponse(str(exc)) from None
 
