@@ -49,8 +49,8 @@ class MtcConfig:
     ws: int = 0
 
     def __post_init__(self) -> None:
-        if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (2, 4, 8, 16)):
-            raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 16, 32, 64 or 128")
+        if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (4, 8, 16)):
+            raise ValueError("a wg config has wm = 1, warpgroups of 4 warps, sa, and BM = 32, 64 or 128")
         if self.wg and not self.ws and self.mt < 8:
             # wg's cp.async copies take whole trips of whole 8-row groups (MtcLoader's assertion)
             raise ValueError("a wg config without a producer (ws = 0) has BM = 64 or 128")

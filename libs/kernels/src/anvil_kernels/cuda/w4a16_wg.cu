@@ -74,17 +74,6 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32
 
 }  // namespace anvil_w4a16
 
-// D (64 x 16, fp32: 8 registers d[] a thread) += A (registers a[]) . B (descriptor desc), TY "bf16"
-// or "f16" (the wgs tiles of 16 rows of x)
-#define ANVIL_WGMMA_M64N16K16(TY)                                                                        \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n16k16.f32." TY "." TY " {"                            \
-                 "%0,%1,%2,%3,%4,%5,%6,%7"                                                               \
-                 "}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"                                             \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-                   "+f"(d[6]), "+f"(d[7])                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
-
 // D (64 x 32, fp32: 16 registers d[] a thread) += A (registers a[]) . B (descriptor desc), TY
 // "bf16" or "f16" (the wgs tiles of 32 rows of x)
 #define ANVIL_WGMMA_M64N32K16(TY)                                                                        \
@@ -143,14 +132,10 @@ namespace anvil_w4a16 {
 // DT 0: bf16, 1: fp16. Traps where wgmma does not exist (a build for sm_90 without the a).
 template <int DT, int N>
 struct Wgmma {
-    static_assert(N == 16 || N == 32 || N == 64 || N == 128, "m64n{16,32,64,128}k16");
+    static_assert(N == 32 || N == 64 || N == 128, "m64n{32,64,128}k16");
     static __device__ __forceinline__ void run(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
 #if ANVIL_HAS_WGMMA
-        if constexpr (N == 16 && DT == 0) {
-            ANVIL_WGMMA_M64N16K16("bf16");
-        } else if constexpr (N == 16) {
-            ANVIL_WGMMA_M64N16K16("f16");
-        } else if constexpr (N == 32 && DT == 0) {
+        if constexpr (N == 32 && DT == 0) {
             ANVIL_WGMMA_M64N32K16("bf16");
         } else if constexpr (N == 32) {
             ANVIL_WGMMA_M64N32K16("f16");

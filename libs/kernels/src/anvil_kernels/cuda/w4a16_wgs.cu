@@ -47,7 +47,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
                                                int* __restrict__ counters, int M, int N, int K, int act,
                                                int flags) {
     static_assert(WN % 4 == 0, "whole warpgroups");
-    static_assert(MT == 2 || MT == 4 || MT == 8 || MT == 16, "wgmma N = 8*MT: 16, 32, 64 or 128");
+    static_assert(MT == 4 || MT == 8 || MT == 16, "wgmma N = 8*MT: 32, 64 or 128");
     static_assert(ST >= 2, "a stage being multiplied and one being filled");
     static_assert(PW == 1 || PW == 4, "a producer warp, or a producer warpgroup that gives its registers away");
     using T = MtcTile<MT, NS, 1, WN, true>;
