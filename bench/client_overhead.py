@@ -97,44 +97,49 @@ def _serve(port_out: Any) -> None:
     asyncio.run(main())
 
 
+def _timed(one: Any, n: int, gap_s: float) -> list[float]:
+    """`n` round trips of `one()` (status, hop header, body), `gap_s` apart; raises on a bad answer."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        status, _hops, data = one()
+        out.append(time.perf_counter() - t0)
+        if status != 200 or not data:
+            raise RuntimeError(f"status {status}")
+        time.sleep(gap_s)
+    return out
+
+
 def _time_http_client(host: str, port: int, path: str, body: bytes, n: int, gap_s: float) -> list[float]:
     conn = http.client.HTTPConnection(host, port, timeout=60)
     conn.connect()
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     headers = {"Content-Type": "application/json"}
-    out = []
+
+    def one() -> tuple[int, str | None, bytes]:
+        conn.request("POST", path, body, headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, resp.getheader(HOPS_HEADER), data
+
     try:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            conn.request("POST", path, body, headers)
-            resp = conn.getresponse()
-            data = resp.read()
-            resp.getheader(HOPS_HEADER)
-            out.append(time.perf_counter() - t0)
-            if resp.status != 200 or not data:
-                raise RuntimeError(f"http.client: status {resp.status}")
-            time.sleep(gap_s)
+        return _timed(one, n, gap_s)
     finally:
         conn.close()
-    return out
 
 
 def _time_wire(host: str, port: int, path: str, body: bytes, n: int, gap_s: float) -> list[float]:
     wire = Wire(host, port)
     data = wire.prepare(path, body, (("Content-Type", "application/json"),))
-    out = []
+
+    def one() -> tuple[int, str | None, bytes]:
+        status, headers, answer = wire.request(data)
+        return status, headers.get(HOPS_HEADER), answer
+
     try:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            status, headers, answer = wire.request(data)
-            headers.get(HOPS_HEADER)
-            out.append(time.perf_counter() - t0)
-            if status != 200 or not answer:
-                raise RuntimeError(f"wire: status {status}")
-            time.sleep(gap_s)
+        return _timed(one, n, gap_s)
     finally:
         wire.close()
-    return out
 
 
 def main() -> None:
