@@ -165,7 +165,9 @@ def test_model_index_expressions_are_the_kernels() -> None:
         "return WG ? 8 * (tid >> 6) + (tid & 7) : tid >> 3;",
         "return WG ? 4 * ((tid >> 5) & 1) + ((tid >> 3) & 3) : tid & 7;",
         "st + xdst + T::x_off(it * (T::NT / 8), 0)",
-        "wg_desc(sx + s * 256, 128, 1024)",
+        "constexpr uint32_t WG_LBO = 128, WG_SBO = 1024;",  # the model's lbo, sbo
+        "wg_desc(dlo + 16 * s)",  # step s at 256 s bytes
+        "return ((saddr & 0x3FFFFu) >> 4) | ((WG_LBO >> 4) << 16);",
         "constexpr int PF = ST - 2;",  # wg: the model's PF (a stage more for the chunk in the tensor cores)
         "if (i + PF < nck) ld.issue(smem_s + wr * T::STAGE);  // the stage of chunk i - 2",
         "sW[(wn * NS + j) * 32 + lane];",
@@ -179,8 +181,7 @@ def test_model_index_expressions_are_the_kernels() -> None:
         "sX + ldsm_off + mt * 8 * T::XROW + h * 64",
         "b[mt][2 * ss], b[mt][2 * ss + 1]",
         "mtc_pair<DT>(wd, 1), one, zhi[j]",
-        "static_cast<uint64_t>(lbo >> 4) << 16) |",
-        "(static_cast<uint64_t>(sbo >> 4) << 32)",
+        "(static_cast<uint64_t>(WG_SBO >> 4) << 32)",
         "(static_cast<size_t>(z) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid",
     ]:
         assert expr in src, f"w4a16_mtc.cu no longer has: {expr}"

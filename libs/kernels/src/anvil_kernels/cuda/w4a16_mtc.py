@@ -119,11 +119,11 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # warp-specialized wg tiles (issue #17, twentieth session): 8 consumer warps and a producer
     # warp; no block-wide barrier in the loop, st - 1 chunks of copies in flight. 288 threads leave
     # ptxas 168 registers a thread: too few for a 128-row tile, hence wgs128w's producer warpgroup
-    "wgs64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=152, sa=True, minb=1, wg=True, ws=1),  # 64 x 256
+    "wgs64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=156, sa=True, minb=1, wg=True, ws=1),  # 64 x 256
     "wgs64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=6, regs=80, sa=True, minb=2, wg=True, ws=1),  # 64 x 128
     # deeper rings of the same two: 64 x 256 at 12 stages (209 KiB), 64 x 128 at 8 (100 KiB, still
     # two blocks a SM)
-    "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=152, sa=True, minb=1, wg=True, ws=1),
+    "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=156, sa=True, minb=1, wg=True, ws=1),
     "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1),
     # 128 x 256 (wg128w's tile): a producer warpgroup hands its registers to the consumers
     # (setmaxnreg: 40 / 232; ptxas reports the launch's 168)
@@ -134,7 +134,7 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # three large shapes (H100 and H200). Its 16-row siblings (wgs16: 16 x 128, 8 stages; wgs16w:
     # 16 x 256) lost to the GEMV-like kernels at 1-16 rows on both cards (22-27 µs against 14-19) and
     # were taken out in the twenty-eighth session (the code is in 9877a4f)
-    "wgs32": MtcConfig(mt=4, ns=1, wm=1, wn=8, st=8, regs=60, sa=True, minb=3, wg=True, ws=1),
+    "wgs32": MtcConfig(mt=4, ns=1, wm=1, wn=8, st=8, regs=64, sa=True, minb=3, wg=True, ws=1),
 }
 
 

@@ -66,10 +66,16 @@ __device__ __forceinline__ void wg_pin(float (&d)[R]) {
 }
 
 // Shared memory matrix descriptor, no swizzle: start, LBO (k direction) and SBO (8-row groups), in
-// 16-byte units.
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-           (static_cast<uint64_t>(sbo >> 4) << 32);
+// 16-byte units. The stages' x is always LBO 128, SBO 1024: its descriptors are the low word
+// wg_desc_lo(start) (start / 16 in bits 0-13, LBO in 16-29) over the constant high word SBO / 16,
+// so a step's or a stage's descriptor is a 32-bit add to the low word (shared addresses stay below
+// 2^18: the start field never carries into LBO's).
+constexpr uint32_t WG_LBO = 128, WG_SBO = 1024;
+__device__ __forceinline__ uint32_t wg_desc_lo(uint32_t saddr) {
+    return ((saddr & 0x3FFFFu) >> 4) | ((WG_LBO >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t wg_desc(uint32_t lo) {
+    return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(WG_SBO >> 4) << 32);
 }
 
 }  // namespace anvil_w4a16
@@ -157,12 +163,13 @@ struct Wgmma {
 // One half of a chunk's wgmma work, H = 0 (k16 steps 0-1: A registers a[0..1], dequantized from the
 // words w.x, w.y, which this half first loads from the stage, sW[j * 32] for strip j) or H = 1
 // (steps 2-3: a[2..3] from w.z, w.w): dequantize the half into its registers, then one wgmma group
-// over the two steps (B at 256-byte steps of the stage's x from sx). The caller waits, before it,
-// for the group that last read those registers (wg_wait<1>).
+// over the two steps (B at 256-byte steps of the stage's x, whose descriptor's low word is dlo: step
+// s's is dlo + 16 s). The caller waits, before it, for the group that last read those registers
+// (wg_wait<1>).
 template <int H, int DT, int MT, int NS>
 __device__ __forceinline__ void wg_half(float (&acc)[NS][MT][4], uint32_t (&a)[4][NS][4], uint4 (&w)[NS],
                                         const uint4* sW, const MtcScales<DT, NS>& sc, uint32_t one,
-                                        uint32_t sx) {
+                                        uint32_t dlo) {
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
         if constexpr (H == 0) w[j] = sW[j * 32];  // interleaved with the dequantization, as ptxas had it
@@ -175,7 +182,7 @@ __device__ __forceinline__ void wg_half(float (&acc)[NS][MT][4], uint32_t (&a)[4
 #pragma unroll
         for (int j = 0; j < NS; ++j)
             Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
-                                   wg_desc(sx + s * 256, 128, 1024));
+                                   wg_desc(dlo + 16 * s));
     wg_commit();
 }
 
@@ -233,11 +240,11 @@ __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const
         wr = wr == ST - 1 ? 0 : wr + 1;
         if (i % CPG == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, g8, flags);
         const uint4* sW = reinterpret_cast<const uint4*>(st) + wn * NS * 32 + lane;  // this warp's strips
-        const uint32_t sx = st_s + T::W_BYTES + T::SZ_BYTES;
+        const uint32_t dx = wg_desc_lo(st_s + T::W_BYTES + T::SZ_BYTES);
         uint4 w[NS];
-        wg_half<0>(acc, a, w, sW, sc, one, sx);
+        wg_half<0>(acc, a, w, sW, sc, one, dx);
         wg_wait<1>();  // steps 2-3 of chunk i - 1 retired: a[2..3] free
-        wg_half<1>(acc, a, w, sW, sc, one, sx);
+        wg_half<1>(acc, a, w, sW, sc, one, dx);
     }
     wg_wait<0>();
 #pragma unroll

@@ -128,22 +128,38 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     const uint32_t one = Dt<DT>::pack2(1.0f);
     MtcScales<DT, NS> sc;
     uint32_t a[4][NS][4];
-    for (int i = 0; i < nck; ++i) {
-        const int s = i % ST;
-        mbar_wait(full0 + 8 * s, static_cast<uint32_t>((i / ST) & 1));  // chunk i's bytes have landed
-        const uint32_t st_s = smem_s + s * T::STAGE;
-        const unsigned char* st = smem + s * T::STAGE;
-        if (i % CPG == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, lane >> 2, flags);
-        const uint4* sW = reinterpret_cast<const uint4*>(st) + wn * NS * 32 + lane;  // this warp's strips
-        const uint32_t sx = st_s + T::W_BYTES + T::SZ_BYTES;
-        uint4 w[NS];
-        wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
-        wg_half<0>(acc, a, w, sW, sc, one, sx);
-        wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
-        // every consumer thread arrives (a branch on the lane between the groups made ptxas
-        // serialize the wgmmas: C7513)
-        if (i > 0) mbar_arrive(empty0 + 8 * ((i - 1) % ST));
-        wg_half<1>(acc, a, w, sW, sc, one, sx);
+    // The loop's bookkeeping kept incrementally (the SASS of one chunk, docs/kernels_gpu.md): the
+    // stage s = i % ST and its parity (i / ST) & 1 advance by one, x's descriptor is stage 0's plus
+    // s * STAGE / 16 (wg_half adds 16 per step), and a group's CPG chunks are one unrolled pass, so
+    // the scale words load without a branch. nck is whole groups (mtc_split_chunks).
+    static_assert(T::STAGE % 16 == 0, "a stage's descriptor is stage 0's plus STAGE / 16");
+    const uint32_t dx0 = wg_desc_lo(smem_s + T::W_BYTES + T::SZ_BYTES);
+    int s = 0;         // i % ST
+    uint32_t ph = 0;   // (i / ST) & 1
+    int sp = ST - 1;   // (i - 1) % ST: the stage chunk i - 1 read
+    for (int i0 = 0; i0 < nck; i0 += CPG) {
+#pragma unroll
+        for (int c = 0; c < CPG; ++c) {
+            mbar_wait(full0 + 8 * s, ph);  // chunk i = i0 + c: its bytes have landed
+            const uint32_t so = static_cast<uint32_t>(s) * T::STAGE;
+            const unsigned char* st = smem + so;
+            if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, lane >> 2, flags);
+            const uint4* sW = reinterpret_cast<const uint4*>(st) + wn * NS * 32 + lane;  // this warp's strips
+            const uint32_t dx = dx0 + (so >> 4);
+            uint4 w[NS];
+            wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
+            wg_half<0>(acc, a, w, sW, sc, one, dx);
+            wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
+            // every consumer thread arrives (a branch on the lane between the groups made ptxas
+            // serialize the wgmmas: C7513)
+            if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
+            wg_half<1>(acc, a, w, sW, sc, one, dx);
+            sp = s;
+            if (++s == ST) {
+                s = 0;
+                ph ^= 1u;
+            }
+        }
     }
     wg_wait<0>();
 #pragma unroll
