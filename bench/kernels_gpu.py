@@ -216,8 +216,11 @@ def bench_shape(
     helpers: Any,
     rng: np.random.Generator,
     excluded: frozenset[str] = frozenset(),
+    swept: tuple[str, ...] = (),
 ) -> list[dict]:
-    """Every method at every M for one (K, N); returns the table rows."""
+    """Every method at every M for one (K, N); returns the table rows. Splits are swept for the best
+    tile at its planned split, and for every tile of ``swept`` (--sweep-configs) that runs at M;
+    the fastest of those sweeps is the best tile."""
     import cupy as cp
     import torch
 
@@ -337,6 +340,21 @@ def bench_shape(
             if sp <= k // g and sp not in sweep:
                 sweep[sp] = round(anvil(best_cfg, sp)[0], 2)
         best_split = min(sweep, key=lambda s_: sweep[s_])
+        # the tiles named by --sweep-configs at every split too (an A/B of two tiles is then at each
+        # one's best split, not at the planner's); one of them may become the best tile
+        res["sweeps"] = {}
+        for cfg in swept:
+            if cfg not in tiles or cfg == best_cfg:
+                continue
+            sw = {tiles[cfg]["split"]: tiles[cfg]["us"]}
+            for sp in SPLITS:
+                if sp <= k // g and sp not in sw:
+                    sw[sp] = round(anvil(cfg, sp)[0], 2)
+            res["sweeps"][cfg] = sw
+            if min(sw.values()) < sweep[best_split] and tiles[cfg]["err"] <= ERR_OK:
+                best_cfg, sweep = cfg, sw
+                best_split = min(sweep, key=lambda s_: sweep[s_])
+        res["sweeps"][best_cfg] = sweep
         # a wgs best tile also as programmatic dependents (w4a16_tile_x and the tile wait for the
         # kernel before them, the tile's producer after copying its first weights): beside the plain
         # launches, never in the table
@@ -436,6 +454,17 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
             f"({r['dispatch_choice']['kernel']}) | {r['cublas_us']} | {r['tinygemm_us']} | "
             f"{best / r['cublas_us']:.2f} | {best / r['stream_us']:.2f} | {pdl_ratio} | {err:.1e} |"
         )
+    swept = [r for r in rows if len(r.get("sweeps", {})) > 1]
+    if swept:  # --sweep-configs: each named tile at every split (µs), its best in bold
+        lines += ["", "Split sweeps (µs per launch by split-K factor; the best of each tile in bold):", ""]
+        for r in swept:
+            for cfg, sw in r["sweeps"].items():
+                top = min(sw, key=lambda s_: sw[s_])
+                cells = ", ".join(
+                    f"**{sp}: {us}**" if sp == top else f"{sp}: {us}"
+                    for sp, us in sorted(sw.items(), key=lambda kv: int(kv[0]))
+                )
+                lines.append(f"- {r['K']} x {r['N']}, M = {r['M']}, {cfg}: {cells}")
     return "\n".join(lines) + "\n"
 
 
@@ -473,8 +502,12 @@ def main() -> None:
     ap.add_argument(
         "--exclude-configs", default="", help="mtc/wg/tc tiles or gv configs not to launch, e.g. wg64,gvb16"
     )
+    ap.add_argument(
+        "--sweep-configs", default="", help="tiles whose splits are all timed too, e.g. wgs64nd,wgs64nq"
+    )
     args = ap.parse_args()
     excluded = frozenset(c for c in args.exclude_configs.split(",") if c)
+    swept = tuple(c for c in args.sweep_configs.split(",") if c and c not in excluded)
 
     import cupy as cp
     import torch
@@ -513,7 +546,7 @@ def main() -> None:
     if not args.no_minilm and not args.shapes:
         todo += [(k, n, MINILM_MS) for k, n in MINILM_SHAPES]
     for k, n, shape_ms in todo:
-        rows += bench_shape(k, n, shape_ms, module, helpers, rng, excluded)
+        rows += bench_shape(k, n, shape_ms, module, helpers, rng, excluded, swept)
         torch.cuda.empty_cache()
         cp.get_default_memory_pool().free_all_blocks()
         meta["wall_s"] = round(time.time() - t0, 1)
