@@ -47,10 +47,6 @@ class MtcConfig:
     # mbarriers) from x retiled by w4a16_tile_x (``tile_x_rows``); the wn warps only dequantize
     # and multiply. 0: not warp-specialized
     ws: int = 0
-    # wgmma groups a 64-k chunk (ws configs): 2, two k16 steps a group (each warp dequantizes one
-    # half while the tensor cores run the other), or 4, one step a group (a warp dequantizes a step
-    # while up to three earlier steps run)
-    gq: int = 2
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (4, 8, 16)):
@@ -62,8 +58,6 @@ class MtcConfig:
             raise ValueError("a ws config is a wg config (the same math, its copies on a producer warp)")
         if self.ws not in (0, 1, 4):
             raise ValueError("ws: 0, a producer warp (1) or a producer warpgroup (4)")
-        if self.gq not in (2, 4) or (self.gq != 2 and not self.ws):
-            raise ValueError("gq: 2 or 4 wgmma groups a chunk, 4 only in a ws config")
 
     @property
     def bm(self) -> int:
@@ -141,10 +135,6 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 16 x 256) lost to the GEMV-like kernels at 1-16 rows on both cards (22-27 µs against 14-19) and
     # were taken out in the twenty-eighth session (the code is in 9877a4f)
     "wgs32": MtcConfig(mt=4, ns=1, wm=1, wn=8, st=8, regs=64, sa=True, minb=3, wg=True, ws=1),
-    # one wgmma group a k16 step (thirtieth session): wgs64nd's and wgs128w's tiles with up to three
-    # groups in flight while a warp dequantizes the next step, against one with gq = 2
-    "wgs64nq": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, gq=4),
-    "wgs128wq": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, gq=4),
 }
 
 
@@ -156,7 +146,7 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = MTC_CONFIGS[cfg_name]
     name = mtc_kernel_name(dtype, cfg_name, cpg)
     if c.ws:
-        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.gq}, {c.minb}"
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}"
         return f"ANVIL_W4A16_WGS_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"

@@ -186,26 +186,6 @@ __device__ __forceinline__ void wg_half(float (&acc)[NS][MT][4], uint32_t (&a)[4
     wg_commit();
 }
 
-// One k16 step of a chunk as its own wgmma group (the wgs configs with GQ = 4): dequantize step S
-// (word component S of each strip's word, which step 0 first loads from the stage) into a[S], then
-// the step's wgmmas (B at the stage's x descriptor low word dlo + 16 S). The caller waits, before
-// it, for the group that last read a[S] (step S of the chunk before: wg_wait<3>).
-template <int S, int DT, int MT, int NS>
-__device__ __forceinline__ void wg_step(float (&acc)[NS][MT][4], uint32_t (&a)[4][NS][4], uint4 (&w)[NS],
-                                        const uint4* sW, const MtcScales<DT, NS>& sc, uint32_t one,
-                                        uint32_t dlo) {
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-        if constexpr (S == 0) w[j] = sW[j * 32];
-        sc.template dequant<true>(a[S][j], S == 0 ? w[j].x : S == 1 ? w[j].y : S == 2 ? w[j].z : w[j].w, j, one);
-    }
-    wg_fence();
-#pragma unroll
-    for (int j = 0; j < NS; ++j)
-        Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[S][j], wg_desc(dlo + 16 * S));
-    wg_commit();
-}
-
 // blockDim.x = 32*WN (WN a multiple of 4); dynamic shared memory ST * STAGE bytes.
 template <int DT, int MT, int NS, int WN, int ST, int CPG>
 __device__ __forceinline__ void w4a16_wg_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,

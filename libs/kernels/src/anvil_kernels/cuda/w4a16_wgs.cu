@@ -39,7 +39,7 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 
 // blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int GQ>
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
@@ -50,7 +50,6 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     static_assert(MT == 4 || MT == 8 || MT == 16, "wgmma N = 8*MT: 32, 64 or 128");
     static_assert(ST >= 2, "a stage being multiplied and one being filled");
     static_assert(PW == 1 || PW == 4, "a producer warp, or a producer warpgroup that gives its registers away");
-    static_assert(GQ == 2 || GQ == 4, "two k16 steps a wgmma group, or one");
     using T = MtcTile<MT, NS, 1, WN, true>;
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -148,27 +147,13 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             const uint4* sW = reinterpret_cast<const uint4*>(st) + wn * NS * 32 + lane;  // this warp's strips
             const uint32_t dx = dx0 + (so >> 4);
             uint4 w[NS];
-            if constexpr (GQ == 2) {
-                wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
-                wg_half<0>(acc, a, w, sW, sc, one, dx);
-                wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
-                // every consumer thread arrives (a branch on the lane between the groups made ptxas
-                // serialize the wgmmas: C7513)
-                if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
-                wg_half<1>(acc, a, w, sW, sc, one, dx);
-            } else {
-                // one group a step: before step s is dequantized into a[s], the group that read a[s]
-                // (step s of chunk i - 1, three groups back) has retired; the others may still run
-                wg_wait<3>();
-                wg_step<0>(acc, a, w, sW, sc, one, dx);
-                wg_wait<3>();
-                wg_step<1>(acc, a, w, sW, sc, one, dx);
-                wg_wait<3>();
-                wg_step<2>(acc, a, w, sW, sc, one, dx);
-                wg_wait<3>();  // chunk i - 1's last group retired: its stage may be refilled
-                if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
-                wg_step<3>(acc, a, w, sW, sc, one, dx);
-            }
+            wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
+            wg_half<0>(acc, a, w, sW, sc, one, dx);
+            wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
+            // every consumer thread arrives (a branch on the lane between the groups made ptxas
+            // serialize the wgmmas: C7513)
+            if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
+            wg_half<1>(acc, a, w, sW, sc, one, dx);
             sp = s;
             if (++s == ST) {
                 s = 0;
@@ -185,14 +170,14 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 
 }  // namespace anvil_w4a16
 
-#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, GQ, MINB)                             \
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB)                                 \
     extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB)                                  \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, GQ>(W, SZ, X, Y, bias, res, ws,        \
-                                                                     counters, M, N, K, act, flags);   \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW>(W, SZ, X, Y, bias, res, ws, counters, \
+                                                                 M, N, K, act, flags);                 \
     }
 
 // x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
