@@ -45,10 +45,11 @@ test: sync
 
 # The tests marked gpu (CUDA kernels and the GPU plan runtime against their CPU twins); they skip
 # where no CUDA device is. On a GPU host without uv: `make test-gpu GPU_PY=python3` with PYTHONPATH
-# set to the members' src folders (bench/h200_gpu.sh does that).
+# set to the members' src folders (bench/h200_gpu.sh does that). --durations: the slowest tests
+# and their setup (the kernels' builds), for planning device calls, whose time is short.
 GPU_PY ?= $(PY) python
 test-gpu:
-	$(GPU_PY) -m pytest -m gpu -q -p no:cacheprovider -rs \
+	$(GPU_PY) -m pytest -m gpu -q -p no:cacheprovider -rs --durations=12 \
 		$(shell grep -rl --include='test_*.py' 'mark.gpu' libs services tests)
 
 # Containers (.ci/containers.sh says how: a Docker engine, else podman with a local base image).
