@@ -342,7 +342,7 @@ def bench_shape(
         best_split = min(sweep, key=lambda s_: sweep[s_])
         # the tiles named by --sweep-configs at every split too (an A/B of two tiles is then at each
         # one's best split, not at the planner's); one of them may become the best tile
-        res["sweeps"] = {}
+        res["sweeps"] = {best_cfg: sweep}
         for cfg in swept:
             if cfg not in tiles or cfg == best_cfg:
                 continue
@@ -354,7 +354,6 @@ def bench_shape(
             if min(sw.values()) < sweep[best_split] and tiles[cfg]["err"] <= ERR_OK:
                 best_cfg, sweep = cfg, sw
                 best_split = min(sweep, key=lambda s_: sweep[s_])
-        res["sweeps"][best_cfg] = sweep
         # a wgs best tile also as programmatic dependents (w4a16_tile_x and the tile wait for the
         # kernel before them, the tile's producer after copying its first weights): beside the plain
         # launches, never in the table
