@@ -334,26 +334,26 @@ def bench_shape(
         for cfg in mtc_cfgs + tc_cfgs:
             t, e = anvil(cfg, None)
             tiles[cfg] = {"us": round(t, 2), "err": e, "split": getattr(layers[0].plan(m), "split", None)}
-        best_cfg = min(tiles, key=lambda c_: ok(tiles[c_]["us"], tiles[c_]["err"]))
-        sweep = {tiles[best_cfg]["split"]: tiles[best_cfg]["us"]}
-        for sp in SPLITS:
-            if sp <= k // g and sp not in sweep:
-                sweep[sp] = round(anvil(best_cfg, sp)[0], 2)
-        best_split = min(sweep, key=lambda s_: sweep[s_])
-        # the tiles named by --sweep-configs at every split too (an A/B of two tiles is then at each
-        # one's best split, not at the planner's); one of them may become the best tile
-        res["sweeps"] = {best_cfg: sweep}
-        for cfg in swept:
-            if cfg not in tiles or cfg == best_cfg:
-                continue
-            sw = {tiles[cfg]["split"]: tiles[cfg]["us"]}
+
+        def split_sweep(cfg: str, planned: dict[str, Any]) -> dict[Any, float]:
+            """`cfg` at its planned split (``planned``, timed above) and at every other split K allows, µs."""
+            sw = {planned["split"]: planned["us"]}
             for sp in SPLITS:
                 if sp <= k // g and sp not in sw:
                     sw[sp] = round(anvil(cfg, sp)[0], 2)
-            res["sweeps"][cfg] = sw
-            if min(sw.values()) < sweep[best_split] and tiles[cfg]["err"] <= ERR_OK:
-                best_cfg, sweep = cfg, sw
-                best_split = min(sweep, key=lambda s_: sweep[s_])
+            return sw
+
+        # splits swept for the best tile at its planned split and for the tiles named by
+        # --sweep-configs (an A/B of two tiles is then at each one's best split, not at the
+        # planner's); the fastest sweep of a tile within the error bound is the best tile
+        first = min(tiles, key=lambda c_: ok(tiles[c_]["us"], tiles[c_]["err"]))
+        res["sweeps"] = {first: split_sweep(first, tiles[first])}
+        for cfg in swept:
+            if cfg in tiles and cfg not in res["sweeps"]:
+                res["sweeps"][cfg] = split_sweep(cfg, tiles[cfg])
+        best_cfg = min(res["sweeps"], key=lambda c_: ok(min(res["sweeps"][c_].values()), tiles[c_]["err"]))
+        sweep = res["sweeps"][best_cfg]
+        best_split = min(sweep, key=lambda s_: sweep[s_])
         # a wgs best tile also as programmatic dependents (w4a16_tile_x and the tile wait for the
         # kernel before them, the tile's producer after copying its first weights): beside the plain
         # launches, never in the table
