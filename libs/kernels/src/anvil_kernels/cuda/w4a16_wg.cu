@@ -160,29 +160,43 @@ struct Wgmma {
     }
 };
 
+// Timing ablations of the wgs kernels (their template argument AB; 0 in every kernel the library
+// builds: only bench/wgs_ablate.py instantiates others, whose outputs are wrong by design): x
+// copies, the dequantization (the raw words go to the tensor cores), the wgmmas, weight copies.
+constexpr int WGS_AB_X = 1, WGS_AB_DEQUANT = 2, WGS_AB_MMA = 4, WGS_AB_W = 8;
+
 // One half of a chunk's wgmma work, H = 0 (k16 steps 0-1: A registers a[0..1], dequantized from the
 // words w.x, w.y, which this half first loads from the stage, sW[j * 32] for strip j) or H = 1
 // (steps 2-3: a[2..3] from w.z, w.w): dequantize the half into its registers, then one wgmma group
 // over the two steps (B at 256-byte steps of the stage's x, whose descriptor's low word is dlo: step
 // s's is dlo + 16 s). The caller waits, before it, for the group that last read those registers
-// (wg_wait<1>).
-template <int H, int DT, int MT, int NS>
+// (wg_wait<1>). AB: timing ablations (WGS_AB_* bits; 0: none).
+template <int H, int DT, int MT, int NS, int AB = 0>
 __device__ __forceinline__ void wg_half(float (&acc)[NS][MT][4], uint32_t (&a)[4][NS][4], uint4 (&w)[NS],
                                         const uint4* sW, const MtcScales<DT, NS>& sc, uint32_t one,
                                         uint32_t dlo) {
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
         if constexpr (H == 0) w[j] = sW[j * 32];  // interleaved with the dequantization, as ptxas had it
-        sc.template dequant<true>(a[2 * H][j], H == 0 ? w[j].x : w[j].z, j, one);
-        sc.template dequant<true>(a[2 * H + 1][j], H == 0 ? w[j].y : w[j].w, j, one);
+        if constexpr ((AB & WGS_AB_DEQUANT) != 0) {  // the raw words
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                a[2 * H][j][r] = (H == 0 ? w[j].x : w[j].z) ^ r;
+                a[2 * H + 1][j][r] = (H == 0 ? w[j].y : w[j].w) ^ r;
+            }
+        } else {
+            sc.template dequant<true>(a[2 * H][j], H == 0 ? w[j].x : w[j].z, j, one);
+            sc.template dequant<true>(a[2 * H + 1][j], H == 0 ? w[j].y : w[j].w, j, one);
+        }
     }
     wg_fence();
 #pragma unroll
     for (int s = 2 * H; s < 2 * H + 2; ++s)
 #pragma unroll
         for (int j = 0; j < NS; ++j)
-            Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
-                                   wg_desc(dlo + 16 * s));
+            if constexpr ((AB & WGS_AB_MMA) == 0)
+                Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
+                                       wg_desc(dlo + 16 * s));
     wg_commit();
 }
 

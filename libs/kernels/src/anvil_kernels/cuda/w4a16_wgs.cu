@@ -38,8 +38,11 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+// Timing ablations (AB: WGS_AB_* bits, w4a16_wg.cu; 0 in every kernel the library builds, only
+// bench/wgs_ablate.py instantiates others): past the first ST chunks, AB & WGS_AB_X copies no x
+// (the stages keep the x of earlier chunks), AB & WGS_AB_W no weights or scale words.
 // blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW>
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
@@ -91,6 +94,16 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             // chunk i's weights (and, a group's first chunk, its scale words) into stage st
             auto copy_weights = [&](int i, uint32_t st, uint32_t full) {
                 const bool first = i % CPG == 0;  // c0 is a multiple of CPG
+                if constexpr ((AB & (WGS_AB_W | WGS_AB_X)) != 0) {  // timing ablations: past the first
+                    // ST chunks no weights and scale words (WGS_AB_W) or no x (WGS_AB_X)
+                    const bool cw = !(AB & WGS_AB_W) || i < ST, cx = !(AB & WGS_AB_X) || i < ST;
+                    mbar_expect_tx(full, (cw ? wbytes + (first ? szbytes : 0u) : 0u) + (cx ? xbytes : 0u));
+                    if (cw) bulk_g2s(st, w, wbytes, full);
+                    if (cw && first) bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
+                    if (first) sz += szstep;
+                    w += wstep;
+                    return;
+                }
                 mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));  // x's bytes too
                 bulk_g2s(st, w, wbytes, full);
                 if (first) {
@@ -115,7 +128,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
                 mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
                 const uint32_t st = smem_s + s * T::STAGE;
                 copy_weights(i, st, full0 + 8 * s);
-                bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * s);
+                if constexpr ((AB & WGS_AB_X) == 0) bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * s);
                 xt += xstep;
             }
         }
@@ -148,12 +161,12 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             const uint32_t dx = dx0 + (so >> 4);
             uint4 w[NS];
             wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
-            wg_half<0>(acc, a, w, sW, sc, one, dx);
+            wg_half<0, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
             wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
             // every consumer thread arrives (a branch on the lane between the groups made ptxas
             // serialize the wgmmas: C7513)
             if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
-            wg_half<1>(acc, a, w, sW, sc, one, dx);
+            wg_half<1, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
             sp = s;
             if (++s == ST) {
                 s = 0;
