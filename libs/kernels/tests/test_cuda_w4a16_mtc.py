@@ -278,9 +278,16 @@ def test_mtc_ptxas_report_and_sass(
         for op in ops:
             assert op in sass, f"{cubin.name}: no {op}"
         assert "LDL" not in sass and "STL" not in sass, f"{cubin.name}: local memory"
-        if c.wg:  # a wait before each half's registers are written again: two per chunk (a missing
-            # one lets a half's dequantization overwrite the A registers of a group still running)
+        if c.wg and not c.dq:  # a wait before each half's registers are written again: two per
+            # chunk (a missing one lets a half's dequantization overwrite the A registers of a group
+            # still running)
             assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 2, f"{cubin.name}: a wgmma wait missing"
+        if c.dq:  # wgd: A from shared memory, one group a chunk retired before its stages go back;
+            # the dequantizing warps' stores made visible to wgmma (fence.proxy.async) before they arrive
+            assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 1, f"{cubin.name}: a wgmma wait missing"
+            assert "FENCE.VIEW.ASYNC.S" in sass and "STS" in sass, f"{cubin.name}: no proxy fence or A stores"
+            # both operands through descriptors (register A would read "R.., R.., gdesc[..]")
+            assert re.search(r"HGMMA\.64x\d+x16\.F32\.\w+ R\d+, gdesc\[", sass), f"{cubin.name}: A not from smem"
 
 
 @pytest.mark.parametrize(
@@ -293,6 +300,7 @@ def test_mtc_ptxas_report_and_sass(
         ("wgs64n", "fp16", 5, 256, 160, 64, 1),
         ("wgs128w", "bf16", 40, 256, 288, 128, 2),
         ("wgs32", "fp16", 3, 256, 288, 64, 1),
+        ("wgd64", "bf16", 70, 512, 288, 128, 2),
     ],
 )
 def test_launcher_drives_the_model(

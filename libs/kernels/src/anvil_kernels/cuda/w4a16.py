@@ -50,6 +50,7 @@ _MTC_SRC_PATH = Path(__file__).with_name("w4a16_mtc.cu")
 _WG_SRC_PATH = Path(__file__).with_name("w4a16_wg.cu")
 _GV_SRC_PATH = Path(__file__).with_name("w4a16_gv.cu")
 _WGS_SRC_PATH = Path(__file__).with_name("w4a16_wgs.cu")
+_WGD_SRC_PATH = Path(__file__).with_name("w4a16_wgd.cu")
 
 
 @dataclass(frozen=True)
@@ -111,13 +112,15 @@ class W4A16Params:
 
 
 def w4a16_source(params: W4A16Params | None = None) -> str:
-    """The CUDA source: w4a16.cu, w4a16_tc.cu, w4a16_mtc.cu, w4a16_wg.cu, w4a16_gv.cu and
-    w4a16_wgs.cu plus one extern "C" kernel per variant (and ``w4a16_tile_x`` with any wgs config)."""
+    """The CUDA source: w4a16.cu, w4a16_tc.cu, w4a16_mtc.cu, w4a16_wg.cu, w4a16_gv.cu, w4a16_wgs.cu
+    and w4a16_wgd.cu plus one extern "C" kernel per variant (and ``w4a16_tile_x`` with any wgs or
+    wgd config)."""
     return "\n".join([*_sources(), *_instantiations(params)]) + "\n"
 
 
 def _sources() -> list[str]:
     paths = (_SRC_PATH, _TC_SRC_PATH, _MTC_SRC_PATH, _WG_SRC_PATH, _GV_SRC_PATH, _WGS_SRC_PATH)
+    paths += (_WGD_SRC_PATH,)
     return [p.read_text() for p in paths]
 
 

@@ -47,6 +47,11 @@ class MtcConfig:
     # mbarriers) from x retiled by w4a16_tile_x (``tile_x_rows``); the wn warps only dequantize
     # and multiply. 0: not warp-specialized
     ws: int = 0
+    # wgd (w4a16_wgd.cu): dq = wn more warps dequantize (one strip each, ns = 1) into a ring of
+    # ``ast`` A stages in shared memory, from which the wn warps' wgmmas read both operands; the
+    # producer as in wgs (ws = 1). 0: the warps that multiply dequantize (wg, wgs)
+    dq: int = 0
+    ast: int = 0
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (4, 8, 16)):
@@ -58,6 +63,10 @@ class MtcConfig:
             raise ValueError("a ws config is a wg config (the same math, its copies on a producer warp)")
         if self.ws not in (0, 1, 4):
             raise ValueError("ws: 0, a producer warp (1) or a producer warpgroup (4)")
+        if self.dq and (self.ws != 1 or self.ns != 1 or self.dq != self.wn or self.ast < 2):
+            raise ValueError("a wgd config (dq) has a producer warp, ns = 1, dq = wn and 2+ A stages")
+        if self.ast and not self.dq:
+            raise ValueError("A stages (ast) belong to a wgd config (dq)")
 
     @property
     def bm(self) -> int:
@@ -74,7 +83,7 @@ class MtcConfig:
 
     @property
     def threads(self) -> int:
-        return self.consumers + 32 * self.ws
+        return self.consumers + 32 * self.ws + 32 * self.dq
 
     @property
     def stage_bytes(self) -> int:
@@ -83,8 +92,10 @@ class MtcConfig:
 
     @property
     def smem(self) -> int:
-        # ws: a full and an empty mbarrier (8 bytes each) per stage after the stages
-        return self.st * self.stage_bytes + (16 * self.st if self.ws else 0)
+        # ws: a full and an empty mbarrier (8 bytes each) per stage after the stages; dq: the A
+        # stages (bn columns x 64 k, 16-bit) before them, and their two mbarriers each
+        a_stages = self.ast * (self.bn * 128 + 16)
+        return self.st * self.stage_bytes + (16 * self.st if self.ws else 0) + a_stages
 
     @property
     def blocks_per_sm(self) -> int:
@@ -135,6 +146,10 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 16 x 256) lost to the GEMV-like kernels at 1-16 rows on both cards (22-27 µs against 14-19) and
     # were taken out in the twenty-eighth session (the code is in 9877a4f)
     "wgs32": MtcConfig(mt=4, ns=1, wm=1, wn=8, st=8, regs=64, sa=True, minb=3, wg=True, ws=1),
+    # wgd (thirty-first session): wgs64nd's tile with 8 more warps that dequantize into shared
+    # memory; the 8 that multiply read both wgmma operands from there. 17 warps are 5 warpgroups'
+    # worth of registers: at most 96 a thread (a 128-row twin spilled there)
+    "wgd64": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=1, wg=True, ws=1, dq=8, ast=4),
 }
 
 
@@ -145,6 +160,9 @@ def mtc_kernel_name(dtype: str, cfg_name: str, cpg: int) -> str:
 def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
     c = MTC_CONFIGS[cfg_name]
     name = mtc_kernel_name(dtype, cfg_name, cpg)
+    if c.dq:
+        args = f"{name}, {dt_code}, {c.mt}, {c.wn}, {c.st}, {c.ast}, {cpg}, {c.minb}"
+        return f"ANVIL_W4A16_WGD_KERNEL({args})"
     if c.ws:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}"
         return f"ANVIL_W4A16_WGS_KERNEL({args})"

@@ -163,7 +163,7 @@ struct Wgmma {
 // Timing ablations of the wgs kernels (their template argument AB; 0 in every kernel the library
 // builds: only bench/wgs_ablate.py instantiates others, whose outputs are wrong by design): x
 // copies, the dequantization (the raw words go to the tensor cores), the wgmmas, weight copies.
-constexpr int WGS_AB_X = 1, WGS_AB_DEQUANT = 2, WGS_AB_MMA = 4, WGS_AB_W = 8;
+enum WgsAblation : int { WGS_AB_X = 1, WGS_AB_DEQUANT = 2, WGS_AB_MMA = 4, WGS_AB_W = 8 };
 
 // One half of a chunk's wgmma work, H = 0 (k16 steps 0-1: A registers a[0..1], dequantized from the
 // words w.x, w.y, which this half first loads from the stage, sW[j * 32] for strip j) or H = 1

@@ -38,6 +38,66 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
 
+// The producer (one thread: lane 0 of the producer warp) of a wgs-style ring of ST stages at
+// smem_s (T: the tile), chunks c0 .. c0 + nck - 1 of this block: each stage's weights, scale words
+// (a group's first chunk) and x tile in three bulk copies on its full barrier, refilled once its
+// empty barrier has every reader's arrival. Shared by the wgs and wgd kernels.
+template <class T, int ST, int CPG, int AB = 0>
+__device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
+                                            const uint16_t* __restrict__ XT, uint32_t smem_s, uint32_t full0,
+                                            uint32_t empty0, int N, int c0, int nck, int m0, int strip0) {
+    const int strips = N >> 4;
+    const int vs = min(T::BS, strips - strip0);  // strips of this tile inside N
+    const uint32_t wbytes = vs * 512, szbytes = vs * 64, xbytes = T::X_BYTES;
+    const int mpad = gridDim.x * T::BM;
+    const uint4* w = W + (static_cast<size_t>(c0) * strips + strip0) * 32;
+    const uint4* sz = SZ + (static_cast<size_t>(c0 / CPG) * strips + strip0) * 4;
+    const uint16_t* xt = XT + (static_cast<size_t>(c0) * mpad + m0) * 64;
+    const size_t wstep = static_cast<size_t>(strips) * 32, szstep = static_cast<size_t>(strips) * 4;
+    const size_t xstep = static_cast<size_t>(mpad) * 64;
+    // chunk i's weights (and, a group's first chunk, its scale words) into stage st
+    auto copy_weights = [&](int i, uint32_t st, uint32_t full) {
+        const bool first = i % CPG == 0;  // c0 is a multiple of CPG
+        if constexpr ((AB & (WGS_AB_W | WGS_AB_X)) != 0) {  // timing ablations: past the first
+            // ST chunks no weights and scale words (WGS_AB_W) or no x (WGS_AB_X)
+            const bool cw = !(AB & WGS_AB_W) || i < ST, cx = !(AB & WGS_AB_X) || i < ST;
+            mbar_expect_tx(full, (cw ? wbytes + (first ? szbytes : 0u) : 0u) + (cx ? xbytes : 0u));
+            if (cw) bulk_g2s(st, w, wbytes, full);
+            if (cw && first) bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
+            if (first) sz += szstep;
+            w += wstep;
+            return;
+        }
+        mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));  // x's bytes too
+        bulk_g2s(st, w, wbytes, full);
+        if (first) {
+            bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
+            sz += szstep;
+        }
+        w += wstep;
+    };
+    // the first stages: weights and scale words now (each stage's full barrier expects its x
+    // bytes too, so no consumer passes it before they land), x after the wait
+    const int pro = min(ST, nck);
+    for (int i = 0; i < pro; ++i) copy_weights(i, smem_s + i * T::STAGE, full0 + 8 * i);
+    pdl_launch_dependents();
+    pdl_wait();  // w4a16_tile_x has written XT
+    for (int i = 0; i < pro; ++i) {
+        bulk_g2s(smem_s + i * T::STAGE + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * i);
+        xt += xstep;
+    }
+    for (int i = pro; i < nck; ++i) {
+        const int s = i % ST;
+        // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1
+        mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
+        const uint32_t st = smem_s + s * T::STAGE;
+        copy_weights(i, st, full0 + 8 * s);
+        if constexpr ((AB & WGS_AB_X) == 0)
+            bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * s);
+        xt += xstep;
+    }
+}
+
 // Timing ablations (AB: WGS_AB_* bits, w4a16_wg.cu; 0 in every kernel the library builds, only
 // bench/wgs_ablate.py instantiates others): past the first ST chunks, AB & WGS_AB_X copies no x
 // (the stages keep the x of earlier chunks), AB & WGS_AB_W no weights or scale words.
@@ -82,56 +142,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         // PW = 4: the producer warpgroup keeps 40 registers a thread and the consumers take the
         // rest (232: a 128 x 256 tile's 128 accumulators a thread without spilling)
         if constexpr (PW == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-        if (wn == WN && lane == 0 && nck > 0) {
-            const int vs = min(T::BS, strips - strip0);  // strips of this tile inside N
-            const uint32_t wbytes = vs * 512, szbytes = vs * 64, xbytes = T::X_BYTES;
-            const int mpad = gridDim.x * T::BM;
-            const uint4* w = W + (static_cast<size_t>(c0) * strips + strip0) * 32;
-            const uint4* sz = SZ + (static_cast<size_t>(c0 / CPG) * strips + strip0) * 4;
-            const uint16_t* xt = XT + (static_cast<size_t>(c0) * mpad + m0) * 64;
-            const size_t wstep = static_cast<size_t>(strips) * 32, szstep = static_cast<size_t>(strips) * 4;
-            const size_t xstep = static_cast<size_t>(mpad) * 64;
-            // chunk i's weights (and, a group's first chunk, its scale words) into stage st
-            auto copy_weights = [&](int i, uint32_t st, uint32_t full) {
-                const bool first = i % CPG == 0;  // c0 is a multiple of CPG
-                if constexpr ((AB & (WGS_AB_W | WGS_AB_X)) != 0) {  // timing ablations: past the first
-                    // ST chunks no weights and scale words (WGS_AB_W) or no x (WGS_AB_X)
-                    const bool cw = !(AB & WGS_AB_W) || i < ST, cx = !(AB & WGS_AB_X) || i < ST;
-                    mbar_expect_tx(full, (cw ? wbytes + (first ? szbytes : 0u) : 0u) + (cx ? xbytes : 0u));
-                    if (cw) bulk_g2s(st, w, wbytes, full);
-                    if (cw && first) bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
-                    if (first) sz += szstep;
-                    w += wstep;
-                    return;
-                }
-                mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));  // x's bytes too
-                bulk_g2s(st, w, wbytes, full);
-                if (first) {
-                    bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
-                    sz += szstep;
-                }
-                w += wstep;
-            };
-            // the first stages: weights and scale words now (each stage's full barrier expects its x
-            // bytes too, so no consumer passes it before they land), x after the wait
-            const int pro = min(ST, nck);
-            for (int i = 0; i < pro; ++i) copy_weights(i, smem_s + i * T::STAGE, full0 + 8 * i);
-            pdl_launch_dependents();
-            pdl_wait();  // w4a16_tile_x has written XT
-            for (int i = 0; i < pro; ++i) {
-                bulk_g2s(smem_s + i * T::STAGE + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * i);
-                xt += xstep;
-            }
-            for (int i = pro; i < nck; ++i) {
-                const int s = i % ST;
-                // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1
-                mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
-                const uint32_t st = smem_s + s * T::STAGE;
-                copy_weights(i, st, full0 + 8 * s);
-                if constexpr ((AB & WGS_AB_X) == 0) bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * s);
-                xt += xstep;
-            }
-        }
+        if (wn == WN && lane == 0 && nck > 0)
+            wgs_produce<T, ST, CPG, AB>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0);
         return;
     }
 

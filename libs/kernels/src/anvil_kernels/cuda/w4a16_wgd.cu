@@ -1,0 +1,251 @@
+// Anvil W4A16 "wgd" kernel (issue #17): the wgs tile with the dequantization taken off the
+// tensor-core warps. Appended after w4a16_wgs.cu (reuses its producer, wgs_produce, the mbarrier
+// and bulk-copy helpers, MtcTile, MtcScales, wg_desc_lo / wg_desc and tile_finish).
+//
+// In wgs the consumer warps dequantize into registers and issue register-A wgmmas: a warpgroup's
+// wgmma starts only once its four warps have dequantized, and a warp dequantizes only into
+// registers its earlier groups no longer read, so dequantization, arrive and tensor cores form one
+// chain a warpgroup (docs/kernels_gpu.md: ~940 cycles a chunk at M = 64 against ~256 of
+// tensor-core work and ~234 of issue). Here three kinds of warps, each with its own ring:
+//   - warp 2 WN, the producer (wgs_produce, as in wgs): weights, scale words and x of chunk i into
+//     stage i % ST on full[s]; a stage is refilled once empty[s] has every MMA thread's and every
+//     dequantizing thread's arrival.
+//   - warps WN .. 2 WN - 1 dequantize, one 16-column strip each (NS = 1): a chunk's weight words
+//     and scale words from the stage (then they release it), the same bits as wgs, stored as
+//     16-bit A tiles into A stage i % AST in the canonical no-swizzle K-major layout wgmma reads,
+//     per warpgroup of 4 strips (64 columns): [8 row groups: 1024 B apart (SBO)][8 k pieces:
+//     128 B apart (LBO)][8 rows][16 B], the x stages' layout, so one descriptor scheme serves both
+//     operands. Register j of the m16n8k16 A fragment of lane (g, t) in step s is row group
+//     2 (strip % 4) + (j & 1), k piece 2 s + (j >> 1), bytes 16 g + 4 t: one warp's store of one
+//     register fills one core matrix, 128 contiguous bytes (no bank conflict). Then
+//     fence.proxy.async (generic-proxy stores that wgmma, the async proxy, reads) and afull[a].
+//   - warps 0 .. WN - 1 (WN / 4 warpgroups) only multiply: wgmma with both operands in shared
+//     memory (A: the warpgroup's 64 columns of the A stage, B: x^T from the stage, wgs's
+//     descriptors), one group a chunk (4 k16 steps); once the next chunk's group is committed,
+//     wait_group 1 retires this one and they release its stage and A stage. Their accumulators,
+//     split-K partials and epilogue are wgs's (tile_finish over the 32 WN threads, BAR 1).
+// Barriers (8 B each, after the rings): full[ST] (the producer's expect_tx), empty[ST] (64 WN
+// arrivals), afull[AST] (32 WN dequantizing threads), aempty[AST] (32 WN MMA threads).
+// The price: each chunk's A goes through shared memory (stored once, read by every wgmma), which
+// the register-A kernels avoid; what it buys is that no warp waits on another's dequantization.
+
+// D (64 x N, fp32, N / 2 registers d[] a thread) += A (descriptor da) . B (descriptor db), both in
+// shared memory, K-major; TY "bf16" or "f16"
+#define ANVIL_WGMMA_SS_M64N32K16(TY)                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {"                            \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"                                 \
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                                      \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                                    \
+                 : "l"(da), "l"(db), "r"(1))
+
+#define ANVIL_WGMMA_SS_M64N64K16(TY)                                                                     \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                            \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                       \
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                      \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
+                   "+f"(d[30]), "+f"(d[31])                                                              \
+                 : "l"(da), "l"(db), "r"(1))
+
+#define ANVIL_WGMMA_SS_M64N128K16(TY)                                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                           \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                      \
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                      \
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                       \
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                      \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),         \
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),         \
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),         \
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),         \
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),         \
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                    \
+                 : "l"(da), "l"(db), "r"(1))
+
+namespace anvil_w4a16 {
+
+template <int DT, int N>
+struct WgmmaSS {
+    static_assert(N == 32 || N == 64 || N == 128, "m64n{32,64,128}k16");
+    static __device__ __forceinline__ void run(float (&d)[N / 2], uint64_t da, uint64_t db) {
+#if ANVIL_HAS_WGMMA
+        if constexpr (N == 32 && DT == 0) {
+            ANVIL_WGMMA_SS_M64N32K16("bf16");
+        } else if constexpr (N == 32) {
+            ANVIL_WGMMA_SS_M64N32K16("f16");
+        } else if constexpr (N == 64 && DT == 0) {
+            ANVIL_WGMMA_SS_M64N64K16("bf16");
+        } else if constexpr (N == 64) {
+            ANVIL_WGMMA_SS_M64N64K16("f16");
+        } else if constexpr (DT == 0) {
+            ANVIL_WGMMA_SS_M64N128K16("bf16");
+        } else {
+            ANVIL_WGMMA_SS_M64N128K16("f16");
+        }
+#else
+        __trap();
+#endif
+    }
+};
+
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+// blockDim.x = 32 * (2 WN + 1); dynamic shared memory AST A stages of WN * 2048 bytes, ST stages
+// (wgs's), then 2 (ST + AST) mbarriers.
+template <int DT, int MT, int WN, int ST, int AST, int CPG>
+__device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
+                                               const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
+                                               const uint16_t* __restrict__ bias,
+                                               const uint16_t* __restrict__ res, float* __restrict__ ws,
+                                               int* __restrict__ counters, int M, int N, int K, int act,
+                                               int flags) {
+    static_assert(WN % 4 == 0, "whole warpgroups");
+    static_assert(MT == 4 || MT == 8 || MT == 16, "wgmma N = 8*MT: 32, 64 or 128");
+    static_assert(ST >= 2 && AST >= 2, "a stage being multiplied and one being filled, each ring");
+    using T = MtcTile<MT, 1, 1, WN, true>;
+    constexpr uint32_t A_STAGE = WN * 2048;  // WN strips x 16 columns x 64 k x 2 bytes
+    constexpr uint32_t A_GROUP = 8192;       // one warpgroup's 64 columns
+    extern __shared__ uint4 smem4[];
+    unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
+    const uint32_t a_s = smem_u32(smem);             // the A stages
+    const uint32_t st_s = a_s + AST * A_STAGE;       // the stages
+    const uint32_t full0 = st_s + ST * T::STAGE;     // full[s] = full0 + 8 s
+    const uint32_t empty0 = full0 + 8 * ST;
+    const uint32_t afull0 = empty0 + 8 * ST;
+    const uint32_t aempty0 = afull0 + 8 * AST;
+    const int lane = threadIdx.x & 31;
+    const int wn = threadIdx.x >> 5;
+    const int m0 = blockIdx.x * T::BM;
+    const int strip0 = blockIdx.y * T::BS;
+    const int2 chunks = mtc_split_chunks<CPG>(K);
+    const int c0 = chunks.x;
+    const int nck = chunks.y;
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < ST; ++s) {
+            mbar_init(full0 + 8 * s);
+            mbar_init<64 * WN>(empty0 + 8 * s);  // every MMA and every dequantizing thread
+        }
+#pragma unroll
+        for (int a = 0; a < AST; ++a) {
+            mbar_init<32 * WN>(afull0 + 8 * a);   // every dequantizing thread
+            mbar_init<32 * WN>(aempty0 + 8 * a);  // every MMA thread
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wn >= 2 * WN) {  // the producer
+        if (lane == 0 && nck > 0) wgs_produce<T, ST, CPG>(W, SZ, XT, st_s, full0, empty0, N, c0, nck, m0, strip0);
+        return;
+    }
+
+    if (wn >= WN) {  // a dequantizing warp: strip d of the tile
+        const int d = wn - WN;
+        // this lane's bytes in an A stage: warpgroup d / 4, the two row groups of strip d % 4
+        const uint32_t lane_off = (d >> 2) * A_GROUP + 2 * (d & 3) * 1024 + (lane >> 2) * 16 + (lane & 3) * 4;
+        const uint32_t one = Dt<DT>::pack2(1.0f);
+        MtcScales<DT, 1> sc;
+        int s = 0, a = 0;
+        uint32_t ph = 0, aph = 0;  // parities of stage s's and A stage a's current pass
+        for (int i0 = 0; i0 < nck; i0 += CPG) {
+#pragma unroll
+            for (int c = 0; c < CPG; ++c) {
+                mbar_wait(full0 + 8 * s, ph);
+                const unsigned char* st = smem + AST * A_STAGE + s * T::STAGE;
+                if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), d, lane >> 2, flags);
+                const uint4 w = reinterpret_cast<const uint4*>(st)[d * 32 + lane];
+                mbar_arrive(empty0 + 8 * s);  // done with the stage's weights and scale words
+                // pass i / AST of the A ring: the MMA warps' release of pass i / AST - 1
+                if (i0 + c >= AST) mbar_wait(aempty0 + 8 * a, aph ^ 1u);
+                const uint32_t ab = a_s + a * A_STAGE + lane_off;
+#pragma unroll
+                for (int step = 0; step < 4; ++step) {
+                    uint32_t r[4];
+                    sc.template dequant<true>(r, step == 0 ? w.x : step == 1 ? w.y : step == 2 ? w.z : w.w, 0, one);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) sts32(ab + (j & 1) * 1024 + (2 * step + (j >> 1)) * 128, r[j]);
+                }
+                fence_async_shared();  // the stores, visible to wgmma (the async proxy)
+                mbar_arrive(afull0 + 8 * a);
+                if (++s == ST) {
+                    s = 0;
+                    ph ^= 1u;
+                }
+                if (++a == AST) {
+                    a = 0;
+                    aph ^= 1u;
+                }
+            }
+        }
+        return;
+    }
+
+    // an MMA warp: warpgroup wn / 4 multiplies its 64 columns by the chunk's x
+    float acc[1][MT][4];
+    tile_zero(acc);
+    static_assert(T::STAGE % 16 == 0 && A_STAGE % 16 == 0, "stage descriptors step by STAGE / 16");
+    const uint32_t dx0 = wg_desc_lo(st_s + T::W_BYTES + T::SZ_BYTES);
+    const uint32_t da0 = wg_desc_lo(a_s + (wn >> 2) * A_GROUP);
+    int s = 0, a = 0, sp = 0, ap = 0;
+    uint32_t ph = 0, aph = 0;
+    for (int i = 0; i < nck; ++i) {
+        mbar_wait(full0 + 8 * s, ph);    // x has landed
+        mbar_wait(afull0 + 8 * a, aph);  // A is stored
+        const uint32_t dx = dx0 + s * (T::STAGE >> 4), da = da0 + a * (A_STAGE >> 4);
+        wg_fence();
+#pragma unroll
+        for (int step = 0; step < 4; ++step)
+            WgmmaSS<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[0]), wg_desc(da + 16 * step),
+                                     wg_desc(dx + 16 * step));
+        wg_commit();
+        wg_wait<1>();  // chunk i - 1's group retired: its stage and A stage are free
+        if (i > 0) {
+            mbar_arrive(empty0 + 8 * sp);
+            mbar_arrive(aempty0 + 8 * ap);
+        }
+        sp = s;
+        ap = a;
+        if (++s == ST) {
+            s = 0;
+            ph ^= 1u;
+        }
+        if (++a == AST) {
+            a = 0;
+            aph ^= 1u;
+        }
+    }
+    wg_wait<0>();
+    wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[0]));
+    pdl_wait();  // before bias, residual, output, workspace and counters (a no-op: see wgs)
+    tile_finish<DT, MT, 1, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
+}
+
+}  // namespace anvil_w4a16
+
+#define ANVIL_W4A16_WGD_KERNEL(NAME, DT, MT, WN, ST, AST, CPG, MINB)                                    \
+    extern "C" __global__ void __launch_bounds__(32 * (2 * WN + 1), MINB)                               \
+        NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
+             uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
+             const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
+             int M, int N, int K, int act, int flags) {                                                \
+        anvil_w4a16::w4a16_wgd_body<DT, MT, WN, ST, AST, CPG>(W, SZ, X, Y, bias, res, ws, counters, M, N, \
+                                                              K, act, flags);                          \
+    }
