@@ -49,7 +49,8 @@ def source(cfgs: list[str]) -> str:
     """The library's source with the bf16 g128 kernels of ``cfgs`` and an ablated twin per AB."""
     from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, w4a16_source
 
-    params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), tiles=(), tc_configs=(), mtc_configs=tuple(cfgs))
+    # the GEMV-like variants too: a W4A16Linear plans M = 1 when it is made
+    params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), tc_configs=(), mtc_configs=tuple(cfgs))
     out = [w4a16_source(params)]
     for cfg in cfgs:
         c = MTC_CONFIGS[cfg]
