@@ -141,13 +141,16 @@ def main() -> None:
         k, n = (int(v) for v in shape.split("x"))
         w = random_weight(k, n, rng)
         packed = prepack(w) | prepack_mtc(w)
-        m_max = max(m for _, m, _ in cases)
-        layers = [
-            W4A16Linear(mod, packed, m_max, keep_host=True) for _ in range(1 if args.ncu_case else COPIES)
-        ]
+
+        def make_layers(cfg: str, m: int, split: int, copies: int, packed: dict = packed) -> list:
+            # the tile forced from the start: the dispatcher's kernels for other M need not be built
+            return [
+                W4A16Linear(mod, packed, m, kernel=cfg, split=split, keep_host=True) for _ in range(copies)
+            ]
+
         if args.ncu_case:
             cfg, m, splits = cases[0]
-            layers[0].set_kernel(cfg, splits[0])
+            layers = make_layers(cfg, m, splits[0], 1)
             x = cp.asarray(f32_to_bf16_bits(rng.standard_normal((m, k)).astype(np.float32)))
             layers[0](x, cp.empty((m, n), cp.uint16))
             cp.cuda.Device().synchronize()
@@ -157,7 +160,9 @@ def main() -> None:
         wbfs = [wbf.clone() for _ in range(COPIES)]
         del wbf
         for cfg, m, splits in cases:
+            layers = make_layers(cfg, m, splits[0], COPIES)
             rows += _time_case(mod, layers, wbfs, cfg, m, splits, k, n, rng)
+            del layers
     meta = {"command": "python3 " + " ".join(sys.argv), "commit": args.commit,
             "device": torch.cuda.get_device_name(), "registers": regs, "copies": COPIES}  # fmt: skip
     out_dir = Path(args.out)
