@@ -178,7 +178,7 @@ def _time_case(mod: Any, layers: list, wbfs: list, cfg: str, m: int, splits: lis
     import cupy as cp
     import torch
 
-    from anvil_kernels.cuda import TILE_X_THREADS
+    from anvil_kernels.cuda.w4a16_mtc import TILE_X_THREADS
     from anvil_kernels.format import f32_to_bf16_bits
 
     xb = f32_to_bf16_bits(rng.standard_normal((m, k)).astype(np.float32))
