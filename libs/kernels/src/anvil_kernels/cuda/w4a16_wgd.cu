@@ -24,8 +24,9 @@
 //     descriptors), one group a chunk (4 k16 steps); once the next chunk's group is committed,
 //     wait_group 1 retires this one and they release its stage and A stage. Their accumulators,
 //     split-K partials and epilogue are wgs's (tile_finish over the 32 WN threads, BAR 1).
-// Barriers (8 B each, after the rings): full[ST] (the producer's expect_tx), empty[ST] (64 WN
-// arrivals), afull[AST] (32 WN dequantizing threads), aempty[AST] (32 WN MMA threads).
+// Barriers (8 B each, after the rings; one arrival a warp, mbar_arrive_warp): full[ST] (the
+// producer's expect_tx), empty[ST] (2 WN: MMA and dequantizing warps), afull[AST] (WN dequantizing
+// warps), aempty[AST] (WN MMA warps).
 // The price: each chunk's A goes through shared memory (stored once, read by every wgmma), which
 // the register-A kernels avoid; what it buys is that no warp waits on another's dequantization.
 
@@ -141,12 +142,12 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
 #pragma unroll
         for (int s = 0; s < ST; ++s) {
             mbar_init(full0 + 8 * s);
-            mbar_init<64 * WN>(empty0 + 8 * s);  // every MMA and every dequantizing thread
+            mbar_init<2 * WN>(empty0 + 8 * s);  // every MMA and every dequantizing warp
         }
 #pragma unroll
         for (int a = 0; a < AST; ++a) {
-            mbar_init<32 * WN>(afull0 + 8 * a);   // every dequantizing thread
-            mbar_init<32 * WN>(aempty0 + 8 * a);  // every MMA thread
+            mbar_init<WN>(afull0 + 8 * a);   // every dequantizing warp
+            mbar_init<WN>(aempty0 + 8 * a);  // every MMA warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -172,7 +173,7 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
                 const unsigned char* st = smem + AST * A_STAGE + s * T::STAGE;
                 if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), d, lane >> 2, flags);
                 const uint4 w = reinterpret_cast<const uint4*>(st)[d * 32 + lane];
-                mbar_arrive(empty0 + 8 * s);  // done with the stage's weights and scale words
+                mbar_arrive_warp(empty0 + 8 * s);  // done with the stage's weights and scale words
                 // pass i / AST of the A ring: the MMA warps' release of pass i / AST - 1
                 if (i0 + c >= AST) mbar_wait(aempty0 + 8 * a, aph ^ 1u);
                 const uint32_t ab = a_s + a * A_STAGE + lane_off;
@@ -184,7 +185,7 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
                     for (int j = 0; j < 4; ++j) sts32(ab + (j & 1) * 1024 + (2 * step + (j >> 1)) * 128, r[j]);
                 }
                 fence_async_shared();  // the stores, visible to wgmma (the async proxy)
-                mbar_arrive(afull0 + 8 * a);
+                mbar_arrive_warp(afull0 + 8 * a);
                 if (++s == ST) {
                     s = 0;
                     ph ^= 1u;
@@ -218,8 +219,8 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
         wg_commit();
         wg_wait<1>();  // chunk i - 1's group retired: its stage and A stage are free
         if (i > 0) {
-            mbar_arrive(empty0 + 8 * sp);
-            mbar_arrive(aempty0 + 8 * ap);
+            mbar_arrive_warp(empty0 + 8 * sp);
+            mbar_arrive_warp(aempty0 + 8 * ap);
         }
         sp = s;
         ap = a;

@@ -14,7 +14,7 @@
 //     which writes x in the stage's own order: XT [K/64 chunks][Mpad/8 row groups][8 k pieces]
 //     [8 rows][8 values], Mpad = gridDim.x * BM, rows past M zero. A stage is then one slice of XT;
 //   - per stage two mbarriers: full (the producer's expect_tx, completed by the copies' bytes) and
-//     empty (every consumer thread arrives once the wgmma groups that read the stage are retired).
+//     empty (every consumer warp arrives once the wgmma groups that read the stage are retired).
 //     No __syncthreads in the loop: each consumer warp waits only for the chunk it multiplies, and
 //     the producer only for the stage it refills, ST chunks ahead of the slowest warp.
 // The copies are async-proxy writes completed on the mbarrier, which the wgmmas (async proxy) and
@@ -34,8 +34,16 @@
 
 namespace anvil_w4a16 {
 
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+// One arrival for the whole warp: __syncwarp (every lane's earlier accesses ordered before it),
+// then one elected lane arrives, so the barrier counts warps. The arrive is predicated inside the
+// asm rather than behind a branch on the lane (such a branch between wgmma groups made ptxas
+// serialize them: C7513). An mbarrier spends its time per arriving thread: 32 arrivals a warp
+// where one does (thirty-first session, bench/wgs_ablate.py).
+__device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
+    __syncwarp();
+    asm volatile(
+        "{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar)
+        : "memory");
 }
 
 // The producer (one thread: lane 0 of the producer warp) of a wgs-style ring of ST stages at
@@ -132,7 +140,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 #pragma unroll
         for (int s = 0; s < ST; ++s) {
             mbar_init(full0 + 8 * s);  // the producer's arrive (with the bytes expected)
-            mbar_init<32 * WN>(empty0 + 8 * s);  // every consumer thread arrives
+            mbar_init<WN>(empty0 + 8 * s);  // every consumer warp arrives (mbar_arrive_warp)
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -175,9 +183,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
             wg_half<0, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
             wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
-            // every consumer thread arrives (a branch on the lane between the groups made ptxas
-            // serialize the wgmmas: C7513)
-            if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
+            // every consumer warp arrives, once
+            if (c > 0 || i0 > 0) mbar_arrive_warp(empty0 + 8 * sp);
             wg_half<1, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
             sp = s;
             if (++s == ST) {
