@@ -131,7 +131,6 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     const int wn = threadIdx.x >> 5;
     const int m0 = blockIdx.x * T::BM;
     const int strip0 = blockIdx.y * T::BS;
-    const int strips = N >> 4;
     const int2 chunks = mtc_split_chunks<CPG>(K);
     const int c0 = chunks.x;
     const int nck = chunks.y;
