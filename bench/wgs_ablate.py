@@ -54,6 +54,8 @@ def source(cfgs: list[str]) -> str:
     out = [w4a16_source(params)]
     for cfg in cfgs:
         c = MTC_CONFIGS[cfg]
+        if not c.ws or c.dq:
+            raise ValueError(f"{cfg}: the ablations are the wgs kernel's (a ws config without dq)")
         for ab in ABLATIONS:
             out.append(
                 f'extern "C" __global__ void __launch_bounds__({32 * (c.wn + c.ws)}, {c.minb}) '
@@ -62,8 +64,8 @@ def source(cfgs: list[str]) -> str:
                 "const uint16_t* __restrict__ bias, "
                 "const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters, "
                 "int M, int N, int K, int act, int flags) { anvil_w4a16::w4a16_wgs_body<0, "
-                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}>(W, SZ, X, Y, bias, res, ws, "
-                "counters, M, N, K, act, flags); }"
+                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}, {str(c.ea).lower()}>"
+                "(W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags); }"
             )
     return "\n".join(out) + "\n"
 

@@ -287,7 +287,8 @@ def test_mtc_ptxas_report_and_sass(
             assert sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") >= 1, f"{cubin.name}: a wgmma wait missing"
             assert "FENCE.VIEW.ASYNC.S" in sass and "STS" in sass, f"{cubin.name}: no proxy fence or A stores"
             # both operands through descriptors (register A would read "R.., R.., gdesc[..]")
-            assert re.search(r"HGMMA\.64x\d+x16\.F32\.\w+ R\d+, gdesc\[", sass), f"{cubin.name}: A not from smem"
+            ss = re.search(r"HGMMA\.64x\d+x16\.F32\.\w+ R\d+, gdesc\[", sass)
+            assert ss, f"{cubin.name}: A not from shared memory"
 
 
 @pytest.mark.parametrize(

@@ -119,8 +119,7 @@ def w4a16_source(params: W4A16Params | None = None) -> str:
 
 
 def _sources() -> list[str]:
-    paths = (_SRC_PATH, _TC_SRC_PATH, _MTC_SRC_PATH, _WG_SRC_PATH, _GV_SRC_PATH, _WGS_SRC_PATH)
-    paths += (_WGD_SRC_PATH,)
+    paths = [_SRC_PATH, _TC_SRC_PATH, _MTC_SRC_PATH, _WG_SRC_PATH, _GV_SRC_PATH, _WGS_SRC_PATH, _WGD_SRC_PATH]
     return [p.read_text() for p in paths]
 
 

@@ -14,7 +14,8 @@
 //     which writes x in the stage's own order: XT [K/64 chunks][Mpad/8 row groups][8 k pieces]
 //     [8 rows][8 values], Mpad = gridDim.x * BM, rows past M zero. A stage is then one slice of XT;
 //   - per stage two mbarriers: full (the producer's expect_tx, completed by the copies' bytes) and
-//     empty (every consumer warp arrives once the wgmma groups that read the stage are retired).
+//     empty (every consumer thread, or with EA every consumer warp, arrives once the wgmma groups
+//     that read the stage are retired).
 //     No __syncthreads in the loop: each consumer warp waits only for the chunk it multiplies, and
 //     the producer only for the stage it refills, ST chunks ahead of the slowest warp.
 // The copies are async-proxy writes completed on the mbarrier, which the wgmmas (async proxy) and
@@ -37,8 +38,14 @@ namespace anvil_w4a16 {
 // One arrival for the whole warp: __syncwarp (every lane's earlier accesses ordered before it),
 // then one elected lane arrives, so the barrier counts warps. The arrive is predicated inside the
 // asm rather than behind a branch on the lane (such a branch between wgmma groups made ptxas
-// serialize them: C7513). An mbarrier spends its time per arriving thread: 32 arrivals a warp
-// where one does (thirty-first session, bench/wgs_ablate.py).
+// serialize them: C7513). Why: the ablations (bench/wgs_ablate.py, thirty-first session) put 17 of
+// wgs64nd's 31 us at M = 64 in its waits, arrivals and shared loads alone, and an mbarrier may
+// well spend its time per arriving thread. Not yet measured: the wgs configs with ea (elected
+// arrivals) and the wgd kernel use it; the others keep one arrival a thread.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
 __device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
     __syncwarp();
     asm volatile(
@@ -110,7 +117,8 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
 // bench/wgs_ablate.py instantiates others): past the first ST chunks, AB & WGS_AB_X copies no x
 // (the stages keep the x of earlier chunks), AB & WGS_AB_W no weights or scale words.
 // blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0>
+// EA: one arrival a consumer warp on the empty barriers (mbar_arrive_warp) instead of one a thread.
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0, bool EA = false>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
@@ -139,7 +147,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 #pragma unroll
         for (int s = 0; s < ST; ++s) {
             mbar_init(full0 + 8 * s);  // the producer's arrive (with the bytes expected)
-            mbar_init<WN>(empty0 + 8 * s);  // every consumer warp arrives (mbar_arrive_warp)
+            mbar_init<(EA ? 1 : 32) * WN>(empty0 + 8 * s);  // every consumer warp / thread arrives
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -182,8 +190,14 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
             wg_half<0, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
             wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
-            // every consumer warp arrives, once
-            if (c > 0 || i0 > 0) mbar_arrive_warp(empty0 + 8 * sp);
+            // every consumer thread arrives (a branch on the lane between the groups made ptxas
+            // serialize the wgmmas: C7513), or with EA every consumer warp, once
+            if (c > 0 || i0 > 0) {
+                if constexpr (EA)
+                    mbar_arrive_warp(empty0 + 8 * sp);
+                else
+                    mbar_arrive(empty0 + 8 * sp);
+            }
             wg_half<1, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
             sp = s;
             if (++s == ST) {
@@ -201,14 +215,14 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 
 }  // namespace anvil_w4a16
 
-#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB)                                 \
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, EA, MINB)                             \
     extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB)                                  \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW>(W, SZ, X, Y, bias, res, ws, counters, \
-                                                                 M, N, K, act, flags);                 \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, EA>(W, SZ, X, Y, bias, res, ws,    \
+                                                                       counters, M, N, K, act, flags); \
     }
 
 // x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
