@@ -80,56 +80,69 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t lo) {
 
 }  // namespace anvil_w4a16
 
-// D (64 x 32, fp32: 16 registers d[] a thread) += A (registers a[]) . B (descriptor desc), TY
-// "bf16" or "f16" (the wgs tiles of 32 rows of x)
+// The accumulator operands of an m64nNk16 wgmma (N / 2 fp32 registers d[] a thread): their list
+// in the instruction (%0 ..) and the matching outputs, for N = 32, 64, 128
+#define ANVIL_WG_D16 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+#define ANVIL_WG_D32 ANVIL_WG_D16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define ANVIL_WG_D64                                                                                     \
+    ANVIL_WG_D32 ",%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47"                      \
+    ",%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define ANVIL_WG_O16                                                                                     \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),                  \
+    "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),              \
+    "+f"(d[14]), "+f"(d[15])
+#define ANVIL_WG_O32                                                                                     \
+    ANVIL_WG_O16,                                                                                        \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),                        \
+    "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),                        \
+    "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define ANVIL_WG_O64                                                                                     \
+    ANVIL_WG_O32,                                                                                        \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),                        \
+    "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),                        \
+    "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),                        \
+    "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),                        \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),                        \
+    "+f"(d[62]), "+f"(d[63])
+
+// One wgmma.mma_async (SHAPE "m64nNk16", TY "bf16" or "f16", fp32 accumulators DREGS / DOUT): OPS
+// is the rest of the instruction (A, B, scale-d predicate p, scales, transposes) as PTX text, the
+// variadic arguments its inputs; P names the last input, the scale-d flag (1: accumulate)
+#define ANVIL_WGMMA_ASM(SHAPE, TY, DREGS, DOUT, P, OPS, ...)                                             \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " P ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " {" DREGS "}, " OPS ";\n}\n"   \
+                 : DOUT                                                                                  \
+                 : __VA_ARGS__)
+
+// D (64 x N, fp32) += A (registers a[]) . B (descriptor desc), TY "bf16" or "f16" (N = 32: the wgs
+// tiles of 32 rows of x)
+#define ANVIL_WG_RS_IN "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1)
 #define ANVIL_WGMMA_M64N32K16(TY)                                                                        \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {"                            \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"                                 \
-                 "}, {%16,%17,%18,%19}, %20, p, 1, 1, 0;\n}\n"                                           \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                                    \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
-
-// D (64 x 64, fp32: 32 registers d[] a thread) += A (registers a[]) . B (descriptor desc), TY
-// "bf16" or "f16"
+    ANVIL_WGMMA_ASM("m64n32k16", TY, ANVIL_WG_D16, ANVIL_WG_O16, "%21",                                  \
+                    "{%16,%17,%18,%19}, %20, p, 1, 1, 0", ANVIL_WG_RS_IN)
 #define ANVIL_WGMMA_M64N64K16(TY)                                                                        \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                            \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                       \
-                 "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"                                           \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
-                   "+f"(d[30]), "+f"(d[31])                                                              \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
-
-// D (64 x 128, fp32: 64 registers d[] a thread) += A (registers a[]) . B (descriptor desc), TY
-// "bf16" or "f16"
+    ANVIL_WGMMA_ASM("m64n64k16", TY, ANVIL_WG_D32, ANVIL_WG_O32, "%37",                                  \
+                    "{%32,%33,%34,%35}, %36, p, 1, 1, 0", ANVIL_WG_RS_IN)
 #define ANVIL_WGMMA_M64N128K16(TY)                                                                       \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                           \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                      \
-                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                      \
-                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                       \
-                 "}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"                                           \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),         \
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),         \
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),         \
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),         \
-                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),         \
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                    \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
+    ANVIL_WGMMA_ASM("m64n128k16", TY, ANVIL_WG_D64, ANVIL_WG_O64, "%69",                                 \
+                    "{%64,%65,%66,%67}, %68, p, 1, 1, 0", ANVIL_WG_RS_IN)
+
+// OP(NN, TY): the wgmma of the enclosing template's N and DT (0: bf16, 1: fp16)
+#define ANVIL_WGMMA_SELECT(OP)                                                                           \
+    if constexpr (N == 32 && DT == 0) {                                                                  \
+        OP(32, "bf16");                                                                                  \
+    } else if constexpr (N == 32) {                                                                      \
+        OP(32, "f16");                                                                                   \
+    } else if constexpr (N == 64 && DT == 0) {                                                           \
+        OP(64, "bf16");                                                                                  \
+    } else if constexpr (N == 64) {                                                                      \
+        OP(64, "f16");                                                                                   \
+    } else if constexpr (DT == 0) {                                                                      \
+        OP(128, "bf16");                                                                                 \
+    } else {                                                                                             \
+        OP(128, "f16");                                                                                  \
+    }
+#define ANVIL_WGMMA_RS(NN, TY) ANVIL_WGMMA_M64N##NN##K16(TY)
 
 
 namespace anvil_w4a16 {
@@ -141,19 +154,7 @@ struct Wgmma {
     static_assert(N == 32 || N == 64 || N == 128, "m64n{32,64,128}k16");
     static __device__ __forceinline__ void run(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
 #if ANVIL_HAS_WGMMA
-        if constexpr (N == 32 && DT == 0) {
-            ANVIL_WGMMA_M64N32K16("bf16");
-        } else if constexpr (N == 32) {
-            ANVIL_WGMMA_M64N32K16("f16");
-        } else if constexpr (N == 64 && DT == 0) {
-            ANVIL_WGMMA_M64N64K16("bf16");
-        } else if constexpr (N == 64) {
-            ANVIL_WGMMA_M64N64K16("f16");
-        } else if constexpr (DT == 0) {
-            ANVIL_WGMMA_M64N128K16("bf16");
-        } else {
-            ANVIL_WGMMA_M64N128K16("f16");
-        }
+        ANVIL_WGMMA_SELECT(ANVIL_WGMMA_RS)
 #else
         __trap();
 #endif

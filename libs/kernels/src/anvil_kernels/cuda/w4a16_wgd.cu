@@ -30,52 +30,19 @@
 // The price: each chunk's A goes through shared memory (stored once, read by every wgmma), which
 // the register-A kernels avoid; what it buys is that no warp waits on another's dequantization.
 
-// D (64 x N, fp32, N / 2 registers d[] a thread) += A (descriptor da) . B (descriptor db), both in
-// shared memory, K-major; TY "bf16" or "f16"
+// D (64 x N, fp32) += A (descriptor da) . B (descriptor db), both in shared memory, K-major
+// (ANVIL_WGMMA_ASM and the accumulator operands: w4a16_wg.cu); TY "bf16" or "f16"
+#define ANVIL_WG_SS_IN "l"(da), "l"(db), "r"(1)
 #define ANVIL_WGMMA_SS_M64N32K16(TY)                                                                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TY "." TY " {"                            \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"                                 \
-                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"                                                      \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                                    \
-                 : "l"(da), "l"(db), "r"(1))
-
+    ANVIL_WGMMA_ASM("m64n32k16", TY, ANVIL_WG_D16, ANVIL_WG_O16, "%18", "%16, %17, p, 1, 1, 0, 0",       \
+                    ANVIL_WG_SS_IN)
 #define ANVIL_WGMMA_SS_M64N64K16(TY)                                                                     \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                            \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"                       \
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                      \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
-                   "+f"(d[30]), "+f"(d[31])                                                              \
-                 : "l"(da), "l"(db), "r"(1))
-
+    ANVIL_WGMMA_ASM("m64n64k16", TY, ANVIL_WG_D32, ANVIL_WG_O32, "%34", "%32, %33, p, 1, 1, 0, 0",       \
+                    ANVIL_WG_SS_IN)
 #define ANVIL_WGMMA_SS_M64N128K16(TY)                                                                    \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                            \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                           \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                      \
-                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                      \
-                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"                       \
-                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                                      \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),               \
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),             \
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),         \
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),         \
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),         \
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),         \
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),         \
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),         \
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),         \
-                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),         \
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                    \
-                 : "l"(da), "l"(db), "r"(1))
+    ANVIL_WGMMA_ASM("m64n128k16", TY, ANVIL_WG_D64, ANVIL_WG_O64, "%66", "%64, %65, p, 1, 1, 0, 0",      \
+                    ANVIL_WG_SS_IN)
+#define ANVIL_WGMMA_SS(NN, TY) ANVIL_WGMMA_SS_M64N##NN##K16(TY)
 
 namespace anvil_w4a16 {
 
@@ -84,19 +51,7 @@ struct WgmmaSS {
     static_assert(N == 32 || N == 64 || N == 128, "m64n{32,64,128}k16");
     static __device__ __forceinline__ void run(float (&d)[N / 2], uint64_t da, uint64_t db) {
 #if ANVIL_HAS_WGMMA
-        if constexpr (N == 32 && DT == 0) {
-            ANVIL_WGMMA_SS_M64N32K16("bf16");
-        } else if constexpr (N == 32) {
-            ANVIL_WGMMA_SS_M64N32K16("f16");
-        } else if constexpr (N == 64 && DT == 0) {
-            ANVIL_WGMMA_SS_M64N64K16("bf16");
-        } else if constexpr (N == 64) {
-            ANVIL_WGMMA_SS_M64N64K16("f16");
-        } else if constexpr (DT == 0) {
-            ANVIL_WGMMA_SS_M64N128K16("bf16");
-        } else {
-            ANVIL_WGMMA_SS_M64N128K16("f16");
-        }
+        ANVIL_WGMMA_SELECT(ANVIL_WGMMA_SS)
 #else
         __trap();
 #endif
@@ -130,25 +85,11 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
     const uint32_t empty0 = full0 + 8 * ST;
     const uint32_t afull0 = empty0 + 8 * ST;
     const uint32_t aempty0 = afull0 + 8 * AST;
-    const int lane = threadIdx.x & 31;
-    const int wn = threadIdx.x >> 5;
-    const int m0 = blockIdx.x * T::BM;
-    const int strip0 = blockIdx.y * T::BS;
-    const int2 chunks = mtc_split_chunks<CPG>(K);
-    const int c0 = chunks.x;
-    const int nck = chunks.y;
+    const auto [lane, wn, m0, strip0, c0, nck] = WgsBlock::of<T, CPG>(K);
 
     if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < ST; ++s) {
-            mbar_init(full0 + 8 * s);
-            mbar_init<2 * WN>(empty0 + 8 * s);  // every MMA and every dequantizing warp
-        }
-#pragma unroll
-        for (int a = 0; a < AST; ++a) {
-            mbar_init<WN>(afull0 + 8 * a);   // every dequantizing warp
-            mbar_init<WN>(aempty0 + 8 * a);  // every MMA warp
-        }
+        mbar_ring_init<ST, 1, 2 * WN>(full0, empty0);  // empty: every MMA and dequantizing warp
+        mbar_ring_init<AST, WN, WN>(afull0, aempty0);  // every dequantizing / every MMA warp
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -164,19 +105,19 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
         const uint32_t lane_off = (d >> 2) * A_GROUP + 2 * (d & 3) * 1024 + (lane >> 2) * 16 + (lane & 3) * 4;
         const uint32_t one = Dt<DT>::pack2(1.0f);
         MtcScales<DT, 1> sc;
-        int s = 0, a = 0;
-        uint32_t ph = 0, aph = 0;  // parities of stage s's and A stage a's current pass
+        RingPos<ST> s;   // the stage and its pass's parity
+        RingPos<AST> a;  // the A stage likewise
         for (int i0 = 0; i0 < nck; i0 += CPG) {
 #pragma unroll
             for (int c = 0; c < CPG; ++c) {
-                mbar_wait(full0 + 8 * s, ph);
-                const unsigned char* st = smem + AST * A_STAGE + s * T::STAGE;
+                mbar_wait(full0 + 8 * s.i, s.ph);
+                const unsigned char* st = smem + AST * A_STAGE + s.i * T::STAGE;
                 if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), d, lane >> 2, flags);
                 const uint4 w = reinterpret_cast<const uint4*>(st)[d * 32 + lane];
-                mbar_arrive_warp(empty0 + 8 * s);  // done with the stage's weights and scale words
+                mbar_arrive_warp(empty0 + 8 * s.i);  // done with the stage's weights and scale words
                 // pass i / AST of the A ring: the MMA warps' release of pass i / AST - 1
-                if (i0 + c >= AST) mbar_wait(aempty0 + 8 * a, aph ^ 1u);
-                const uint32_t ab = a_s + a * A_STAGE + lane_off;
+                if (i0 + c >= AST) mbar_wait(aempty0 + 8 * a.i, a.ph ^ 1u);
+                const uint32_t ab = a_s + a.i * A_STAGE + lane_off;
 #pragma unroll
                 for (int step = 0; step < 4; ++step) {
                     uint32_t r[4];
@@ -185,15 +126,9 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
                     for (int j = 0; j < 4; ++j) sts32(ab + (j & 1) * 1024 + (2 * step + (j >> 1)) * 128, r[j]);
                 }
                 fence_async_shared();  // the stores, visible to wgmma (the async proxy)
-                mbar_arrive_warp(afull0 + 8 * a);
-                if (++s == ST) {
-                    s = 0;
-                    ph ^= 1u;
-                }
-                if (++a == AST) {
-                    a = 0;
-                    aph ^= 1u;
-                }
+                mbar_arrive_warp(afull0 + 8 * a.i);
+                s.next();
+                a.next();
             }
         }
         return;
@@ -205,12 +140,13 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
     static_assert(T::STAGE % 16 == 0 && A_STAGE % 16 == 0, "stage descriptors step by STAGE / 16");
     const uint32_t dx0 = wg_desc_lo(st_s + T::W_BYTES + T::SZ_BYTES);
     const uint32_t da0 = wg_desc_lo(a_s + (wn >> 2) * A_GROUP);
-    int s = 0, a = 0, sp = 0, ap = 0;
-    uint32_t ph = 0, aph = 0;
+    RingPos<ST> s;
+    RingPos<AST> a;
+    int sp = 0, ap = 0;  // the stage and A stage of the chunk before
     for (int i = 0; i < nck; ++i) {
-        mbar_wait(full0 + 8 * s, ph);    // x has landed
-        mbar_wait(afull0 + 8 * a, aph);  // A is stored
-        const uint32_t dx = dx0 + s * (T::STAGE >> 4), da = da0 + a * (A_STAGE >> 4);
+        mbar_wait(full0 + 8 * s.i, s.ph);    // x has landed
+        mbar_wait(afull0 + 8 * a.i, a.ph);  // A is stored
+        const uint32_t dx = dx0 + s.i * (T::STAGE >> 4), da = da0 + a.i * (A_STAGE >> 4);
         wg_fence();
 #pragma unroll
         for (int step = 0; step < 4; ++step)
@@ -222,16 +158,10 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
             mbar_arrive_warp(empty0 + 8 * sp);
             mbar_arrive_warp(aempty0 + 8 * ap);
         }
-        sp = s;
-        ap = a;
-        if (++s == ST) {
-            s = 0;
-            ph ^= 1u;
-        }
-        if (++a == AST) {
-            a = 0;
-            aph ^= 1u;
-        }
+        sp = s.i;
+        ap = a.i;
+        s.next();
+        a.next();
     }
     wg_wait<0>();
     wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[0]));

@@ -53,6 +53,48 @@ __device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
         : "memory");
 }
 
+// Where a thread of a wgs or wgd block works: its lane and warp, its tile's first row of x and
+// first strip, and the block's chunks (first, count) of split z = blockIdx.z.
+struct WgsBlock {
+    int lane, wn, m0, strip0, c0, nck;
+    template <class T, int CPG>
+    static __device__ __forceinline__ WgsBlock of(int K) {
+        WgsBlock b;
+        b.lane = threadIdx.x & 31;
+        b.wn = threadIdx.x >> 5;
+        b.m0 = blockIdx.x * T::BM;
+        b.strip0 = blockIdx.y * T::BS;
+        const int2 chunks = mtc_split_chunks<CPG>(K);
+        b.c0 = chunks.x;
+        b.nck = chunks.y;
+        return b;
+    }
+};
+
+// A ring slot and the parity of its current pass (N slots)
+template <int N>
+struct RingPos {
+    int i = 0;
+    uint32_t ph = 0;
+    __device__ __forceinline__ void next() {
+        if (++i == N) {
+            i = 0;
+            ph ^= 1u;
+        }
+    }
+};
+
+// A ring's N full and N empty barriers, 8 bytes apart from full0 and empty0, expecting FULL and
+// EMPTY arrivals a phase (thread 0, before fence.mbarrier_init and the block's barrier)
+template <int N, uint32_t FULL, uint32_t EMPTY>
+__device__ __forceinline__ void mbar_ring_init(uint32_t full0, uint32_t empty0) {
+#pragma unroll
+    for (int s = 0; s < N; ++s) {
+        mbar_init<FULL>(full0 + 8 * s);
+        mbar_init<EMPTY>(empty0 + 8 * s);
+    }
+}
+
 // The producer (one thread: lane 0 of the producer warp) of a wgs-style ring of ST stages at
 // smem_s (T: the tile), chunks c0 .. c0 + nck - 1 of this block: each stage's weights, scale words
 // (a group's first chunk) and x tile in three bulk copies on its full barrier, refilled once its
@@ -135,20 +177,11 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     const uint32_t smem_s = smem_u32(smem);
     const uint32_t full0 = smem_s + ST * T::STAGE;  // full[s] = full0 + 8 s, empty[s] = full0 + 8 (ST + s)
     const uint32_t empty0 = full0 + 8 * ST;
-    const int lane = threadIdx.x & 31;
-    const int wn = threadIdx.x >> 5;
-    const int m0 = blockIdx.x * T::BM;
-    const int strip0 = blockIdx.y * T::BS;
-    const int2 chunks = mtc_split_chunks<CPG>(K);
-    const int c0 = chunks.x;
-    const int nck = chunks.y;
+    const auto [lane, wn, m0, strip0, c0, nck] = WgsBlock::of<T, CPG>(K);
 
     if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < ST; ++s) {
-            mbar_init(full0 + 8 * s);  // the producer's arrive (with the bytes expected)
-            mbar_init<(EA ? 1 : 32) * WN>(empty0 + 8 * s);  // every consumer warp / thread arrives
-        }
+        // full: the producer's arrive (with the bytes expected); empty: every consumer warp / thread
+        mbar_ring_init<ST, 1, (EA ? 1 : 32) * WN>(full0, empty0);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
