@@ -35,6 +35,11 @@
 
 namespace anvil_w4a16 {
 
+// One arrival: this thread's
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
 // One arrival for the whole warp: __syncwarp (every lane's earlier accesses ordered before it),
 // then one elected lane arrives, so the barrier counts warps. The arrive is predicated inside the
 // asm rather than behind a branch on the lane (such a branch between wgmma groups made ptxas
@@ -42,10 +47,6 @@ namespace anvil_w4a16 {
 // wgs64nd's 31 us at M = 64 in its waits, arrivals and shared loads alone, and an mbarrier may
 // well spend its time per arriving thread. Not yet measured: the wgs configs with ea (elected
 // arrivals) and the wgd kernel use it; the others keep one arrival a thread.
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
 __device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
     __syncwarp();
     asm volatile(
