@@ -35,6 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels_gpu import COPIES, GROUP, _graph_cupy, _graph_torch, random_weight
+from w4a16_probe import regs_of
 
 ABLATIONS = {0: "whole kernel", 1: "no x copies", 8: "no weight copies", 9: "no copies",
              2: "no dequantization", 4: "no wgmma", 6: "no dequantization, no wgmma",
@@ -49,8 +50,8 @@ def source(cfgs: list[str]) -> str:
     """The library's source with the bf16 g128 kernels of ``cfgs`` and an ablated twin per AB."""
     from anvil_kernels.cuda import MTC_CONFIGS, W4A16Params, w4a16_source
 
-    # the GEMV-like variants too: a W4A16Linear plans M = 1 when it is made
-    params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), tc_configs=(), mtc_configs=tuple(cfgs))
+    # no GEMV-like variants: the layers are made with the tile forced, for every M
+    params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), tiles=(), tc_configs=(), mtc_configs=tuple(cfgs))
     out = [w4a16_source(params)]
     for cfg in cfgs:
         c = MTC_CONFIGS[cfg]
@@ -77,10 +78,11 @@ def build(cfgs: list[str], out: Path) -> tuple[list[Path], dict[str, int]]:
     for cfg in cfgs:
         src = out / f"ablate_{cfg}.cu"
         cubin = out / f"ablate_{cfg}.cubin"
-        if cubin.exists() and src.exists() and src.read_text() == source([cfg]):  # built by an earlier run
+        text = source([cfg])
+        if cubin.exists() and src.exists() and src.read_text() == text:  # built by an earlier run
             procs.append((cubin, None))
             continue
-        src.write_text(source([cfg]))
+        src.write_text(text)
         cmd = ["nvcc", "--cubin", "-O3", "-std=c++17", "-lineinfo", "-arch=sm_90a", "-Xptxas", "-v", "-o",
                str(cubin), str(src)]  # fmt: skip
         procs.append(
@@ -93,12 +95,7 @@ def build(cfgs: list[str], out: Path) -> tuple[list[Path], dict[str, int]]:
         _, err = proc.communicate()
         if proc.returncode != 0 or "ptxas warning" in err.lower() or "C75" in err:
             raise RuntimeError(f"nvcc for {cubin.name}: rc {proc.returncode}\n{err[-4000:]}")
-        cur = None
-        for line in err.splitlines():
-            if "Compiling entry function" in line:
-                cur = line.split("'")[1]
-            elif "registers" in line and cur:
-                regs[cur] = int(line.split("Used ")[1].split(" registers")[0])
+        regs |= regs_of(err)
     return [c for c, _ in procs], regs
 
 
