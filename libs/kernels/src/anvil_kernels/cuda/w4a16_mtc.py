@@ -55,6 +55,9 @@ class MtcConfig:
     # ws: one mbarrier arrival a consumer warp instead of one a thread on the empty barriers (the
     # wgd kernel always does so)
     ea: bool = False
+    # ws: stages one full / empty mbarrier pair covers (1, 2 or 4; st a multiple): the consumers
+    # wait and release, and the producer waits, once every ks chunks instead of every chunk
+    ks: int = 1
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (4, 8, 16)):
@@ -72,6 +75,8 @@ class MtcConfig:
             raise ValueError("A stages (ast) belong to a wgd config (dq)")
         if self.ea and (not self.ws or self.dq):
             raise ValueError("ea (elected arrivals) is a wgs config's option (wgd always elects)")
+        if self.ks not in (1, 2, 4) or self.st % self.ks or (self.ks > 1 and (not self.ws or self.dq)):
+            raise ValueError("ks (stages a barrier pair covers): 1, 2 or 4 dividing st, on a wgs config")
 
     @property
     def bm(self) -> int:
@@ -155,6 +160,15 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # ablations put half of wgs64nd's time at M = 64 in waits and arrivals; not yet run on a GPU)
     "wgs64nde": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, ea=True),
     "wgs128we": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, ea=True),
+    # the same with one barrier pair a two stages (thirty-second session): half the waits, arrivals
+    # and producer waits a chunk (not yet run on a GPU)
+    "wgs64ndk": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=86, sa=True, minb=2, wg=True, ws=1, ks=2),
+    "wgs64ndek": MtcConfig(
+        mt=8, ns=1, wm=1, wn=8, st=8, regs=86, sa=True, minb=2, wg=True, ws=1, ea=True, ks=2
+    ),
+    "wgs128wek": MtcConfig(
+        mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, ea=True, ks=2
+    ),
     # wgd (thirty-first session): wgs64nd's tile with 8 more warps that dequantize into shared
     # memory; the 8 that multiply read both wgmma operands from there. 17 warps are 5 warpgroups'
     # worth of registers: at most 96 a thread (a 128-row twin spilled there). Measured with one
@@ -175,7 +189,7 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
         return f"ANVIL_W4A16_WGD_KERNEL({args})"
     if c.ws:
         ea = "true" if c.ea else "false"
-        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {ea}, {c.minb}"
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {ea}, {c.ks}, {c.minb}"
         return f"ANVIL_W4A16_WGS_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
