@@ -39,6 +39,7 @@ from w4a16_probe import regs_of
 
 ABLATIONS = {0: "whole kernel", 1: "no x copies", 8: "no weight copies", 9: "no copies",
              2: "no dequantization", 4: "no wgmma", 6: "no dequantization, no wgmma",
+             7: "no math, no x copies (weight copies only)", 14: "no math, no weight copies (x copies only)",
              15: "only the waits and shared loads"}  # fmt: skip
 
 
