@@ -66,7 +66,7 @@ def source(cfgs: list[str]) -> str:
                 "const uint16_t* __restrict__ bias, "
                 "const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters, "
                 "int M, int N, int K, int act, int flags) { anvil_w4a16::w4a16_wgs_body<0, "
-                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}, {str(c.ea).lower()}, {c.ks}>"
+                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}>"
                 "(W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags); }"
             )
     return "\n".join(out) + "\n"

@@ -405,23 +405,6 @@ def test_mtc_splits(module: object, rng: np.random.Generator, split: int) -> Non
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [c for c, v in MTC_CONFIGS.items() if v.ks > 1])
-@pytest.mark.parametrize(
-    ("k", "g", "split"),
-    [(7 * 64, 64, 1), (7 * 64, 64, 2), (7 * 64, 64, 3), (21 * 64, 64, 1), (21 * 128, 128, 2)],
-)
-def test_wgs_barrier_sets_uneven(
-    module: object, rng: np.random.Generator, cfg: str, k: int, g: int, split: int
-) -> None:
-    """A barrier pair over ks stages: chunk counts that are no multiple of ks (a last, partial set
-    whose missing stages the producer arrives for), fewer chunks than stages, and several passes
-    over the ring, at uneven splits."""
-    for m in (37, 64):
-        check_case(module, rng, "bf16", m, k, 160, g, kernel=cfg, split=split)
-
-
-@gpu
-@pytest.mark.gpu
 @pytest.mark.parametrize("act", list(ACTIVATIONS))
 def test_mtc_epilogue(module: object, rng: np.random.Generator, act: str) -> None:
     check_case(

@@ -52,12 +52,6 @@ class MtcConfig:
     # producer as in wgs (ws = 1). 0: the warps that multiply dequantize (wg, wgs)
     dq: int = 0
     ast: int = 0
-    # ws: one mbarrier arrival a consumer warp instead of one a thread on the empty barriers (the
-    # wgd kernel always does so)
-    ea: bool = False
-    # ws: stages one full / empty mbarrier pair covers (1, 2 or 4; st a multiple): the consumers
-    # wait and release, and the producer waits, once every ks chunks instead of every chunk
-    ks: int = 1
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (4, 8, 16)):
@@ -73,10 +67,6 @@ class MtcConfig:
             raise ValueError("a wgd config (dq) has a producer warp, ns = 1, dq = wn and 2+ A stages")
         if self.ast and not self.dq:
             raise ValueError("A stages (ast) belong to a wgd config (dq)")
-        if self.ea and (not self.ws or self.dq):
-            raise ValueError("ea (elected arrivals) is a wgs config's option (wgd always elects)")
-        if self.ks not in (1, 2, 4) or self.st % self.ks or (self.ks > 1 and (not self.ws or self.dq)):
-            raise ValueError("ks (stages a barrier pair covers): 1, 2 or 4 dividing st, on a wgs config")
 
     @property
     def bm(self) -> int:
@@ -156,23 +146,11 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 16 x 256) lost to the GEMV-like kernels at 1-16 rows on both cards (22-27 µs against 14-19) and
     # were taken out in the twenty-eighth session (the code is in 9877a4f)
     "wgs32": MtcConfig(mt=4, ns=1, wm=1, wn=8, st=8, regs=64, sa=True, minb=3, wg=True, ws=1),
-    # the two fastest wgs tiles with one empty-barrier arrival a warp (thirty-first session: the
-    # ablations put half of wgs64nd's time at M = 64 in waits and arrivals; not yet run on a GPU)
-    "wgs64nde": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, ea=True),
-    "wgs128we": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, ea=True),
-    # the same with one barrier pair a two stages (thirty-second session): half the waits, arrivals
-    # and producer waits a chunk (not yet run on a GPU)
-    "wgs64ndk": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=86, sa=True, minb=2, wg=True, ws=1, ks=2),
-    "wgs64ndek": MtcConfig(
-        mt=8, ns=1, wm=1, wn=8, st=8, regs=86, sa=True, minb=2, wg=True, ws=1, ea=True, ks=2
-    ),
-    "wgs128wek": MtcConfig(
-        mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, ea=True, ks=2
-    ),
     # wgd (thirty-first session): wgs64nd's tile with 8 more warps that dequantize into shared
     # memory; the 8 that multiply read both wgmma operands from there. 17 warps are 5 warpgroups'
     # worth of registers: at most 96 a thread (a 128-row twin spilled there). Measured with one
-    # arrival a thread (slower than wgs64nd); it now elects one a warp (not yet run on a GPU)
+    # arrival a thread and again with one a warp: slower than wgs64nd both times (H100, 38.0 and
+    # 39.1 against 30.7 and 30.3 µs at M = 64 of 8192², thirty-first and thirty-second sessions)
     "wgd64": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=1, wg=True, ws=1, dq=8, ast=4),
 }
 
@@ -188,8 +166,7 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
         args = f"{name}, {dt_code}, {c.mt}, {c.wn}, {c.st}, {c.ast}, {cpg}, {c.minb}"
         return f"ANVIL_W4A16_WGD_KERNEL({args})"
     if c.ws:
-        ea = "true" if c.ea else "false"
-        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {ea}, {c.ks}, {c.minb}"
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}"
         return f"ANVIL_W4A16_WGS_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"

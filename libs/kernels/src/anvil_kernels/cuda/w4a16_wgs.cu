@@ -14,7 +14,7 @@
 //     which writes x in the stage's own order: XT [K/64 chunks][Mpad/8 row groups][8 k pieces]
 //     [8 rows][8 values], Mpad = gridDim.x * BM, rows past M zero. A stage is then one slice of XT;
 //   - per stage two mbarriers: full (the producer's expect_tx, completed by the copies' bytes) and
-//     empty (every consumer thread, or with EA every consumer warp, arrives once the wgmma groups
+//     empty (every consumer thread arrives once the wgmma groups
 //     that read the stage are retired).
 //     No __syncthreads in the loop: each consumer warp waits only for the chunk it multiplies, and
 //     the producer only for the stage it refills, ST chunks ahead of the slowest warp.
@@ -43,25 +43,13 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 // One arrival for the whole warp: __syncwarp (every lane's earlier accesses ordered before it),
 // then one elected lane arrives, so the barrier counts warps. The arrive is predicated inside the
 // asm rather than behind a branch on the lane (such a branch between wgmma groups made ptxas
-// serialize them: C7513). Why: the ablations (bench/wgs_ablate.py, thirty-first session) put 17 of
-// wgs64nd's 31 us at M = 64 in its waits, arrivals and shared loads alone, and an mbarrier may
-// well spend its time per arriving thread. Not yet measured: the wgs configs with ea (elected
-// arrivals) and the wgd kernel use it; the others keep one arrival a thread.
+// serialize them: C7513). Used by the wgd kernel. The wgs tiles keep one arrival a thread: wgs
+// tiles with elected arrivals, and with one barrier pair for two stages, measured the same as
+// theirs on an H100 (thirty-second session, docs/kernels_gpu.md; their code is in b6556ef).
 __device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
     __syncwarp();
     asm volatile(
         "{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar)
-        : "memory");
-}
-
-// mbar_arrive_warp where `on` (the same in every lane), in one predicated asm: under a branch
-// (a barrier released every KS > 1 chunks) the elected arrive made ptxas serialize the wgmmas (C7513)
-__device__ __forceinline__ void mbar_arrive_warp_if(uint32_t bar, bool on) {
-    __syncwarp();
-    asm volatile(
-        "{\n.reg .pred p, q;\nsetp.ne.b32 q, %1, 0;\nelect.sync _|p, 0xffffffff;\nand.pred p, p, q;\n"
-        "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
-        "r"(static_cast<int>(on))
         : "memory");
 }
 
@@ -111,12 +99,7 @@ __device__ __forceinline__ void mbar_ring_init(uint32_t full0, uint32_t empty0) 
 // smem_s (T: the tile), chunks c0 .. c0 + nck - 1 of this block: each stage's weights, scale words
 // (a group's first chunk) and x tile in three bulk copies on its full barrier, refilled once its
 // empty barrier has every reader's arrival. Shared by the wgs and wgd kernels.
-// KS > 1: one full and one empty barrier for KS consecutive stages (barrier b covers stages
-// KS b .. KS b + KS - 1; ST a multiple of KS): each stage's copies still arrive on it with their
-// bytes (KS arrivals a phase), the refill of its KS stages waits once for its release, and the
-// consumers wait and arrive once every KS chunks. A last, partial set of stages (nck not a multiple
-// of KS) arrives for its missing stages after its last copies.
-template <class T, int ST, int CPG, int AB = 0, int KS = 1>
+template <class T, int ST, int CPG, int AB = 0>
 __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                             const uint16_t* __restrict__ XT, uint32_t smem_s, uint32_t full0,
                                             uint32_t empty0, int N, int c0, int nck, int m0, int strip0) {
@@ -152,35 +135,22 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
     };
     // the first stages: weights and scale words now (each stage's full barrier expects its x
     // bytes too, so no consumer passes it before they land), x after the wait
-    static_assert(ST % KS == 0, "whole sets of KS stages");
-    // after chunk i's copies on barrier bar: the arrivals of the stages missing from a last,
-    // partial set (nck not a multiple of KS)
-    auto pad_set = [&](int i, uint32_t bar) {
-        if constexpr (KS > 1) {
-            if (i == nck - 1)
-                for (int k = i % KS + 1; k < KS; ++k) mbar_arrive(bar);
-        }
-    };
     const int pro = min(ST, nck);
-    for (int i = 0; i < pro; ++i) {
-        copy_weights(i, smem_s + i * T::STAGE, full0 + 8 * (i / KS));
-        pad_set(i, full0 + 8 * (i / KS));
-    }
+    for (int i = 0; i < pro; ++i) copy_weights(i, smem_s + i * T::STAGE, full0 + 8 * i);
     pdl_launch_dependents();
     pdl_wait();  // w4a16_tile_x has written XT
     for (int i = 0; i < pro; ++i) {
-        bulk_g2s(smem_s + i * T::STAGE + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * (i / KS));
+        bulk_g2s(smem_s + i * T::STAGE + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * i);
         xt += xstep;
     }
     for (int i = pro; i < nck; ++i) {
         const int s = i % ST;
-        const uint32_t full = full0 + 8 * (s / KS);
-        // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1 (once a set)
-        if (s % KS == 0) mbar_wait(empty0 + 8 * (s / KS), static_cast<uint32_t>((i / ST + 1) & 1));
+        // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1
+        mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
         const uint32_t st = smem_s + s * T::STAGE;
-        copy_weights(i, st, full);
-        if constexpr ((AB & WGS_AB_X) == 0) bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full);
-        pad_set(i, full);
+        copy_weights(i, st, full0 + 8 * s);
+        if constexpr ((AB & WGS_AB_X) == 0)
+            bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * s);
         xt += xstep;
     }
 }
@@ -189,10 +159,7 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
 // bench/wgs_ablate.py instantiates others): past the first ST chunks, AB & WGS_AB_X copies no x
 // (the stages keep the x of earlier chunks), AB & WGS_AB_W no weights or scale words.
 // blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-// EA: one arrival a consumer warp on the empty barriers (mbar_arrive_warp) instead of one a thread.
-// KS: stages a full / empty barrier pair covers (wgs_produce): the consumers wait on a full barrier
-// and release an empty one once every KS chunks; 2*ST/KS mbarriers after the stages.
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0, bool EA = false, int KS = 1>
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
@@ -207,15 +174,13 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
     const uint32_t smem_s = smem_u32(smem);
-    static_assert(ST % KS == 0 && (KS == 1 || KS == 2 || KS == 4), "sets of 1, 2 or 4 stages");
-    constexpr int NB = ST / KS;  // barrier pairs
-    const uint32_t full0 = smem_s + ST * T::STAGE;  // full[b] = full0 + 8 b, empty[b] = full0 + 8 (NB + b)
-    const uint32_t empty0 = full0 + 8 * NB;
+    const uint32_t full0 = smem_s + ST * T::STAGE;  // full[s] = full0 + 8 s, empty[s] = full0 + 8 (ST + s)
+    const uint32_t empty0 = full0 + 8 * ST;
     const auto [lane, wn, m0, strip0, c0, nck] = WgsBlock::of<T, CPG>(K);
 
     if (threadIdx.x == 0) {
-        // full: the producer's arrive a stage (with the bytes expected); empty: every consumer warp / thread
-        mbar_ring_init<NB, KS, (EA ? 1 : 32) * WN>(full0, empty0);
+        // full: the producer's arrive (with the bytes expected); empty: every consumer thread
+        mbar_ring_init<ST, 1, 32 * WN>(full0, empty0);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -225,7 +190,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         // rest (232: a 128 x 256 tile's 128 accumulators a thread without spilling)
         if constexpr (PW == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         if (wn == WN && lane == 0 && nck > 0)
-            wgs_produce<T, ST, CPG, AB, KS>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0);
+            wgs_produce<T, ST, CPG, AB>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0);
         return;
     }
 
@@ -243,13 +208,11 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     const uint32_t dx0 = wg_desc_lo(smem_s + T::W_BYTES + T::SZ_BYTES);
     int s = 0;         // i % ST
     uint32_t ph = 0;   // (i / ST) & 1
-    int sp = NB - 1;   // the barrier pair of chunk i - 1's stage
+    int sp = ST - 1;   // (i - 1) % ST: the stage chunk i - 1 read
     for (int i0 = 0; i0 < nck; i0 += CPG) {
 #pragma unroll
         for (int c = 0; c < CPG; ++c) {
-            // chunk i = i0 + c opens a set of KS stages (known at compile time where KS divides CPG)
-            const bool head = KS == 1 || (CPG % KS == 0 ? c % KS == 0 : (i0 + c) % KS == 0);
-            if (head) mbar_wait(full0 + 8 * (s / KS), ph);  // the set's bytes have landed
+            mbar_wait(full0 + 8 * s, ph);  // chunk i = i0 + c: its bytes have landed
             const uint32_t so = static_cast<uint32_t>(s) * T::STAGE;
             const unsigned char* st = smem + so;
             if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, lane >> 2, flags);
@@ -260,17 +223,10 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             wg_half<0, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
             wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
             // every consumer thread arrives (a branch on the lane between the groups made ptxas
-            // serialize the wgmmas: C7513), or with EA every consumer warp, once a set of stages
-            if constexpr (EA && KS > 1) {
-                mbar_arrive_warp_if(empty0 + 8 * sp, head && (c > 0 || i0 > 0));
-            } else if (head && (c > 0 || i0 > 0)) {
-                if constexpr (EA)
-                    mbar_arrive_warp(empty0 + 8 * sp);
-                else
-                    mbar_arrive(empty0 + 8 * sp);
-            }
+            // serialize the wgmmas: C7513)
+            if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
             wg_half<1, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
-            sp = s / KS;
+            sp = s;
             if (++s == ST) {
                 s = 0;
                 ph ^= 1u;
@@ -286,14 +242,14 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 
 }  // namespace anvil_w4a16
 
-#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, EA, KS, MINB)                         \
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB)                                 \
     extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB)                                  \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, EA, KS>(W, SZ, X, Y, bias, res, ws, \
-                                                                           counters, M, N, K, act, flags); \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW>(W, SZ, X, Y, bias, res, ws, counters, \
+                                                                M, N, K, act, flags);                  \
     }
 
 // x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
