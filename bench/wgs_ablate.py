@@ -13,6 +13,11 @@ rotated over 6 copies, cold L2), at the splits given, beside the unablated kerne
 the library kernel's bits), ``w4a16_tile_x`` alone and cuBLAS bf16. The difference to the whole
 kernel is what that part costs where the others still run.
 
+Then the whole kernel once more with AB = 16 (WGS_AB_TRACE: nothing left out, a per-block timeline
+stamped, w4a16_wgs.cu's wgs_stamp): timed the same way, and the last launch's timeline summarized
+per phase over the blocks (barrier init, first chunk landed, the loop, the epilogue with split-K,
+the producer's last copy; launch skew and the kernel's span from %globaltimer; blocks a SM).
+
     python3 bench/wgs_ablate.py --out DIR [--shapes 8192x8192] [--cases wgs64nd:64:1,2,4;wgs128w:256:1,2]
     python3 bench/wgs_ablate.py --ncu-case wgs64nd:64:2   # one launch of the library kernel, for ncu
 
@@ -41,6 +46,9 @@ ABLATIONS = {0: "whole kernel", 1: "no x copies", 8: "no weight copies", 9: "no 
              2: "no dequantization", 4: "no wgmma", 6: "no dequantization, no wgmma",
              7: "no math, no x copies (weight copies only)", 14: "no math, no weight copies (x copies only)",
              15: "only the waits and shared loads"}  # fmt: skip
+TRACE_AB = 16  # WGS_AB_TRACE
+TRACE_BLOCKS = 4096  # ANVIL_WGS_TRACE: the most blocks a timeline holds (16 slots each)
+TRACE_SLOTS = 16
 
 
 def _abl_name(cfg: str, ab: int) -> str:
@@ -53,12 +61,12 @@ def source(cfgs: list[str]) -> str:
 
     # no GEMV-like variants: the layers are made with the tile forced, for every M
     params = W4A16Params(dtypes=("bf16",), groups=(GROUP,), tiles=(), tc_configs=(), mtc_configs=tuple(cfgs))
-    out = [w4a16_source(params)]
+    out = [f"#define ANVIL_WGS_TRACE {TRACE_BLOCKS}", w4a16_source(params)]
     for cfg in cfgs:
         c = MTC_CONFIGS[cfg]
         if not c.ws or c.dq:
             raise ValueError(f"{cfg}: the ablations are the wgs kernel's (a ws config without dq)")
-        for ab in ABLATIONS:
+        for ab in (*ABLATIONS, TRACE_AB):
             out.append(
                 f'extern "C" __global__ void __launch_bounds__({32 * (c.wn + c.ws)}, {c.minb}) '
                 f"{_abl_name(cfg, ab)}(const uint4* __restrict__ W, const uint4* __restrict__ SZ, "
@@ -217,9 +225,64 @@ def _time_case(mod: Any, layers: list, wbfs: list, cfg: str, m: int, splits: lis
                          "ab": ab, "what": what, "us": round(us, 2), "tile_x_us": round(tile_us, 2),
                          "cublas_us": round(cublas, 2), "same_bits": same})  # fmt: skip
             print(rows[-1], flush=True)
+        whole = next(row["us"] for row in rows if row["split"] == split and row["ab"] == 0)
+        rows.append(_trace(mod, layers, base, x, outs, cfg, m, k, n, split, r, whole))
+        print({key: v for key, v in rows[-1].items() if key != "trace"}, rows[-1]["trace"], flush=True)
         for layer, b in zip(layers, base, strict=True):
             layer._launches[m] = b
     return rows
+
+
+def _trace(mod: Any, layers: list, base: list, x: Any, outs: list, cfg: str, m: int, k: int, n: int,
+           split: int, r: int, whole_us: float) -> dict[str, Any]:  # fmt: skip
+    """The whole kernel with its timeline (AB = TRACE_AB), timed as the ablations; the last
+    launch's per-block phases (µs at the SM clock each block measured: its clock64 over
+    %globaltimer between entry and end)."""
+    import cupy as cp
+
+    fn = ptr = None
+    for unit in mod._modules:  # the unit (cubin) of this config: its kernel and its own buffer
+        try:
+            fn = unit.get_function(_abl_name(cfg, TRACE_AB))
+        except Exception:  # cupy's driver error: not in this unit
+            continue
+        ptr = unit.get_global("anvil_wgs_trace")
+        break
+    if fn is None or ptr is None:
+        raise KeyError(f"{_abl_name(cfg, TRACE_AB)} in no unit of the ablation build")
+    if base[0].plan.smem > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = base[0].plan.smem
+    for layer, b in zip(layers, base, strict=True):
+        layer._launches[m] = dataclasses.replace(b, fn=fn)
+    buf = cp.ndarray((TRACE_BLOCKS, TRACE_SLOTS), dtype=cp.uint64, memptr=ptr)
+    buf.fill(0)
+    us = _graph_cupy(lambda i: layers[i % COPIES](x, outs[i % COPIES]), r, 15)
+    cp.cuda.Device().synchronize()
+    nb = int(np.prod(base[0].plan.grid))
+    t = buf.get()[: min(nb, TRACE_BLOCKS)].astype(np.int64)
+    gt0, c0, cinit, cfirst, cloop, cend, cprod, sm, gt1 = (t[:, i] for i in range(9))
+    ghz = (cend - c0) / np.maximum(gt1 - gt0, 1)  # cycles a ns, per block
+
+    def pct(d_us: np.ndarray) -> dict[str, float]:
+        return {
+            q: round(float(np.percentile(d_us, p)), 2) for q, p in (("p10", 10), ("p50", 50), ("p90", 90))
+        }
+
+    def phase(a: np.ndarray, b: np.ndarray) -> dict[str, float]:  # clock64 stamps a -> b
+        return pct((b - a) / ghz / 1e3)
+
+    per_sm = np.bincount(sm.astype(np.int64))
+    trace = {
+        "blocks": nb, "written": int((gt1 > 0).sum()), "clock_ghz_p50": round(float(np.median(ghz)), 3),
+        "entry_after_first_us": pct((gt0 - gt0.min()) / 1e3),
+        "span_us": round(float(gt1.max() - gt0.min()) / 1e3, 2),
+        "init": phase(c0, cinit), "first_chunk": phase(cinit, cfirst), "loop": phase(cfirst, cloop),
+        "epilogue": phase(cloop, cend), "producer_done": phase(cinit, cprod), "block": phase(c0, cend),
+        "blocks_per_sm": {int(v): int((per_sm == v).sum()) for v in np.unique(per_sm[per_sm > 0])},
+    }  # fmt: skip
+    return {"K": k, "N": n, "M": m, "cfg": cfg, "split": split, "grid": list(base[0].plan.grid),
+            "ab": TRACE_AB, "what": "whole kernel, traced", "us": round(us, 2), "tile_x_us": None,
+            "cublas_us": None, "same_bits": None, "trace": trace, "whole_us": whole_us}  # fmt: skip
 
 
 def _markdown(meta: dict, rows: list[dict]) -> str:
@@ -230,13 +293,31 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
            "| K x N | M | tile / split (grid) | what is left out | µs | whole - this | tile_x alone "
            "| cuBLAS bf16 |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     whole = {(r["K"], r["N"], r["M"], r["cfg"], r["split"]): r["us"] for r in rows if r["ab"] == 0}
-    for r in rows:
+    traced = [r for r in rows if r["ab"] == TRACE_AB]
+    for r in (r for r in rows if r["ab"] != TRACE_AB):
         w = whole[(r["K"], r["N"], r["M"], r["cfg"], r["split"])]
         bits = "" if r["ab"] else (" (bits as the library's)" if r["same_bits"] else " (**bits differ**)")
         out.append(f"| {r['K']} x {r['N']} | {r['M']} | {r['cfg']} / {r['split']} ({r['grid']}) | "
                    f"{r['what']}{bits} | {r['us']} | {w - r['us']:.2f} | {r['tile_x_us']} | "
                    f"{r['cublas_us']} |")  # fmt: skip
+    if traced:
+        out += ["", "Timeline of the whole kernel (AB 16, the last launch of a replay; µs p10 / p50 / p90 "
+                "over the blocks, at each block's measured SM clock):", "",
+                "| tile / split | µs traced (untraced) | clock GHz | span | entry after the first | init | "
+                "first chunk landed | loop | epilogue | producer done | block | blocks a SM |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in traced:
+            t = r["trace"]
+            out.append(f"| {r['cfg']} / {r['split']} | {r['us']} ({r['whole_us']}) | {t['clock_ghz_p50']} | "
+                       f"{t['span_us']} | {_pcts(t['entry_after_first_us'])} | {_pcts(t['init'])} | "
+                       f"{_pcts(t['first_chunk'])} | {_pcts(t['loop'])} | {_pcts(t['epilogue'])} | "
+                       f"{_pcts(t['producer_done'])} | {_pcts(t['block'])} | "
+                       f"{t['blocks_per_sm']} |")  # fmt: skip
     return "\n".join(out) + "\n"
+
+
+def _pcts(d: dict) -> str:
+    return f"{d['p10']} / {d['p50']} / {d['p90']}"
 
 
 if __name__ == "__main__":

@@ -163,8 +163,9 @@ struct Wgmma {
 
 // Timing ablations of the wgs kernels (their template argument AB; 0 in every kernel the library
 // builds: only bench/wgs_ablate.py instantiates others, whose outputs are wrong by design): x
-// copies, the dequantization (the raw words go to the tensor cores), the wgmmas, weight copies.
-enum WgsAblation : int { WGS_AB_X = 1, WGS_AB_DEQUANT = 2, WGS_AB_MMA = 4, WGS_AB_W = 8 };
+// copies, the dequantization (the raw words go to the tensor cores), the wgmmas, weight copies;
+// WGS_AB_TRACE leaves out nothing and stamps a per-block timeline (w4a16_wgs.cu, wgs_stamp).
+enum WgsAblation : int { WGS_AB_X = 1, WGS_AB_DEQUANT = 2, WGS_AB_MMA = 4, WGS_AB_W = 8, WGS_AB_TRACE = 16 };
 
 // One half of a chunk's wgmma work, H = 0 (k16 steps 0-1: A registers a[0..1], dequantized from the
 // words w.x, w.y, which this half first loads from the stage, sW[j * 32] for strip j) or H = 1

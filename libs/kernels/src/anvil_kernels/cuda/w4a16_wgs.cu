@@ -33,7 +33,44 @@
 // next wgs grid's blocks parked on the SMs, copying their weights, while this one ran), which cost
 // 10 µs at 64 rows on the H200 (twenty-fifth session).
 
+// A per-block timeline of the wgs kernels, for bench/wgs_ablate.py --trace only: a source that
+// defines ANVIL_WGS_TRACE (the most blocks traced) gets this buffer, and its kernels with
+// AB & WGS_AB_TRACE write, per block b, anvil_wgs_trace[16 b + slot] (wgs_stamp). The library's
+// source defines neither the macro nor such kernels.
+#ifdef ANVIL_WGS_TRACE
+__device__ unsigned long long anvil_wgs_trace[16 * ANVIL_WGS_TRACE];
+#endif
+
 namespace anvil_w4a16 {
+
+// Slots of a block's timeline: 0 %globaltimer at entry (ns, comparable across SMs), 1 clock64 at
+// entry, then clock64 (cycles of this SM) 2 after the barriers' init, 3 when consumer warp 0's first
+// chunk has landed, 4 at its loop's end, 5 after its epilogue (split-K included), 6 when the producer
+// has issued its last copy; 7 the SM (%smid); 8 %globaltimer after the epilogue.
+enum WgsSlot : int {
+    WGS_T_GT = 0, WGS_T_ENTRY, WGS_T_INIT, WGS_T_FIRST, WGS_T_LOOP, WGS_T_END, WGS_T_PROD, WGS_T_SM, WGS_T_GT_END
+};
+
+template <int AB>
+__device__ __forceinline__ void wgs_stamp(int slot) {
+#ifdef ANVIL_WGS_TRACE
+    if constexpr ((AB & WGS_AB_TRACE) != 0) {
+        const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        if (b >= ANVIL_WGS_TRACE) return;
+        unsigned long long v;
+        if (slot == WGS_T_GT || slot == WGS_T_GT_END) {
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+        } else if (slot == WGS_T_SM) {
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            v = sm;
+        } else {
+            v = clock64();
+        }
+        anvil_wgs_trace[16 * b + slot] = v;
+    }
+#endif
+}
 
 // One arrival: this thread's
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
@@ -179,18 +216,27 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     const auto [lane, wn, m0, strip0, c0, nck] = WgsBlock::of<T, CPG>(K);
 
     if (threadIdx.x == 0) {
+        if constexpr ((AB & WGS_AB_TRACE) != 0) {
+            wgs_stamp<AB>(WGS_T_GT);
+            wgs_stamp<AB>(WGS_T_ENTRY);
+            wgs_stamp<AB>(WGS_T_SM);
+        }
         // full: the producer's arrive (with the bytes expected); empty: every consumer thread
         mbar_ring_init<ST, 1, 32 * WN>(full0, empty0);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    if constexpr ((AB & WGS_AB_TRACE) != 0)
+        if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_INIT);
 
     if (wn >= WN) {  // the producer
         // PW = 4: the producer warpgroup keeps 40 registers a thread and the consumers take the
         // rest (232: a 128 x 256 tile's 128 accumulators a thread without spilling)
         if constexpr (PW == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
-        if (wn == WN && lane == 0 && nck > 0)
+        if (wn == WN && lane == 0 && nck > 0) {
             wgs_produce<T, ST, CPG, AB>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0);
+            if constexpr ((AB & WGS_AB_TRACE) != 0) wgs_stamp<AB>(WGS_T_PROD);
+        }
         return;
     }
 
@@ -213,6 +259,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 #pragma unroll
         for (int c = 0; c < CPG; ++c) {
             mbar_wait(full0 + 8 * s, ph);  // chunk i = i0 + c: its bytes have landed
+            if constexpr ((AB & WGS_AB_TRACE) != 0)
+                if (threadIdx.x == 0 && i0 == 0 && c == 0) wgs_stamp<AB>(WGS_T_FIRST);
             const uint32_t so = static_cast<uint32_t>(s) * T::STAGE;
             const unsigned char* st = smem + so;
             if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, lane >> 2, flags);
@@ -236,8 +284,16 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
+    if constexpr ((AB & WGS_AB_TRACE) != 0)
+        if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_LOOP);
     pdl_wait();  // before bias, residual, output, workspace and counters (a no-op: see the top)
     tile_finish<DT, MT, NS, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
+    if constexpr ((AB & WGS_AB_TRACE) != 0) {
+        if (threadIdx.x == 0) {
+            wgs_stamp<AB>(WGS_T_END);
+            wgs_stamp<AB>(WGS_T_GT_END);
+        }
+    }
 }
 
 }  // namespace anvil_w4a16
