@@ -136,6 +136,10 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # two blocks a SM)
     "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=156, sa=True, minb=1, wg=True, ws=1),
     "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1),
+    # wgs64nd's tile at 16 stages, one block a SM (200 KiB): 74 KiB of weights in flight a SM
+    # instead of 37 (thirty-second session's timeline: the loop moves 37 KiB in ~2.5 µs, the ring's
+    # first fill's latency; built, not yet run on a GPU)
+    "wgs64nx": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=16, regs=80, sa=True, minb=1, wg=True, ws=1),
     # 128 x 256 (wg128w's tile): a producer warpgroup hands its registers to the consumers
     # (setmaxnreg: 40 / 232; ptxas reports the launch's 168)
     "wgs128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4),
