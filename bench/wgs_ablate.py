@@ -212,11 +212,7 @@ def _time_case(mod: Any, layers: list, wbfs: list, cfg: str, m: int, splits: lis
 
         tile_us = _graph_cupy(run_tile, r, 15)
         for ab, what in ABLATIONS.items():
-            fn = mod.get_function(_abl_name(cfg, ab))
-            if base[0].plan.smem > 48 * 1024:
-                fn.max_dynamic_shared_size_bytes = base[0].plan.smem
-            for layer, b in zip(layers, base, strict=True):
-                layer._launches[m] = dataclasses.replace(b, fn=fn)
+            _use_kernel(layers, base, m, mod.get_function(_abl_name(cfg, ab)))
             outs[0].fill(0xFFFF)
             layers[0](x, outs[0])
             same = bool(cp.all(outs[0] == ref))
@@ -240,20 +236,9 @@ def _trace(mod: Any, layers: list, base: list, x: Any, outs: list, cfg: str, m: 
     %globaltimer between entry and end)."""
     import cupy as cp
 
-    fn = ptr = None
-    for unit in mod._modules:  # the unit (cubin) of this config: its kernel and its own buffer
-        try:
-            fn = unit.get_function(_abl_name(cfg, TRACE_AB))
-        except Exception:  # cupy's driver error: not in this unit
-            continue
-        ptr = unit.get_global("anvil_wgs_trace")
-        break
-    if fn is None or ptr is None:
-        raise KeyError(f"{_abl_name(cfg, TRACE_AB)} in no unit of the ablation build")
-    if base[0].plan.smem > 48 * 1024:
-        fn.max_dynamic_shared_size_bytes = base[0].plan.smem
-    for layer, b in zip(layers, base, strict=True):
-        layer._launches[m] = dataclasses.replace(b, fn=fn)
+    unit = mod.module_of(_abl_name(cfg, TRACE_AB))  # this config's cubin, with its own buffer
+    _use_kernel(layers, base, m, unit.get_function(_abl_name(cfg, TRACE_AB)))
+    ptr = unit.get_global("anvil_wgs_trace")
     buf = cp.ndarray((TRACE_BLOCKS, TRACE_SLOTS), dtype=cp.uint64, memptr=ptr)
     buf.fill(0)
     us = _graph_cupy(lambda i: layers[i % COPIES](x, outs[i % COPIES]), r, 15)
@@ -283,6 +268,14 @@ def _trace(mod: Any, layers: list, base: list, x: Any, outs: list, cfg: str, m: 
     return {"K": k, "N": n, "M": m, "cfg": cfg, "split": split, "grid": list(base[0].plan.grid),
             "ab": TRACE_AB, "what": "whole kernel, traced", "us": round(us, 2), "tile_x_us": None,
             "cublas_us": None, "same_bits": None, "trace": trace, "whole_us": whole_us}  # fmt: skip
+
+
+def _use_kernel(layers: list, base: list, m: int, fn: Any) -> None:
+    """Each layer's launch at M = m (``base``: the library kernel's) with kernel ``fn`` instead."""
+    if base[0].plan.smem > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = base[0].plan.smem
+    for layer, b in zip(layers, base, strict=True):
+        layer._launches[m] = dataclasses.replace(b, fn=fn)
 
 
 def _markdown(meta: dict, rows: list[dict]) -> str:

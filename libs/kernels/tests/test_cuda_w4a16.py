@@ -206,3 +206,26 @@ def test_fragment_emulation_matches_reference(rng: np.random.Generator) -> None:
 
     ref = x @ dequantize(w).astype(np.float64)
     assert np.allclose(out, ref, rtol=1e-9, atol=1e-9)
+
+
+class _Unit:
+    """A stand-in cupy.RawModule: its kernels by name, its driver error for any other."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def get_function(self, name: str) -> str:
+        if name not in self.names:
+            raise RuntimeError("CUDA_ERROR_NOT_FOUND")
+        return f"{id(self)}:{name}"
+
+
+def test_module_set_finds_the_unit_of_a_kernel() -> None:
+    from anvil_kernels.cuda.w4a16_linear import ModuleSet
+
+    a, b = _Unit("k1", "k2"), _Unit("k3")
+    mods = ModuleSet([a, b])
+    assert mods.module_of("k3") is b and mods.module_of("k2") is a
+    assert mods.get_function("k3") == f"{id(b)}:k3"
+    with pytest.raises(KeyError, match="k4"):
+        mods.get_function("k4")

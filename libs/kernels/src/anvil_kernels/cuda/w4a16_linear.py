@@ -54,11 +54,16 @@ class ModuleSet:
         self._modules = list(modules)
 
     def get_function(self, name: str) -> Any:
+        return self.module_of(name).get_function(name)
+
+    def module_of(self, name: str) -> Any:
+        """The unit that holds kernel ``name`` (its globals are that unit's own)."""
         for mod in self._modules:
             try:
-                return mod.get_function(name)
+                mod.get_function(name)
             except Exception:  # cupy raises its driver error for a name the unit lacks
                 continue
+            return mod
         raise KeyError(f"no kernel {name!r} in any of {len(self._modules)} modules")
 
 

@@ -14,8 +14,7 @@
 //     which writes x in the stage's own order: XT [K/64 chunks][Mpad/8 row groups][8 k pieces]
 //     [8 rows][8 values], Mpad = gridDim.x * BM, rows past M zero. A stage is then one slice of XT;
 //   - per stage two mbarriers: full (the producer's expect_tx, completed by the copies' bytes) and
-//     empty (every consumer thread arrives once the wgmma groups
-//     that read the stage are retired).
+//     empty (every consumer thread arrives once the wgmma groups that read the stage are retired).
 //     No __syncthreads in the loop: each consumer warp waits only for the chunk it multiplies, and
 //     the producer only for the stage it refills, ST chunks ahead of the slowest warp.
 // The copies are async-proxy writes completed on the mbarrier, which the wgmmas (async proxy) and
@@ -43,7 +42,8 @@ __device__ unsigned long long anvil_wgs_trace[16 * ANVIL_WGS_TRACE];
 
 namespace anvil_w4a16 {
 
-// Slots of a block's timeline: 0 %globaltimer at entry (ns, comparable across SMs), 1 clock64 at
+// Slots of a block's timeline (wgs_stamp is empty unless AB has WGS_AB_TRACE and the source defines
+// ANVIL_WGS_TRACE, so its calls cost the library's kernels nothing): 0 %globaltimer at entry (ns, comparable across SMs), 1 clock64 at
 // entry, then clock64 (cycles of this SM) 2 after the barriers' init, 3 when consumer warp 0's first
 // chunk has landed, 4 at its loop's end, 5 after its epilogue (split-K included), 6 when the producer
 // has issued its last copy; 7 the SM (%smid); 8 %globaltimer after the epilogue.
@@ -216,18 +216,15 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     const auto [lane, wn, m0, strip0, c0, nck] = WgsBlock::of<T, CPG>(K);
 
     if (threadIdx.x == 0) {
-        if constexpr ((AB & WGS_AB_TRACE) != 0) {
-            wgs_stamp<AB>(WGS_T_GT);
-            wgs_stamp<AB>(WGS_T_ENTRY);
-            wgs_stamp<AB>(WGS_T_SM);
-        }
+        wgs_stamp<AB>(WGS_T_GT);
+        wgs_stamp<AB>(WGS_T_ENTRY);
+        wgs_stamp<AB>(WGS_T_SM);
         // full: the producer's arrive (with the bytes expected); empty: every consumer thread
         mbar_ring_init<ST, 1, 32 * WN>(full0, empty0);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if constexpr ((AB & WGS_AB_TRACE) != 0)
-        if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_INIT);
+    if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_INIT);
 
     if (wn >= WN) {  // the producer
         // PW = 4: the producer warpgroup keeps 40 registers a thread and the consumers take the
@@ -235,7 +232,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         if constexpr (PW == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         if (wn == WN && lane == 0 && nck > 0) {
             wgs_produce<T, ST, CPG, AB>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0);
-            if constexpr ((AB & WGS_AB_TRACE) != 0) wgs_stamp<AB>(WGS_T_PROD);
+            wgs_stamp<AB>(WGS_T_PROD);
         }
         return;
     }
@@ -259,8 +256,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 #pragma unroll
         for (int c = 0; c < CPG; ++c) {
             mbar_wait(full0 + 8 * s, ph);  // chunk i = i0 + c: its bytes have landed
-            if constexpr ((AB & WGS_AB_TRACE) != 0)
-                if (threadIdx.x == 0 && i0 == 0 && c == 0) wgs_stamp<AB>(WGS_T_FIRST);
+            if (threadIdx.x == 0 && i0 == 0 && c == 0) wgs_stamp<AB>(WGS_T_FIRST);
             const uint32_t so = static_cast<uint32_t>(s) * T::STAGE;
             const unsigned char* st = smem + so;
             if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, lane >> 2, flags);
@@ -284,15 +280,12 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
-    if constexpr ((AB & WGS_AB_TRACE) != 0)
-        if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_LOOP);
+    if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_LOOP);
     pdl_wait();  // before bias, residual, output, workspace and counters (a no-op: see the top)
     tile_finish<DT, MT, NS, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
-    if constexpr ((AB & WGS_AB_TRACE) != 0) {
-        if (threadIdx.x == 0) {
-            wgs_stamp<AB>(WGS_T_END);
-            wgs_stamp<AB>(WGS_T_GT_END);
-        }
+    if (threadIdx.x == 0) {
+        wgs_stamp<AB>(WGS_T_END);
+        wgs_stamp<AB>(WGS_T_GT_END);
     }
 }
 
