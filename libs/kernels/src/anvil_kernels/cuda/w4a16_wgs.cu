@@ -32,7 +32,7 @@
 // next wgs grid's blocks parked on the SMs, copying their weights, while this one ran), which cost
 // 10 µs at 64 rows on the H200 (twenty-fifth session).
 
-// A per-block timeline of the wgs kernels, for bench/wgs_ablate.py --trace only: a source that
+// A per-block timeline of the wgs kernels, for bench/wgs_ablate.py only (its AB 16 row): a source that
 // defines ANVIL_WGS_TRACE (the most blocks traced) gets this buffer, and its kernels with
 // AB & WGS_AB_TRACE write, per block b, anvil_wgs_trace[16 b + slot] (wgs_stamp). The library's
 // source defines neither the macro nor such kernels.
