@@ -65,10 +65,22 @@ __device__ __forceinline__ void mma_ss(float (&d)[32], uint64_t a, uint64_t b) {
                  : "l"(a), "l"(b));
 }
 
-// one half (H) of a chunk: dequantize a[2H], a[2H+1] from two words, then their two wgmmas
-template <int H, int MODE, int R, int SS>
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
+}
+
+// one half (H) of a chunk: dequantize a[2H], a[2H+1] from two words, then their two wgmmas.
+// SS = 2: the warpgroup's own dequantized registers go through shared memory (sa: this warpgroup's
+// 4 KB for this half; eight 4-byte stores a thread, a warp's 128 contiguous bytes each, then a proxy
+// fence and the warpgroup's named barrier), and the wgmmas read A from there.
+// PP (two warpgroups): the wgmma issue alternates between them (a named barrier pair, as
+// FlashAttention-3's ping-pong): a warpgroup waits for its turn before its fence and passes the
+// turn on after its commit, unless last (the final half of the last chunk).
+template <int H, int MODE, int R, int SS, int PP = 0>
 __device__ __forceinline__ void half(float (&d)[32], uint32_t (&a)[4][4], uint4 w, uint32_t nz, uint32_t s,
-                                     uint64_t da, uint64_t db, uint32_t& sink) {
+                                     uint64_t da, uint64_t db, uint32_t& sink, uint32_t sa = 0, bool last = false) {
+    const int wgi = threadIdx.x >> 7;
     if constexpr ((MODE & 1) != 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -79,16 +91,29 @@ __device__ __forceinline__ void half(float (&d)[32], uint32_t (&a)[4][4], uint4 
                 a[2 * H + 1][j] = r == 0 ? deq(w1, j, nz, s) : a[2 * H + 1][j] ^ deq(w1, j, nz, s);
             }
         }
-        if constexpr ((MODE & 2) == 0 || SS) {  // nothing reads them: keep them live
+        if constexpr ((MODE & 2) == 0 || SS == 1) {  // nothing reads them: keep them live
 #pragma unroll
             for (int j = 0; j < 4; ++j) sink ^= a[2 * H][j] ^ a[2 * H + 1][j];
         }
+        if constexpr (SS == 2) {
+            const uint32_t o = sa + ((threadIdx.x >> 5) & 3) * 1024 + (threadIdx.x & 31) * 4;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                asm volatile("st.shared.u32 [%0], %1;" ::"r"(o + j * 128), "r"(a[2 * H][j]) : "memory");
+                asm volatile("st.shared.u32 [%0], %1;" ::"r"(o + 512 + j * 128), "r"(a[2 * H + 1][j]) : "memory");
+            }
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            bar_sync(8 + wgi, 128);
+        }
     }
+    if constexpr (PP) bar_sync(1 + wgi, 256);
     wg_fence();
     if constexpr ((MODE & 2) != 0) {
 #pragma unroll
         for (int st = 2 * H; st < 2 * H + 2; ++st) {
-            if constexpr (SS) {
+            if constexpr (SS == 2) {
+                mma_ss(d, desc(sa + (st & 1) * 2048, 128, 256), db + 16 * st);
+            } else if constexpr (SS == 1) {
                 mma_ss(d, da + 16 * st, db + 16 * st);  // A and B: 256 B further a k16 step
             } else {
                 mma_rs(d, a[st], db + 16 * st);
@@ -96,22 +121,24 @@ __device__ __forceinline__ void half(float (&d)[32], uint32_t (&a)[4][4], uint4 
         }
     }
     wg_commit();
+    if constexpr (PP) {
+        if (!last) bar_arrive(1 + (wgi ^ 1), 256);
+    }
 }
 
 }  // namespace
 
-template <int NWG, int MODE, int R, int SS>
+template <int NWG, int MODE, int R, int SS, int PP>
 __device__ __forceinline__ void body(const uint4* __restrict__ wg, unsigned long long* __restrict__ cyc,
                                      float* __restrict__ out) {
+    static_assert(!PP || NWG == 2, "ping-pong between two warpgroups");
     // B: 64 x 64 (8 KB, the wgs stage layout); A for SS: 8 KB of zeros read as [8 row groups, 256 B
     // apart][2 k pieces, 128 B apart][8 rows][16 B] from a step's start; the words: 16 B a lane
     __shared__ __align__(1024) uint4 sB[512];
-    __shared__ __align__(1024) uint4 sA[512];
+    __shared__ __align__(1024) uint4 sA[SS == 2 ? 512 * NWG : 512];  // SS = 2: 8 KB a warpgroup
     __shared__ uint4 sW[32 * 4 * NWG];
-    for (int i = threadIdx.x; i < 512; i += blockDim.x) {
-        sB[i] = make_uint4(0, 0, 0, 0);
-        sA[i] = make_uint4(0, 0, 0, 0);
-    }
+    for (int i = threadIdx.x; i < 512; i += blockDim.x) sB[i] = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < (SS == 2 ? 512 * NWG : 512); i += blockDim.x) sA[i] = make_uint4(0, 0, 0, 0);
     for (int i = threadIdx.x; i < 32 * 4 * NWG; i += blockDim.x) sW[i] = wg[i];
     __syncthreads();
     const uint64_t db = desc(smem_u32(sB), 128, 1024);
@@ -130,6 +157,9 @@ __device__ __forceinline__ void body(const uint4* __restrict__ wg, unsigned long
     }
     uint32_t sink = 0;
     const uint32_t nz = 0xC300C300u ^ (threadIdx.x & 7), s = 0x3C003C00u;
+    const int wgi = threadIdx.x >> 7;
+    const uint32_t sa0 = smem_u32(sA) + (SS == 2 ? wgi * 8192 : 0);  // SS = 2: this warpgroup's two halves
+    if (PP && wgi == 1) bar_arrive(1, 256);  // warpgroup 0 issues first
     unsigned long long t0 = 0;
     if (threadIdx.x == 0) t0 = clock64();
     for (int i = 0; i < ITER; ++i) {
@@ -138,9 +168,9 @@ __device__ __forceinline__ void body(const uint4* __restrict__ wg, unsigned long
                      : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
                      : "r"(smem_u32(sW + (threadIdx.x ^ (i & 1)))));
         wg_wait<1>();
-        half<0, MODE, R, SS>(d, a, w, nz, s, da, db, sink);
+        half<0, MODE, R, SS, PP>(d, a, w, nz, s, da, db, sink, sa0);
         wg_wait<1>();
-        half<1, MODE, R, SS>(d, a, w, nz, s, da, db, sink);
+        half<1, MODE, R, SS, PP>(d, a, w, nz, s, da, db, sink, sa0 + 4096, PP && i == ITER - 1 && wgi == 1);
     }
     wg_wait<0>();
 #pragma unroll
@@ -153,21 +183,29 @@ __device__ __forceinline__ void body(const uint4* __restrict__ wg, unsigned long
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 
-#define WO_KERNEL(NWG, MODE, R, SS)                                                                    \
-    extern "C" __global__ void __launch_bounds__(128 * NWG, 1)                                          \
-        wo_g##NWG##_m##MODE##_r##R##_s##SS(const uint4* wg, unsigned long long* cyc, float* out) {      \
-        body<NWG, MODE, R, SS>(wg, cyc, out);                                                          \
+#define WO_KERNEL(NWG, MODE, R, SS, PP)                                                                    \
+    extern "C" __global__ void __launch_bounds__(128 * NWG, 1)                                              \
+        wo_g##NWG##_m##MODE##_r##R##_s##SS##_p##PP(const uint4* wg, unsigned long long* cyc, float* out) {  \
+        body<NWG, MODE, R, SS, PP>(wg, cyc, out);                                                           \
     }
 
-#define WO_SET(NWG, R)     \
-    WO_KERNEL(NWG, 1, R, 0) \
-    WO_KERNEL(NWG, 2, R, 0) \
-    WO_KERNEL(NWG, 3, R, 0) \
-    WO_KERNEL(NWG, 2, R, 1) \
-    WO_KERNEL(NWG, 3, R, 1)
+// per (warpgroups, repeats): the dequantization alone, the wgmmas alone (A from registers, then from
+// shared memory) and both (A from registers, from shared memory, from shared memory the warpgroup
+// wrote)
+#define WO_SET(NWG, R)        \
+    WO_KERNEL(NWG, 1, R, 0, 0) \
+    WO_KERNEL(NWG, 2, R, 0, 0) \
+    WO_KERNEL(NWG, 3, R, 0, 0) \
+    WO_KERNEL(NWG, 2, R, 1, 0) \
+    WO_KERNEL(NWG, 3, R, 1, 0) \
+    WO_KERNEL(NWG, 3, R, 2, 0)
 
 WO_SET(1, 1)
 WO_SET(2, 1)
 WO_SET(4, 1)
 WO_SET(2, 2)
 WO_SET(4, 2)
+// two warpgroups taking turns at the wgmma issue: A from registers, and through shared memory
+WO_KERNEL(2, 3, 1, 0, 1)
+WO_KERNEL(2, 3, 1, 2, 1)
+WO_KERNEL(2, 3, 2, 0, 1)

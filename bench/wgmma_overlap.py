@@ -28,8 +28,15 @@ import numpy as np
 
 ITER = 512  # wgmma_overlap.cu's loop
 SETS = [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2)]  # (warpgroups a SM, dequantization repeats): WO_SET
-# (what, MODE, SS): the dequantization alone, the wgmmas alone and both, A from registers or shared memory
-KERNELS = [("alu", 1, 0), ("mma_rs", 2, 0), ("both_rs", 3, 0), ("mma_ss", 2, 1), ("both_ss", 3, 1)]
+# (what, MODE, SS, PP): the dequantization alone, the wgmmas alone (A from registers, from shared
+# memory) and both (A from registers; from shared memory; through shared memory the warpgroup wrote)
+KERNELS = [("alu", 1, 0, 0), ("mma_rs", 2, 0, 0), ("both_rs", 3, 0, 0), ("mma_ss", 2, 1, 0),
+           ("both_ss", 3, 1, 0), ("both_sw", 3, 2, 0)]  # fmt: skip
+# two warpgroups taking turns at the wgmma issue (ping-pong), as built: (repeats, SS)
+PINGPONG = {(1, 0): "both_rs_pp", (1, 2): "both_sw_pp", (2, 0): "both_rs_pp"}
+# the combined runs and the wgmma-alone run each is compared with
+OVERLAPS = {"rs": ("both_rs", "mma_rs"), "ss": ("both_ss", "mma_ss"), "sw": ("both_sw", "mma_ss"),
+            "rs_pp": ("both_rs_pp", "mma_rs"), "sw_pp": ("both_sw_pp", "mma_ss")}  # fmt: skip
 
 
 def build(out: Path) -> Path:
@@ -73,13 +80,17 @@ def main() -> None:
     rows = []
     for nwg, r in SETS:
         cell = {}
-        for key, mode, ss in KERNELS:
-            cell[key] = measure(mod, f"wo_g{nwg}_m{mode}_r{r}_s{ss}", nwg, sms, words)
+        for key, mode, ss, pp in KERNELS:
+            cell[key] = measure(mod, f"wo_g{nwg}_m{mode}_r{r}_s{ss}_p{pp}", nwg, sms, words)
+        for (pr, pss), key in PINGPONG.items():
+            if nwg == 2 and pr == r:
+                cell[key] = measure(mod, f"wo_g2_m3_r{r}_s{pss}_p1", nwg, sms, words)
         row: dict[str, Any] = {"warpgroups": nwg, "dequant_repeats": r, **cell}
-        for kind in ("rs", "ss"):
-            alu = cell["alu"]["median"]
-            mma, both = cell[f"mma_{kind}"]["median"], cell[f"both_{kind}"]["median"]
-            row[f"overlap_{kind}"] = round((alu + mma - both) / max(min(alu, mma), 1e-9), 2)
+        for kind, (both_key, mma_key) in OVERLAPS.items():
+            if both_key in cell:
+                alu = cell["alu"]["median"]
+                mma, both = cell[mma_key]["median"], cell[both_key]["median"]
+                row[f"overlap_{kind}"] = round((alu + mma - both) / max(min(alu, mma), 1e-9), 2)
         rows.append(row)
         print(row, flush=True)
     import torch  # only for the device's name, as the other benches
@@ -90,16 +101,22 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "wgmma_overlap.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     md = [f"# wgmma overlap ({meta['device']}, commit {meta['commit']})", "", f"`{meta['command']}`", "",
-          "SM cycles a chunk (median over the blocks; 4 m64n64k16 wgmmas a warpgroup a chunk)", "",
-          "| warpgroups | dequant x | alu | mma RS | both RS | overlap RS | mma SS | both SS | overlap SS |",
-          "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+          "SM cycles a chunk (median over the blocks; 4 m64n64k16 wgmmas a warpgroup a chunk). A from "
+          "registers (RS), from shared memory (SS), through shared memory the warpgroup itself wrote "
+          "(SW); pp: two warpgroups taking turns at the wgmma issue. Overlap: (alu + mma - both) / "
+          "min(alu, mma).", "",
+          "| warpgroups | dequant x | alu | mma RS | mma SS | both RS | both SS | both SW | both RS pp "
+          "| both SW pp | overlap RS | SS | SW | RS pp | SW pp |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def get(row: dict[str, Any], key: str) -> str:
+        v = row.get(key)
+        return "-" if v is None else str(v["median"] if isinstance(v, dict) else v)
+
     for row in rows:
-        md.append(
-            f"| {row['warpgroups']} | {row['dequant_repeats']} | {row['alu']['median']} "
-            f"| {row['mma_rs']['median']} "
-            f"| {row['both_rs']['median']} | {row['overlap_rs']} | {row['mma_ss']['median']} "
-            f"| {row['both_ss']['median']} | {row['overlap_ss']} |"
-        )
+        keys = ["warpgroups", "dequant_repeats", "alu", "mma_rs", "mma_ss", "both_rs", "both_ss", "both_sw",
+                "both_rs_pp", "both_sw_pp"] + [f"overlap_{k}" for k in OVERLAPS]  # fmt: skip
+        md.append("| " + " | ".join(get(row, k) for k in keys) + " |")
     (out / "wgmma_overlap.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
