@@ -338,8 +338,9 @@ def bench_shape(
         def split_sweep(cfg: str, planned: dict[str, Any]) -> dict[Any, float]:
             """`cfg` at its planned split (``planned``, timed above) and at every other split K allows, µs."""
             sw = {planned["split"]: planned["us"]}
+            kc = MTC_CONFIGS[cfg].kc if cfg in MTC_CONFIGS else 0  # a cluster's split-K: that split only
             for sp in SPLITS:
-                if sp <= k // g and sp not in sw:
+                if sp <= k // g and sp not in sw and kc in (0, sp):
                     sw[sp] = round(anvil(cfg, sp)[0], 2)
             return sw
 

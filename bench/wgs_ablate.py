@@ -69,12 +69,13 @@ def source(cfgs: list[str]) -> str:
         for ab in (*ABLATIONS, TRACE_AB):
             out.append(
                 f'extern "C" __global__ void __launch_bounds__({32 * (c.wn + c.ws)}, {c.minb}) '
+                f"ANVIL_WGS_KC_{c.kc} "
                 f"{_abl_name(cfg, ab)}(const uint4* __restrict__ W, const uint4* __restrict__ SZ, "
                 "const uint16_t* __restrict__ X, uint16_t* __restrict__ Y, "
                 "const uint16_t* __restrict__ bias, "
                 "const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters, "
                 "int M, int N, int K, int act, int flags) { anvil_w4a16::w4a16_wgs_body<0, "
-                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}>"
+                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}, {c.kc}>"
                 "(W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags); }"
             )
     return "\n".join(out) + "\n"

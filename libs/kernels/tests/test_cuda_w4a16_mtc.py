@@ -22,7 +22,7 @@ from anvil_kernels.cuda.gpu_check import check_case, compare, has_gpu, random_we
 from anvil_kernels.cuda.mtc_model import ldmatrix_x4, simulate
 from anvil_kernels.cuda.tc_model import round_a
 from anvil_kernels.cuda.w4a16 import w4a16_source
-from anvil_kernels.cuda.w4a16_mtc import mtc_from_prepack
+from anvil_kernels.cuda.w4a16_mtc import MtcConfig, mtc_from_prepack
 from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits, pack_nibbles, unpack_nibbles
 
 MTC_SRC = Path(__file__).parents[1] / "src/anvil_kernels/cuda/w4a16_mtc.cu"
@@ -219,6 +219,26 @@ def test_plan_mtc_geometry() -> None:
         assert cfg.smem <= 227 * 1024
 
 
+def test_cluster_split_k_plans_its_split_and_no_workspace() -> None:
+    """A wgs config that sums its two splits in a cluster (kc = 2) runs at split 2 whatever the
+    planner would choose, asks for no workspace, and refuses any other split; kc is only for wgs
+    configs with strips to halve between the two ranks."""
+    kc = [name for name, c in MTC_CONFIGS.items() if c.kc]
+    assert kc
+    for name in kc:
+        for m, n, k in ((256, 8192, 8192), (1, 256, 512), (128, 14336, 4096)):
+            p = plan_mtc(m, n, k, 128, name, sm_count=132)
+            assert p.split == 2 and p.grid[2] == 2 and p.ws_floats == 0
+        with pytest.raises(ValueError, match="split 2 only"):
+            plan_mtc(256, 8192, 8192, 128, name, split=4)
+        with pytest.raises(ValueError, match="groups"):
+            plan_mtc(256, 256, 128, 128, name)  # one group along K: nothing for a second split
+    with pytest.raises(ValueError, match="kc"):
+        MtcConfig(mt=16, ns=1, wm=1, wn=8, st=6, regs=168, sa=True, wg=True, ws=4, kc=2)  # odd ns
+    with pytest.raises(ValueError, match="kc"):
+        MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, wg=True, kc=2)  # no producer
+
+
 def _ptxas(tmp_path: Path, dtype: str) -> tuple[str, list[Path]]:
     procs, cubins = [], []
     for cfg in MTC_CONFIGS:  # one nvcc per config, in parallel
@@ -300,6 +320,7 @@ def test_mtc_ptxas_report_and_sass(
         ("wgs64", "bf16", 70, 512, 288, 128, 2),  # x retiled by the tile_x stand-in first
         ("wgs64n", "fp16", 5, 256, 160, 64, 1),
         ("wgs128w", "bf16", 40, 256, 288, 128, 2),
+        ("wgs128wk", "fp16", 130, 512, 544, 128, 2),  # split-K in a cluster: no workspace
         ("wgs32", "fp16", 3, 256, 288, 64, 1),
         ("wgd64", "bf16", 70, 512, 288, 128, 2),
     ],

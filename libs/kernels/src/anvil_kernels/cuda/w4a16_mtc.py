@@ -52,6 +52,10 @@ class MtcConfig:
     # producer as in wgs (ws = 1). 0: the warps that multiply dequantize (wg, wgs)
     dq: int = 0
     ast: int = 0
+    # kc = 2 (a ws config with an even ns): the two splits of a tile are one cluster and sum their
+    # partials through distributed shared memory, no workspace (w4a16_wgs.cu); it runs at split 2
+    # only. 0: split-K through the workspace, any split
+    kc: int = 0
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (4, 8, 16)):
@@ -67,6 +71,8 @@ class MtcConfig:
             raise ValueError("a wgd config (dq) has a producer warp, ns = 1, dq = wn and 2+ A stages")
         if self.ast and not self.dq:
             raise ValueError("A stages (ast) belong to a wgd config (dq)")
+        if self.kc not in (0, 2) or (self.kc and (not self.ws or self.dq or self.ns % 2)):
+            raise ValueError("kc: 0, or 2 for a wgs config (ws, no dq) with an even ns")
 
     @property
     def bm(self) -> int:
@@ -147,6 +153,10 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # 128 x 256 (wg128w's tile): a producer warpgroup hands its registers to the consumers
     # (setmaxnreg: 40 / 232; ptxas reports the launch's 168)
     "wgs128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4),
+    # wgs128w with its two splits in one cluster, summed on chip (thirty-third session): the split-K
+    # epilogue through the workspace took 10 µs (median block) of its 62 at M = 256, split 2 on an
+    # H100 (thirty-second session's timeline)
+    "wgs128wk": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=2),
     # 32 rows (twenty-sixth session): wgmma m64n32k16. x reaches the tensor cores from the stage
     # once a warpgroup (the GEMV-like kernels read every x fragment once a warp, through L1); a
     # smaller accumulator leaves room for more blocks a SM. The fastest kernel at M = 32 on two of the
@@ -174,7 +184,7 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
         args = f"{name}, {dt_code}, {c.mt}, {c.wn}, {c.st}, {c.ast}, {cpg}, {c.minb}"
         return f"ANVIL_W4A16_WGD_KERNEL({args})"
     if c.ws:
-        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}"
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}, {c.kc}"
         return f"ANVIL_W4A16_WGS_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
@@ -209,11 +219,14 @@ def plan_mtc(
     mtiles = -(-m // c.bm)
     ntiles = -(-n // c.bn)
     groups = k // g
+    if c.kc and split not in (None, c.kc):
+        raise ValueError(f"{cfg_name} sums its splits in a cluster of {c.kc}: split {c.kc} only, not {split}")
     if split is None:
-        split = choose_split(mtiles * ntiles, groups, sm_count, c.blocks_per_sm, max_split=MTC_MAX_SPLIT)
+        tiles = mtiles * ntiles
+        split = c.kc or choose_split(tiles, groups, sm_count, c.blocks_per_sm, max_split=MTC_MAX_SPLIT)
     if not 1 <= split <= groups:
         raise ValueError(f"split={split} must be in [1, {groups}] (the groups along K)")
-    ws = mtiles * ntiles * split * c.bm * c.bn if split > 1 else 0
+    ws = mtiles * ntiles * split * c.bm * c.bn if split > 1 and not c.kc else 0
     return TcPlan(cfg_name, (mtiles, ntiles, split), c.threads, c.smem, split, ws, mtiles * ntiles)
 
 

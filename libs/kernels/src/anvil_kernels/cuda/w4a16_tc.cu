@@ -86,11 +86,12 @@ __device__ __forceinline__ void tc_load_stage(unsigned char* st, const uint4* __
 
 // C fragment (16 n x 8 m) q -> n = 16*strip + g8 + 8*(q >> 1), m = 2*t4 + (q & 1); ACT -1: the
 // runtime code ``act``.
-template <int DT, int MT, int NS, int WM, int WN, int ACT>
+// JPAR (the wgs cluster's split-K, w4a16_wgs.cu): only the strips j with j % 2 == jpar
+template <int DT, int MT, int NS, int WM, int WN, int ACT, bool JPAR = false>
 __device__ __forceinline__ void tc_epilogue(const float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
                                             const uint16_t* __restrict__ bias,
                                             const uint16_t* __restrict__ res, int M, int N, int m0,
-                                            int strip0, int act) {
+                                            int strip0, int act, int jpar = 0) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int wm = warp / WN;
@@ -100,6 +101,7 @@ __device__ __forceinline__ void tc_epilogue(const float (&acc)[NS][MT][4], uint1
     const int strips = N >> 4;
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
+        if (JPAR && (j & 1) != jpar) continue;
         const int strip = strip0 + wn * NS + j;
         if (strip >= strips) continue;
 #pragma unroll
@@ -143,6 +145,25 @@ __device__ __forceinline__ void tile_sync() {
         __syncthreads();
     } else {
         asm volatile("bar.sync %0, %1;" ::"n"(BAR), "n"(NT) : "memory");
+    }
+}
+
+// The epilogue, one straight-line copy per common activation (the runtime switch stays for the
+// rest: inlined at each of up to 128 accumulators, it is most of the kernel's code). JPAR: only the
+// strips j with j % 2 == jpar (tc_epilogue).
+template <int DT, int MT, int NS, int WM, int WN, bool JPAR = false>
+__device__ __forceinline__ void tile_epilogue(const float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
+                                              const uint16_t* __restrict__ bias, const uint16_t* __restrict__ res,
+                                              int M, int N, int m0, int strip0, int act, int jpar = 0) {
+    switch (act) {
+        case ACT_NONE:
+            tc_epilogue<DT, MT, NS, WM, WN, ACT_NONE, JPAR>(acc, Y, bias, res, M, N, m0, strip0, act, jpar);
+            break;
+        case ACT_RELU:
+            tc_epilogue<DT, MT, NS, WM, WN, ACT_RELU, JPAR>(acc, Y, bias, res, M, N, m0, strip0, act, jpar);
+            break;
+        default:
+            tc_epilogue<DT, MT, NS, WM, WN, -1, JPAR>(acc, Y, bias, res, M, N, m0, strip0, act, jpar);
     }
 }
 
@@ -203,18 +224,7 @@ __device__ __forceinline__ void tile_finish(float (&acc)[NS][MT][4], uint16_t* _
         if (tid == 0) counters[tile] = 0;  // ready for the next launch
     }
 
-    // Epilogue, one straight-line copy per common activation (the runtime switch stays for the
-    // rest: inlined at each of up to 128 accumulators, it is most of the kernel's code).
-    switch (act) {
-        case ACT_NONE:
-            tc_epilogue<DT, MT, NS, WM, WN, ACT_NONE>(acc, Y, bias, res, M, N, m0, strip0, act);
-            break;
-        case ACT_RELU:
-            tc_epilogue<DT, MT, NS, WM, WN, ACT_RELU>(acc, Y, bias, res, M, N, m0, strip0, act);
-            break;
-        default:
-            tc_epilogue<DT, MT, NS, WM, WN, -1>(acc, Y, bias, res, M, N, m0, strip0, act);
-    }
+    tile_epilogue<DT, MT, NS, WM, WN>(acc, Y, bias, res, M, N, m0, strip0, act);
 }
 
 // blockDim.x = NT; dynamic shared memory ST * STAGE bytes.

@@ -32,6 +32,15 @@
 // next wgs grid's blocks parked on the SMs, copying their weights, while this one ran), which cost
 // 10 µs at 64 rows on the H200 (twenty-fifth session).
 
+// Split-K in a cluster (KC = 2, `__cluster_dims__(1, 1, 2)`, wgs128wk): the two splits of a tile are
+// one cluster and never touch the workspace. After both CTAs' loops (a cluster barrier: each ring is
+// idle), rank r stores the accumulators of its strips j with j % 2 != r into the peer's shared memory
+// (the ring's first bytes, [register quad][consumer thread] float4s: a warp's stores are 512
+// contiguous bytes), a second cluster barrier, then each adds the peer's partial of its own strips
+// (p0 + p1: one addition, the same bits in either order, as tile_finish's z order for two splits)
+// and runs the epilogue of those strips only. The producer warps stay for both barriers (no remote
+// store may reach an exited CTA). Such a kernel runs only at split 2 (plan_mtc).
+
 // A per-block timeline of the wgs kernels, for bench/wgs_ablate.py only (its AB 16 row): a source that
 // defines ANVIL_WGS_TRACE (the most blocks traced) gets this buffer, and its kernels with
 // AB & WGS_AB_TRACE write, per block b, anvil_wgs_trace[16 b + slot] (wgs_stamp). The library's
@@ -88,6 +97,31 @@ __device__ __forceinline__ void mbar_arrive_warp(uint32_t bar) {
     asm volatile(
         "{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar)
         : "memory");
+}
+
+// This CTA's rank in its cluster
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of every CTA of the cluster (whole warps): what each did before is visible to all
+// after (release / acquire at cluster scope)
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The shared address saddr of this CTA as the same offset in the cluster's CTA `rank`
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t saddr, uint32_t rank) {
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(saddr), "r"(rank));
+    return r;
+}
+
+__device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, float c, float d) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
 }
 
 // Where a thread of a wgs or wgd block works: its lane and warp, its tile's first row of x and
@@ -196,7 +230,7 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
 // bench/wgs_ablate.py instantiates others): past the first ST chunks, AB & WGS_AB_X copies no x
 // (the stages keep the x of earlier chunks), AB & WGS_AB_W no weights or scale words.
 // blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0>
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0, int KC = 0>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
@@ -207,6 +241,9 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     static_assert(MT == 4 || MT == 8 || MT == 16, "wgmma N = 8*MT: 32, 64 or 128");
     static_assert(ST >= 2, "a stage being multiplied and one being filled");
     static_assert(PW == 1 || PW == 4, "a producer warp, or a producer warpgroup that gives its registers away");
+    static_assert(KC == 0 || (KC == 2 && NS % 2 == 0), "split-K in a cluster of two: each rank finishes half the strips");
+    static_assert(KC == 0 || NS / 2 * MT * 32 * WN * 16 <= ST * MtcTile<MT, NS, 1, WN, true>::STAGE,
+                  "the peer's partial fits in the ring");
     using T = MtcTile<MT, NS, 1, WN, true>;
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -233,6 +270,11 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         if (wn == WN && lane == 0 && nck > 0) {
             wgs_produce<T, ST, CPG, AB>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0);
             wgs_stamp<AB>(WGS_T_PROD);
+        }
+        if constexpr (KC == 2) {  // the consumers' two cluster barriers
+            __syncwarp();
+            cluster_sync();
+            cluster_sync();
         }
         return;
     }
@@ -282,7 +324,38 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
     if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_LOOP);
     pdl_wait();  // before bias, residual, output, workspace and counters (a no-op: see the top)
-    tile_finish<DT, MT, NS, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
+    if constexpr (KC == 2) {
+        constexpr int NT = 32 * WN;
+        const uint32_t rank = cluster_rank();
+        cluster_sync();  // both rings idle: the peer may write into this CTA's stages
+        const uint32_t peer = mapa_shared(smem_s, rank ^ 1u) + 16 * threadIdx.x;
+        int quad = 0;  // [register quad][thread] float4s
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                if ((j & 1) != static_cast<int>(rank)) {
+                    const float(&q)[4] = acc[j][mt];
+                    st_cluster_v4(peer + 16 * NT * quad++, q[0], q[1], q[2], q[3]);
+                }
+        cluster_sync();  // the peer's partial of this CTA's strips has landed
+        const float4* mine = reinterpret_cast<const float4*>(smem) + threadIdx.x;
+        quad = 0;
+#pragma unroll
+        for (int j = 0; j < NS; ++j)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                if ((j & 1) == static_cast<int>(rank)) {
+                    const float4 p = mine[NT * quad++];
+                    acc[j][mt][0] += p.x;
+                    acc[j][mt][1] += p.y;
+                    acc[j][mt][2] += p.z;
+                    acc[j][mt][3] += p.w;
+                }
+        tile_epilogue<DT, MT, NS, 1, WN, true>(acc, Y, bias, res, M, N, m0, strip0, act, static_cast<int>(rank));
+    } else {
+        tile_finish<DT, MT, NS, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
+    }
     if (threadIdx.x == 0) {
         wgs_stamp<AB>(WGS_T_END);
         wgs_stamp<AB>(WGS_T_GT_END);
@@ -291,14 +364,17 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 
 }  // namespace anvil_w4a16
 
-#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB)                                 \
-    extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB)                                  \
+// KC: 0, or 2 (split-K in a cluster of the two splits of a tile: a compile-time cluster)
+#define ANVIL_WGS_KC_0
+#define ANVIL_WGS_KC_2 __cluster_dims__(1, 1, 2)
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC)                             \
+    extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB) ANVIL_WGS_KC_##KC                \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW>(W, SZ, X, Y, bias, res, ws, counters, \
-                                                                M, N, K, act, flags);                  \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC>(W, SZ, X, Y, bias, res, ws,     \
+                                                                       counters, M, N, K, act, flags); \
     }
 
 // x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
