@@ -142,14 +142,9 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # two blocks a SM)
     "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=156, sa=True, minb=1, wg=True, ws=1),
     "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1),
-    # wgs64nd's tile at 16 stages, one block a SM (200 KiB): 74 KiB of weights in flight a SM
-    # instead of 37 (thirty-second session's timeline: the loop moves 37 KiB in ~2.5 µs, the ring's
-    # first fill's latency; built, not yet run on a GPU)
-    "wgs64nx": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=16, regs=80, sa=True, minb=1, wg=True, ws=1),
-    # 64 x 256 with 16 consumer warps (four warpgroups, one strip a warp), 12 stages (209 KiB), one
-    # block a SM (thirty-third session): half wgs64nd's x traffic from L2 per weight byte and twice
-    # its warps a scheduler to hide the consumers' chain, both at once (each alone gained nothing)
-    "wgs64q": MtcConfig(mt=8, ns=1, wm=1, wn=16, st=12, regs=80, sa=True, minb=1, wg=True, ws=1),
+    # taken out after measuring on an H100 (thirty-third session, docs/kernels_gpu.md "A deeper ring
+    # and more warps, measured"): wgs64nx (wgs64nd at 16 stages, one block a SM; fb3d27c) and wgs64q
+    # (64 x 256, 16 consumer warps; c050702), both slower than wgs64nd at their best splits
     # 128 x 256 (wg128w's tile): a producer warpgroup hands its registers to the consumers
     # (setmaxnreg: 40 / 232; ptxas reports the launch's 168)
     "wgs128w": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4),
