@@ -220,21 +220,24 @@ def test_plan_mtc_geometry() -> None:
 
 
 def test_cluster_split_k_plans_its_split_and_no_workspace() -> None:
-    """A wgs config that sums its two splits in a cluster (kc = 2) runs at split 2 whatever the
-    planner would choose, asks for no workspace, and refuses any other split; kc is only for wgs
-    configs with strips to halve between the two ranks."""
+    """A wgs config that sums its splits in a cluster (kc) runs at split kc whatever the planner
+    would choose, asks for no workspace, and refuses any other split; kc is 2, 4 or 8, for wgs
+    configs whose accumulator quads (ns * mt) it divides among the ranks."""
     kc = [name for name, c in MTC_CONFIGS.items() if c.kc]
     assert kc
     for name in kc:
-        for m, n, k in ((256, 8192, 8192), (1, 256, 512), (128, 14336, 4096)):
+        c = MTC_CONFIGS[name]
+        for m, n, k in ((256, 8192, 8192), (1, 256, 1024), (128, 14336, 4096)):
             p = plan_mtc(m, n, k, 128, name, sm_count=132)
-            assert p.split == 2 and p.grid[2] == 2 and p.ws_floats == 0
-        with pytest.raises(ValueError, match="split 2 only"):
-            plan_mtc(256, 8192, 8192, 128, name, split=4)
+            assert p.split == c.kc and p.grid[2] == c.kc and p.ws_floats == 0
+        with pytest.raises(ValueError, match=f"split {c.kc} only"):
+            plan_mtc(256, 8192, 8192, 128, name, split=2 * c.kc)
         with pytest.raises(ValueError, match="groups"):
-            plan_mtc(256, 256, 128, 128, name)  # one group along K: nothing for a second split
+            plan_mtc(256, 256, 128, 128, name)  # one group along K: nothing for the other splits
     with pytest.raises(ValueError, match="kc"):
-        MtcConfig(mt=16, ns=1, wm=1, wn=8, st=6, regs=168, sa=True, wg=True, ws=4, kc=2)  # odd ns
+        MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, wg=True, ws=4, kc=3)
+    with pytest.raises(ValueError, match="kc"):
+        MtcConfig(mt=4, ns=1, wm=1, wn=8, st=6, regs=64, sa=True, wg=True, ws=1, kc=8)  # 4 quads, 8 ranks
     with pytest.raises(ValueError, match="kc"):
         MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, wg=True, kc=2)  # no producer
 
@@ -321,6 +324,8 @@ def test_mtc_ptxas_report_and_sass(
         ("wgs64n", "fp16", 5, 256, 160, 64, 1),
         ("wgs128w", "bf16", 40, 256, 288, 128, 2),
         ("wgs128wk", "fp16", 130, 512, 544, 128, 2),  # split-K in a cluster: no workspace
+        ("wgs128wk4", "bf16", 70, 512, 288, 128, 4),
+        ("wgs64ndk2", "bf16", 33, 512, 160, 64, 2),
         ("wgs32", "fp16", 3, 256, 288, 64, 1),
         ("wgd64", "bf16", 70, 512, 288, 128, 2),
     ],

@@ -52,9 +52,9 @@ class MtcConfig:
     # producer as in wgs (ws = 1). 0: the warps that multiply dequantize (wg, wgs)
     dq: int = 0
     ast: int = 0
-    # kc = 2 (a ws config with an even ns): the two splits of a tile are one cluster and sum their
-    # partials through distributed shared memory, no workspace (w4a16_wgs.cu); it runs at split 2
-    # only. 0: split-K through the workspace, any split
+    # kc = 2, 4 or 8 (a ws config, kc dividing ns * mt): the kc splits of a tile are one cluster
+    # and sum their partials through distributed shared memory, no workspace (w4a16_wgs.cu); it runs
+    # at split kc only. 0: split-K through the workspace, any split
     kc: int = 0
 
     def __post_init__(self) -> None:
@@ -71,8 +71,9 @@ class MtcConfig:
             raise ValueError("a wgd config (dq) has a producer warp, ns = 1, dq = wn and 2+ A stages")
         if self.ast and not self.dq:
             raise ValueError("A stages (ast) belong to a wgd config (dq)")
-        if self.kc not in (0, 2) or (self.kc and (not self.ws or self.dq or self.ns % 2)):
-            raise ValueError("kc: 0, or 2 for a wgs config (ws, no dq) with an even ns")
+        quads = self.ns * self.mt  # a thread's accumulator quads, shared out among the cluster's ranks
+        if self.kc not in (0, 2, 4, 8) or (self.kc and (not self.ws or self.dq or quads % self.kc)):
+            raise ValueError("kc: 0, or 2, 4, 8 for a wgs config (ws, no dq) whose ns * mt it divides")
 
     @property
     def bm(self) -> int:
@@ -142,6 +143,8 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # two blocks a SM)
     "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=156, sa=True, minb=1, wg=True, ws=1),
     "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1),
+    # wgs64nd with its two splits in one cluster (split-K on chip, as wgs128wk): M = 64 at split 2
+    "wgs64ndk2": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=2),
     # taken out after measuring on an H100 (thirty-third session, docs/kernels_gpu.md "A deeper ring
     # and more warps, measured"): wgs64nx (wgs64nd at 16 stages, one block a SM; fb3d27c) and wgs64q
     # (64 x 256, 16 consumer warps; c050702), both slower than wgs64nd at their best splits
@@ -152,6 +155,8 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # epilogue through the workspace took 10 µs (median block) of its 62 at M = 256, split 2 on an
     # H100 (thirty-second session's timeline)
     "wgs128wk": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=2),
+    # the same with four splits a cluster: where a tile needs split 4 for a wave (N = 4096, M = 128-256)
+    "wgs128wk4": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=4),
     # 32 rows (twenty-sixth session): wgmma m64n32k16. x reaches the tensor cores from the stage
     # once a warpgroup (the GEMV-like kernels read every x fragment once a warp, through L1); a
     # smaller accumulator leaves room for more blocks a SM. The fastest kernel at M = 32 on two of the

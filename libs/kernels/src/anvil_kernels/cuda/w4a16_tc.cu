@@ -86,12 +86,13 @@ __device__ __forceinline__ void tc_load_stage(unsigned char* st, const uint4* __
 
 // C fragment (16 n x 8 m) q -> n = 16*strip + g8 + 8*(q >> 1), m = 2*t4 + (q & 1); ACT -1: the
 // runtime code ``act``.
-// JPAR (the wgs cluster's split-K, w4a16_wgs.cu): only the strips j with j % 2 == jpar
-template <int DT, int MT, int NS, int WM, int WN, int ACT, bool JPAR = false>
+// KC > 1 (the wgs cluster's split-K, w4a16_wgs.cu): only the accumulator quads (j, mt) with
+// (j * MT + mt) % KC == rank
+template <int DT, int MT, int NS, int WM, int WN, int ACT, int KC = 1>
 __device__ __forceinline__ void tc_epilogue(const float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
                                             const uint16_t* __restrict__ bias,
                                             const uint16_t* __restrict__ res, int M, int N, int m0,
-                                            int strip0, int act, int jpar = 0) {
+                                            int strip0, int act, int rank = 0) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int wm = warp / WN;
@@ -101,7 +102,6 @@ __device__ __forceinline__ void tc_epilogue(const float (&acc)[NS][MT][4], uint1
     const int strips = N >> 4;
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
-        if (JPAR && (j & 1) != jpar) continue;
         const int strip = strip0 + wn * NS + j;
         if (strip >= strips) continue;
 #pragma unroll
@@ -110,6 +110,7 @@ __device__ __forceinline__ void tc_epilogue(const float (&acc)[NS][MT][4], uint1
             const float bn = bias != nullptr ? Dt<DT>::to_f(bias[n]) : 0.0f;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
+                if (KC > 1 && (j * MT + mt) % KC != rank) continue;
                 const int m = m0 + (wm * MT + mt) * 8 + 2 * t4 + (q & 1);
                 if (m >= M) continue;
                 float v = acc[j][mt][q] + bn;
@@ -149,21 +150,21 @@ __device__ __forceinline__ void tile_sync() {
 }
 
 // The epilogue, one straight-line copy per common activation (the runtime switch stays for the
-// rest: inlined at each of up to 128 accumulators, it is most of the kernel's code). JPAR: only the
-// strips j with j % 2 == jpar (tc_epilogue).
-template <int DT, int MT, int NS, int WM, int WN, bool JPAR = false>
+// rest: inlined at each of up to 128 accumulators, it is most of the kernel's code). KC > 1: only
+// the quads this cluster rank owns (tc_epilogue).
+template <int DT, int MT, int NS, int WM, int WN, int KC = 1>
 __device__ __forceinline__ void tile_epilogue(const float (&acc)[NS][MT][4], uint16_t* __restrict__ Y,
                                               const uint16_t* __restrict__ bias, const uint16_t* __restrict__ res,
-                                              int M, int N, int m0, int strip0, int act, int jpar = 0) {
+                                              int M, int N, int m0, int strip0, int act, int rank = 0) {
     switch (act) {
         case ACT_NONE:
-            tc_epilogue<DT, MT, NS, WM, WN, ACT_NONE, JPAR>(acc, Y, bias, res, M, N, m0, strip0, act, jpar);
+            tc_epilogue<DT, MT, NS, WM, WN, ACT_NONE, KC>(acc, Y, bias, res, M, N, m0, strip0, act, rank);
             break;
         case ACT_RELU:
-            tc_epilogue<DT, MT, NS, WM, WN, ACT_RELU, JPAR>(acc, Y, bias, res, M, N, m0, strip0, act, jpar);
+            tc_epilogue<DT, MT, NS, WM, WN, ACT_RELU, KC>(acc, Y, bias, res, M, N, m0, strip0, act, rank);
             break;
         default:
-            tc_epilogue<DT, MT, NS, WM, WN, -1, JPAR>(acc, Y, bias, res, M, N, m0, strip0, act, jpar);
+            tc_epilogue<DT, MT, NS, WM, WN, -1, KC>(acc, Y, bias, res, M, N, m0, strip0, act, rank);
     }
 }
 

@@ -32,14 +32,15 @@
 // next wgs grid's blocks parked on the SMs, copying their weights, while this one ran), which cost
 // 10 µs at 64 rows on the H200 (twenty-fifth session).
 
-// Split-K in a cluster (KC = 2, `__cluster_dims__(1, 1, 2)`, wgs128wk): the two splits of a tile are
-// one cluster and never touch the workspace. After both CTAs' loops (a cluster barrier: each ring is
-// idle), rank r stores the accumulators of its strips j with j % 2 != r into the peer's shared memory
-// (the ring's first bytes, [register quad][consumer thread] float4s: a warp's stores are 512
-// contiguous bytes), a second cluster barrier, then each adds the peer's partial of its own strips
-// (p0 + p1: one addition, the same bits in either order, as tile_finish's z order for two splits)
-// and runs the epilogue of those strips only. The producer warps stay for both barriers (no remote
-// store may reach an exited CTA). Such a kernel runs only at split 2 (plan_mtc).
+// Split-K in a cluster (KC = 2, 4 or 8, `__cluster_dims__(1, 1, KC)`: wgs128wk, wgs128wk4, ...): the
+// KC splits of a tile are one cluster and never touch the workspace. After every CTA's loop (a
+// cluster barrier: each ring is idle), rank r stores each accumulator quad (acc[j][mt], 4 floats a
+// thread) it does not own into its owner's shared memory (quad q = j * MT + mt is rank q % KC's; the
+// ring's first bytes, [sender slot][quad][consumer thread] float4s: a warp's stores are 512
+// contiguous bytes), a second cluster barrier, then each owner adds the KC partials of its quads in
+// z order (deterministic, as tile_finish's) and runs the epilogue of those quads only. The
+// producer warps stay for both barriers (no remote store may reach an exited CTA). Such a kernel
+// runs only at split KC (plan_mtc).
 
 // A per-block timeline of the wgs kernels, for bench/wgs_ablate.py only (its AB 16 row): a source that
 // defines ANVIL_WGS_TRACE (the most blocks traced) gets this buffer, and its kernels with
@@ -241,9 +242,11 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     static_assert(MT == 4 || MT == 8 || MT == 16, "wgmma N = 8*MT: 32, 64 or 128");
     static_assert(ST >= 2, "a stage being multiplied and one being filled");
     static_assert(PW == 1 || PW == 4, "a producer warp, or a producer warpgroup that gives its registers away");
-    static_assert(KC == 0 || (KC == 2 && NS % 2 == 0), "split-K in a cluster of two: each rank finishes half the strips");
-    static_assert(KC == 0 || NS / 2 * MT * 32 * WN * 16 <= ST * MtcTile<MT, NS, 1, WN, true>::STAGE,
-                  "the peer's partial fits in the ring");
+    constexpr int KCD = KC > 0 ? KC : 1;  // (no division by zero where KC = 0)
+    static_assert(KC == 0 || ((KC == 2 || KC == 4 || KC == 8) && NS * MT % KCD == 0),
+                  "split-K in a cluster of 2, 4 or 8: each rank finishes a KC-th of the accumulator quads");
+    static_assert(KC == 0 || (KCD - 1) * (NS * MT / KCD) * 32 * WN * 16 <= ST * MtcTile<MT, NS, 1, WN, true>::STAGE,
+                  "the peers' partials fit in the ring");
     using T = MtcTile<MT, NS, 1, WN, true>;
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
@@ -271,7 +274,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             wgs_produce<T, ST, CPG, AB>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0);
             wgs_stamp<AB>(WGS_T_PROD);
         }
-        if constexpr (KC == 2) {  // the consumers' two cluster barriers
+        if constexpr (KC > 1) {  // the consumers' two cluster barriers
             __syncwarp();
             cluster_sync();
             cluster_sync();
@@ -324,35 +327,54 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     for (int j = 0; j < NS; ++j) wg_pin(reinterpret_cast<float(&)[4 * MT]>(acc[j]));
     if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_LOOP);
     pdl_wait();  // before bias, residual, output, workspace and counters (a no-op: see the top)
-    if constexpr (KC == 2) {
-        constexpr int NT = 32 * WN;
-        const uint32_t rank = cluster_rank();
-        cluster_sync();  // both rings idle: the peer may write into this CTA's stages
-        const uint32_t peer = mapa_shared(smem_s, rank ^ 1u) + 16 * threadIdx.x;
-        int quad = 0;  // [register quad][thread] float4s
+    if constexpr (KC > 1) {
+        // quad q = j * MT + mt (the 4 accumulators acc[j][mt]) belongs to rank q % KC; the owner o
+        // keeps in its stages, for each other rank s, that rank's partial of its quads:
+        // [slot s < o ? s : s - 1][q / KC][consumer thread] float4s
+        constexpr int NT = 32 * WN, QK = NS * MT / KCD;
+        const int rank = static_cast<int>(cluster_rank());
+        uint32_t base[KC];
+#pragma unroll
+        for (int o = 0; o < KC; ++o) base[o] = mapa_shared(smem_s, static_cast<uint32_t>(o)) + 16 * threadIdx.x;
+        cluster_sync();  // every ring of the cluster idle: the peers may write into this CTA's stages
 #pragma unroll
         for (int j = 0; j < NS; ++j)
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                if ((j & 1) != static_cast<int>(rank)) {
-                    const float(&q)[4] = acc[j][mt];
-                    st_cluster_v4(peer + 16 * NT * quad++, q[0], q[1], q[2], q[3]);
+            for (int mt = 0; mt < MT; ++mt) {
+                const int q = j * MT + mt, o = q % KC;
+                if (o != rank) {
+                    const int slot = rank < o ? rank : rank - 1;
+                    const float(&v)[4] = acc[j][mt];
+                    st_cluster_v4(base[o] + 16 * NT * (slot * QK + q / KC), v[0], v[1], v[2], v[3]);
                 }
-        cluster_sync();  // the peer's partial of this CTA's strips has landed
+            }
+        cluster_sync();  // the peers' partials of this CTA's quads have landed
         const float4* mine = reinterpret_cast<const float4*>(smem) + threadIdx.x;
-        quad = 0;
 #pragma unroll
         for (int j = 0; j < NS; ++j)
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                if ((j & 1) == static_cast<int>(rank)) {
-                    const float4 p = mine[NT * quad++];
-                    acc[j][mt][0] += p.x;
-                    acc[j][mt][1] += p.y;
-                    acc[j][mt][2] += p.z;
-                    acc[j][mt][3] += p.w;
+            for (int mt = 0; mt < MT; ++mt) {
+                const int q = j * MT + mt;
+                if (q % KC != rank) continue;
+                // the splits' partials added in z order (deterministic; tile_finish's order)
+                float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int z = 0; z < KC; ++z) {
+                    float4 p;
+                    if (z == rank) {
+                        p = make_float4(acc[j][mt][0], acc[j][mt][1], acc[j][mt][2], acc[j][mt][3]);
+                    } else {
+                        p = mine[NT * ((z < rank ? z : z - 1) * QK + q / KC)];
+                    }
+                    t[0] += p.x;
+                    t[1] += p.y;
+                    t[2] += p.z;
+                    t[3] += p.w;
                 }
-        tile_epilogue<DT, MT, NS, 1, WN, true>(acc, Y, bias, res, M, N, m0, strip0, act, static_cast<int>(rank));
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[j][mt][i] = t[i];
+            }
+        tile_epilogue<DT, MT, NS, 1, WN, KC>(acc, Y, bias, res, M, N, m0, strip0, act, rank);
     } else {
         tile_finish<DT, MT, NS, 1, WN, 1>(acc, Y, bias, res, ws, counters, M, N, m0, strip0, act);
     }
@@ -364,9 +386,11 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 
 }  // namespace anvil_w4a16
 
-// KC: 0, or 2 (split-K in a cluster of the two splits of a tile: a compile-time cluster)
+// KC: 0, or 2, 4, 8 (split-K in a cluster of a tile's splits: a compile-time cluster)
 #define ANVIL_WGS_KC_0
 #define ANVIL_WGS_KC_2 __cluster_dims__(1, 1, 2)
+#define ANVIL_WGS_KC_4 __cluster_dims__(1, 1, 4)
+#define ANVIL_WGS_KC_8 __cluster_dims__(1, 1, 8)
 #define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC)                             \
     extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB) ANVIL_WGS_KC_##KC                \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
