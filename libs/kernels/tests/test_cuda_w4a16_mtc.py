@@ -185,6 +185,19 @@ def test_model_index_expressions_are_the_kernels() -> None:
         "(static_cast<size_t>(z) * T::REGS + (j * MT + mt) * 4 + q) * T::NT + tid",
     ]:
         assert expr in src, f"w4a16_mtc.cu no longer has: {expr}"
+    wgs = MTC_SRC.with_name("w4a16_wgs.cu").read_text()
+    for expr in [  # the cluster's split-K (mtc_model._cluster_sum)
+        "constexpr int NT = 32 * WN, QK = NS * MT / KCD;",
+        "base[o] = mapa_shared(smem_s, static_cast<uint32_t>(o)) + 16 * threadIdx.x;",
+        "const int q = j * MT + mt, o = q % KC;",
+        "const int slot = rank < o ? rank : rank - 1;",
+        "st_cluster_v4(base[o] + 16 * NT * (slot * QK + q / KC), v[0], v[1], v[2], v[3]);",
+        "const float4* mine = reinterpret_cast<const float4*>(smem) + threadIdx.x;",
+        "if (q % KC != rank) continue;",
+        "p = mine[NT * ((z < rank ? z : z - 1) * QK + q / KC)];",
+        "if (KC > 1 && (j * MT + mt) % KC != rank) continue;",
+    ]:
+        assert expr in wgs + src, f"w4a16_wgs.cu no longer has: {expr}"
 
 
 @pytest.mark.parametrize(("nt", "bm"), [(256, 64), (256, 128), (128, 64)])

@@ -257,9 +257,14 @@ def simulate(
                                 acc[warp, j] += sc[None] * cg[warp, j]
                 # partials in fragment order: ws[z][(j*MT + mt)*4 + q][tid]
                 ws[z] = acc.transpose(1, 2, 3, 0, 4).reshape(REGS, NT)
-            total = ws[0].copy()  # the last block of the tile adds the S partials in z order
-            for z in range(1, S):
-                total += ws[z]
+            if c.kc:  # split-K in a cluster: the quads' partials through the owners' stages
+                assert c.kc == S, f"{cfg_name} runs at split {c.kc} only"
+                total, owner = _cluster_sum(ws, c.kc, NS, MT, NT, ST * c.stage_bytes)
+            else:
+                total = ws[0].copy()  # the last block of the tile adds the S partials in z order
+                for z in range(1, S):
+                    total += ws[z]
+                owner = None
             assert not np.isnan(total).any(), "a split left its partials unwritten"
             acc_t = total.reshape(NS, MT, 4, nwarps, 32)
             for warp in range(nwarps):
@@ -271,8 +276,51 @@ def simulate(
                     for qq in range(4):
                         nn = strip * 16 + _G8 + 8 * (qq >> 1)
                         for mt in range(MT):
+                            if owner is not None and owner[j * MT + mt] < 0:
+                                continue  # no rank finished this quad (owner: the rank that did)
                             mm = m0 + (wm * MT + mt) * 8 + 2 * _T4 + (qq & 1)
                             ok = mm < m_rows
                             out[mm[ok], nn[ok]] = acc_t[j, mt, qq, warp][ok]
                             np.add.at(writes, (mm[ok], nn[ok]), 1)
     return out, writes
+
+
+def _cluster_sum(
+    ws: NDArray[np.float64], kc: int, ns: int, mt_: int, nt: int, ring_bytes: int
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """w4a16_wgs.cu's split-K in a cluster of kc CTAs (the splits' partials ws (kc, REGS, NT) in
+    fragment order): rank r stores each quad q = j * MT + mt it does not own into the stages of its
+    owner q % kc at float4 [slot][q / kc][thread], slot = r < owner ? r : r - 1 (each slot written
+    once, inside the ring); each owner adds the kc partials of its quads in z order, its own from
+    its registers. Returns the sums (REGS, NT) and, per quad, the rank that finished it."""
+    qk = ns * mt_ // kc
+    size = (kc - 1) * qk * nt * 4  # floats
+    assert size * 4 <= ring_bytes, "the peers' partials overflow the ring"
+    smem = np.full((kc, size), np.nan)
+    for rank in range(kc):
+        for q in range(ns * mt_):
+            o = q % kc
+            if o == rank:
+                continue
+            slot = rank if rank < o else rank - 1
+            f4 = (slot * qk + q // kc) * nt + np.arange(nt)  # float4 index, one a thread
+            dst = (4 * f4[:, None] + np.arange(4)[None, :]).reshape(-1)
+            assert np.isnan(smem[o, dst]).all(), "a slot written twice"
+            smem[o, dst] = ws[rank, 4 * q : 4 * q + 4].T.reshape(-1)
+    total = np.full(ws.shape[1:], np.nan)
+    owner = np.full(ns * mt_, -1, np.int64)
+    for o in range(kc):
+        for q in range(ns * mt_):
+            if q % kc != o:
+                continue
+            t = np.zeros((4, nt))
+            for z in range(kc):
+                if z == o:
+                    p = ws[o, 4 * q : 4 * q + 4]
+                else:
+                    f4 = ((z if z < o else z - 1) * qk + q // kc) * nt + np.arange(nt)
+                    p = smem[o, (4 * f4[:, None] + np.arange(4)[None, :]).reshape(-1)].reshape(nt, 4).T
+                t = t + p
+            total[4 * q : 4 * q + 4] = t
+            owner[q] = o
+    return total, owner
