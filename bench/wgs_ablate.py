@@ -16,7 +16,9 @@ kernel is what that part costs where the others still run.
 Then the whole kernel once more with AB = 16 (WGS_AB_TRACE: nothing left out, a per-block timeline
 stamped, w4a16_wgs.cu's wgs_stamp): timed the same way, and the last launch's timeline summarized
 per phase over the blocks (barrier init, first chunk landed, the loop, the epilogue with split-K,
-the producer's last copy; launch skew and the kernel's span from %globaltimer; blocks a SM).
+the producer's last copy; launch skew and the kernel's span from %globaltimer; blocks a SM); for a
+tile whose splits sum in a cluster (kc), its epilogue in three parts (the wait for the cluster's
+loops, the exchange through distributed shared memory, the sums and the stores).
 
     python3 bench/wgs_ablate.py --out DIR [--shapes 8192x8192] [--cases wgs64nd:64:1,2,4;wgs128w:256:1,2]
     python3 bench/wgs_ablate.py --ncu-case wgs64nd:64:2   # one launch of the library kernel, for ncu
@@ -246,7 +248,7 @@ def _trace(mod: Any, layers: list, base: list, x: Any, outs: list, cfg: str, m: 
     cp.cuda.Device().synchronize()
     nb = int(np.prod(base[0].plan.grid))
     t = buf.get()[: min(nb, TRACE_BLOCKS)].astype(np.int64)
-    gt0, c0, cinit, cfirst, cloop, cend, cprod, sm, gt1 = (t[:, i] for i in range(9))
+    gt0, c0, cinit, cfirst, cloop, cend, cprod, sm, gt1, cx1, cx2 = (t[:, i] for i in range(11))
     ghz = (cend - c0) / np.maximum(gt1 - gt0, 1)  # cycles a ns, per block
 
     def pct(d_us: np.ndarray) -> dict[str, float]:
@@ -266,6 +268,11 @@ def _trace(mod: Any, layers: list, base: list, x: Any, outs: list, cfg: str, m: 
         "epilogue": phase(cloop, cend), "producer_done": phase(cinit, cprod), "block": phase(c0, cend),
         "blocks_per_sm": {int(v): int((per_sm == v).sum()) for v in np.unique(per_sm[per_sm > 0])},
     }  # fmt: skip
+    from anvil_kernels.cuda import MTC_CONFIGS
+
+    if MTC_CONFIGS[cfg].kc:  # the epilogue of a cluster's split-K in its three parts
+        trace["cluster"] = {"wait for the cluster's loops": phase(cloop, cx1), "exchange": phase(cx1, cx2),
+                            "sums and stores": phase(cx2, cend)}  # fmt: skip
     return {"K": k, "N": n, "M": m, "cfg": cfg, "split": split, "grid": list(base[0].plan.grid),
             "ab": TRACE_AB, "what": "whole kernel, traced", "us": round(us, 2), "tile_x_us": None,
             "cublas_us": None, "same_bits": None, "trace": trace, "whole_us": whole_us}  # fmt: skip
@@ -307,6 +314,14 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
                        f"{_pcts(t['first_chunk'])} | {_pcts(t['loop'])} | {_pcts(t['epilogue'])} | "
                        f"{_pcts(t['producer_done'])} | {_pcts(t['block'])} | "
                        f"{t['blocks_per_sm']} |")  # fmt: skip
+        clustered = [r for r in traced if "cluster" in r["trace"]]
+        if clustered:
+            out += ["", "The epilogue of a cluster's split-K (µs p10 / p50 / p90):", "",
+                    "| tile / split | wait for the cluster's loops | exchange | sums and stores |",
+                    "|---|---|---|---|"]  # fmt: skip
+            for r in clustered:
+                parts = " | ".join(_pcts(v) for v in r["trace"]["cluster"].values())
+                out.append(f"| {r['cfg']} / {r['split']} | {parts} |")
     return "\n".join(out) + "\n"
 
 

@@ -56,9 +56,12 @@ namespace anvil_w4a16 {
 // ANVIL_WGS_TRACE, so its calls cost the library's kernels nothing): 0 %globaltimer at entry (ns, comparable across SMs), 1 clock64 at
 // entry, then clock64 (cycles of this SM) 2 after the barriers' init, 3 when consumer warp 0's first
 // chunk has landed, 4 at its loop's end, 5 after its epilogue (split-K included), 6 when the producer
-// has issued its last copy; 7 the SM (%smid); 8 %globaltimer after the epilogue.
+// has issued its last copy; 7 the SM (%smid); 8 %globaltimer after the epilogue; a cluster's
+// split-K (KC > 1) also 9 after its first cluster barrier (every loop of the cluster done) and 10
+// after its second (the peers' partials landed).
 enum WgsSlot : int {
-    WGS_T_GT = 0, WGS_T_ENTRY, WGS_T_INIT, WGS_T_FIRST, WGS_T_LOOP, WGS_T_END, WGS_T_PROD, WGS_T_SM, WGS_T_GT_END
+    WGS_T_GT = 0, WGS_T_ENTRY, WGS_T_INIT, WGS_T_FIRST, WGS_T_LOOP, WGS_T_END, WGS_T_PROD, WGS_T_SM, WGS_T_GT_END,
+    WGS_T_XSYNC, WGS_T_XDONE
 };
 
 template <int AB>
@@ -337,6 +340,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 #pragma unroll
         for (int o = 0; o < KC; ++o) base[o] = mapa_shared(smem_s, static_cast<uint32_t>(o)) + 16 * threadIdx.x;
         cluster_sync();  // every ring of the cluster idle: the peers may write into this CTA's stages
+        if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_XSYNC);
 #pragma unroll
         for (int j = 0; j < NS; ++j)
 #pragma unroll
@@ -349,6 +353,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
                 }
             }
         cluster_sync();  // the peers' partials of this CTA's quads have landed
+        if (threadIdx.x == 0) wgs_stamp<AB>(WGS_T_XDONE);
         const float4* mine = reinterpret_cast<const float4*>(smem) + threadIdx.x;
 #pragma unroll
         for (int j = 0; j < NS; ++j)
