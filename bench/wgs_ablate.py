@@ -91,7 +91,8 @@ def build(cfgs: list[str], out: Path) -> tuple[list[Path], dict[str, int]]:
         src = out / f"ablate_{cfg}.cu"
         cubin = out / f"ablate_{cfg}.cubin"
         text = source([cfg])
-        if cubin.exists() and src.exists() and src.read_text() == text:  # built by an earlier run
+        log = cubin.with_suffix(".ptxas")  # ptxas's report, kept beside the cubin
+        if cubin.exists() and log.exists() and src.exists() and src.read_text() == text:  # built before
             procs.append((cubin, None))
             continue
         src.write_text(text)
@@ -102,11 +103,13 @@ def build(cfgs: list[str], out: Path) -> tuple[list[Path], dict[str, int]]:
         )
     regs: dict[str, int] = {}
     for cubin, proc in procs:
-        if proc is None:
+        if proc is None:  # an earlier run's build: its registers from the report it kept
+            regs |= regs_of(cubin.with_suffix(".ptxas").read_text())
             continue
         _, err = proc.communicate()
         if proc.returncode != 0 or "ptxas warning" in err.lower() or "C75" in err:
             raise RuntimeError(f"nvcc for {cubin.name}: rc {proc.returncode}\n{err[-4000:]}")
+        cubin.with_suffix(".ptxas").write_text(err)
         regs |= regs_of(err)
     return [c for c, _ in procs], regs
 
@@ -224,7 +227,7 @@ def _time_case(mod: Any, layers: list, wbfs: list, cfg: str, m: int, splits: lis
                          "ab": ab, "what": what, "us": round(us, 2), "tile_x_us": round(tile_us, 2),
                          "cublas_us": round(cublas, 2), "same_bits": same})  # fmt: skip
             print(rows[-1], flush=True)
-        whole = next(row["us"] for row in rows if row["split"] == split and row["ab"] == 0)
+        whole = float(next(row["us"] for row in rows if row["split"] == split and row["ab"] == 0))
         rows.append(_trace(mod, layers, base, x, outs, cfg, m, k, n, split, r, whole))
         print({key: v for key, v in rows[-1].items() if key != "trace"}, rows[-1]["trace"], flush=True)
         for layer, b in zip(layers, base, strict=True):

@@ -295,6 +295,11 @@ def _cluster_sum(
     its registers. Returns the sums (REGS, NT) and, per quad, the rank that finished it."""
     qk = ns * mt_ // kc
     size = (kc - 1) * qk * nt * 4  # floats
+
+    def floats(slot: int, q: int) -> NDArray[np.int64]:  # slot's float4s of quad q, a thread's 4 in a row
+        f4 = (slot * qk + q // kc) * nt + np.arange(nt)
+        return (4 * f4[:, None] + np.arange(4)[None, :]).reshape(-1)
+
     assert size * 4 <= ring_bytes, "the peers' partials overflow the ring"
     smem = np.full((kc, size), np.nan)
     for rank in range(kc):
@@ -302,9 +307,7 @@ def _cluster_sum(
             o = q % kc
             if o == rank:
                 continue
-            slot = rank if rank < o else rank - 1
-            f4 = (slot * qk + q // kc) * nt + np.arange(nt)  # float4 index, one a thread
-            dst = (4 * f4[:, None] + np.arange(4)[None, :]).reshape(-1)
+            dst = floats(rank if rank < o else rank - 1, q)
             assert np.isnan(smem[o, dst]).all(), "a slot written twice"
             smem[o, dst] = ws[rank, 4 * q : 4 * q + 4].T.reshape(-1)
     total = np.full(ws.shape[1:], np.nan)
@@ -318,8 +321,7 @@ def _cluster_sum(
                 if z == o:
                     p = ws[o, 4 * q : 4 * q + 4]
                 else:
-                    f4 = ((z if z < o else z - 1) * qk + q // kc) * nt + np.arange(nt)
-                    p = smem[o, (4 * f4[:, None] + np.arange(4)[None, :]).reshape(-1)].reshape(nt, 4).T
+                    p = smem[o, floats(z if z < o else z - 1, q)].reshape(nt, 4).T
                 t = t + p
             total[4 * q : 4 * q + 4] = t
             owner[q] = o
