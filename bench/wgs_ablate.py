@@ -202,7 +202,7 @@ def _time_case(mod: Any, layers: list, wbfs: list, cfg: str, m: int, splits: lis
     r = 24
     cublas = _graph_torch(lambda i: torch.matmul(xt, wbfs[i % COPIES], out=ot), r, 15)
     outs = [cp.empty((m, n), cp.uint16) for _ in range(COPIES)]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for split in splits:
         for layer in layers:
             layer.set_kernel(cfg, split)
@@ -227,7 +227,7 @@ def _time_case(mod: Any, layers: list, wbfs: list, cfg: str, m: int, splits: lis
                          "ab": ab, "what": what, "us": round(us, 2), "tile_x_us": round(tile_us, 2),
                          "cublas_us": round(cublas, 2), "same_bits": same})  # fmt: skip
             print(rows[-1], flush=True)
-        whole = float(next(row["us"] for row in rows if row["split"] == split and row["ab"] == 0))
+        whole = next(row["us"] for row in rows if row["split"] == split and row["ab"] == 0)
         rows.append(_trace(mod, layers, base, x, outs, cfg, m, k, n, split, r, whole))
         print({key: v for key, v in rows[-1].items() if key != "trace"}, rows[-1]["trace"], flush=True)
         for layer, b in zip(layers, base, strict=True):
