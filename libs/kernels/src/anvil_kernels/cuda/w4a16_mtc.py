@@ -145,6 +145,8 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1),
     # wgs64nd with its two splits in one cluster (split-K on chip, as wgs128wk): M = 64 at split 2
     "wgs64ndk2": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=2),
+    # and with four: K = 14336 (N = 4096), where wgs64nd is fastest at split 4 (thirty-fourth session)
+    "wgs64ndk4": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=4),
     # taken out after measuring on an H100 (thirty-third session, docs/kernels_gpu.md "A deeper ring
     # and more warps, measured"): wgs64nx (wgs64nd at 16 stages, one block a SM; fb3d27c) and wgs64q
     # (64 x 256, 16 consumer warps; c050702), both slower than wgs64nd at their best splits
@@ -155,8 +157,8 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # epilogue through the workspace took 10 µs (median block) of its 62 at M = 256, split 2 on an
     # H100 (thirty-second session's timeline)
     "wgs128wk": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=2),
-    # the same with four splits a cluster: where a tile needs split 4 for a wave (N = 4096, M = 128-256)
-    "wgs128wk4": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=4),
+    # wgs128wk4 (the same at kc = 4, for N = 4096) measured slower than wgs128w at every shape and M
+    # = 64-256 on an H100 (thirty-fourth session; code in 6dbf8f0) and was taken out
     # 32 rows (twenty-sixth session): wgmma m64n32k16. x reaches the tensor cores from the stage
     # once a warpgroup (the GEMV-like kernels read every x fragment once a warp, through L1); a
     # smaller accumulator leaves room for more blocks a SM. The fastest kernel at M = 32 on two of the
