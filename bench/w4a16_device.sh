@@ -71,10 +71,17 @@ tile_smoke() {
 }
 tile_smoke wg 120 "wg and not wgs and not wgd" "v.wg and not v.ws"
 WG_RC=$SMOKE_RC
-tile_smoke wgs 60 "wgs" "v.ws and not v.dq"
+# the tx tiles (x through a tensor map) apart from the other wgs tiles: their own smoke and exclusion
+TXK=$(python3 -c "from anvil_kernels.cuda import MTC_CONFIGS; print(' or '.join(c for c, v in MTC_CONFIGS.items() if v.tx) or 'no_tx_config')")
+tile_smoke wgs 60 "wgs and not ($TXK)" "v.ws and not v.dq and not v.tx"
 WGS_RC=$SMOKE_RC
 if [ "$WGS_RC" != 0 ]; then
   TEST_K="${TEST_K:+($TEST_K) and }not wgs"
+fi
+tile_smoke tx 60 "($TXK)" "v.tx"
+TX_RC=$SMOKE_RC
+if [ "$TX_RC" != 0 ]; then
+  TEST_K="${TEST_K:+($TEST_K) and }not ($TXK)"
 fi
 # the wgd tiles (dequantizing warps, A from shared memory) likewise: their own rings and barriers
 tile_smoke wgd 60 "wgd" "v.dq"
@@ -176,10 +183,10 @@ for (k, n) in ((8192, 8192), (4096, 14336), (14336, 4096)):
     print("  ".join(t))
 print("INT4 slower than cuBLAS bf16 (the table marks bf16_faster) at:", ", ".join(slower) or "none")
 EOF
-echo "wg smoke rc=$WG_RC  wgs smoke rc=$WGS_RC  wgd smoke rc=$WGD_RC  gv smoke rc=$GV_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
+echo "wg smoke rc=$WG_RC  wgs smoke rc=$WGS_RC  tx smoke rc=$TX_RC  wgd smoke rc=$WGD_RC  gv smoke rc=$GV_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
 # a device call brings back at most 8 files: the three smaller logs as one (logs.txt), so that the
 # results (kernels_gpu.{json,md}, w4a16_dispatch.json) and the bench and test logs always fit
-for f in wg_smoke wgs_smoke wgd_smoke gv_smoke build_all; do
+for f in wg_smoke wgs_smoke tx_smoke wgd_smoke gv_smoke build_all; do
   [ -f "$OUT/$f.txt" ] && { echo "== $f.txt"; cat "$OUT/$f.txt"; rm -f "$OUT/$f.txt"; }
 done > "$OUT/logs.txt"
 [ "$BENCH_RC" = 0 ] && [ "$TEST_RC" = 0 ]

@@ -104,6 +104,11 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], DevArra
         zeros=lambda shape, dtype=None: _dev(np.zeros(shape, dtype=dtype)),
     )
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    # x's tensor map for the tx tiles: what the map describes, for the kernel stand-in to check
+    monkeypatch.setattr(
+        "anvil_kernels.cuda.tmap.encode_x",
+        lambda ptr, m, k, box_rows: SimpleNamespace(ptr=ptr, m=m, k=k, box_rows=box_rows),
+    )
     return _dev
 
 
@@ -135,12 +140,17 @@ class ModelKernel:
         hit = re.match(r"w4a16((?:m?tc|wgs?)\w+?)_(bf16|fp16)_c(\d)$", self.name)
         assert hit is not None, self.name
         cfg, dt, cpg = hit.group(1), hit.group(2), int(hit.group(3))
-        qw, sz, x, y, bias, res, ws, counters, m, n, k, act, flags = args
         mtc = cfg in MTC_CONFIGS
         c = MTC_CONFIGS[cfg] if mtc else TC_CONFIGS[cfg]
+        if mtc and MTC_CONFIGS[cfg].tx:  # x as it is, and its tensor map (boxes of BM rows) last
+            *args, xmap = args
+        qw, sz, x, y, bias, res, ws, counters, m, n, k, act, flags = args
         assert block == (c.threads,) and shared_mem == c.smem
         xt = None
-        if mtc and MTC_CONFIGS[cfg].ws:  # x arrives retiled (w4a16_tile_x), whole tiles of rows
+        if mtc and MTC_CONFIGS[cfg].tx:
+            assert (xmap.ptr, xmap.m, xmap.k, xmap.box_rows) == (x.data.ptr, int(m), int(k), c.bm), xmap
+            assert x.size == int(m) * int(k)
+        elif mtc and MTC_CONFIGS[cfg].ws:  # x arrives retiled (w4a16_tile_x), whole tiles of rows
             mpad = int(grid[0]) * c.bm
             xt = np.asarray(x).reshape(-1)[: mpad * int(k)].copy()
             x = mtc_model.untile_x(xt, int(m), int(k), mpad).astype(xt.dtype)

@@ -66,6 +66,33 @@ def stage_x_wg(
     stage[dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
 
 
+def stage_x_sw128(
+    stage: NDArray[np.float64], x: NDArray[np.float64], chunk: int, BM: int, m0: int, m_rows: int
+) -> None:
+    """A tx config's x tile as its producer's TMA box writes it (tmap.encode_x: 64 values x BM rows,
+    128-byte swizzle): row r's 16-byte piece p at r * 128 + (p ^ (r & 7)) * 16 bytes, zeros past M
+    (the copy's out-of-bounds fill)."""
+    p = np.arange(BM * 8)
+    r, piece = p >> 3, p & 7
+    m = m0 + r
+    ok = m < m_rows
+    dst = (r * 128 + (piece ^ (r & 7)) * 16) // 2
+    kk = chunk * 64 + piece * 8
+    vals = x[np.where(ok, m, 0)[:, None], kk[:, None] + np.arange(8)]
+    stage[dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
+
+
+def wgmma_b_sw128(stage_x: NDArray[np.float64], start: int, n: int) -> NDArray[np.float64]:
+    """B (16 k x n columns) of wgmma from a K-major descriptor with the 128-byte swizzle (bytes; the
+    tile 1024-byte aligned, SBO 1024): element (k, col) at the address start + col * 128 + 2 k with
+    its bits 4-6 exclusive-ored with bits 7-9 (the row within the 8-row group)."""
+    k = np.arange(16)[:, None]
+    col = np.arange(n)[None, :]
+    addr = start + (col >> 3) * 1024 + (col & 7) * 128 + k * 2
+    addr = addr ^ (((addr >> 7) & 7) << 4)
+    return stage_x[addr // 2]
+
+
 def tile_x(x: NDArray[np.float64], mpad: int) -> NDArray[np.float64]:
     """What ``w4a16_tile_x`` writes for a wgs config: x (M, K) as [K/64 chunks][mpad/8 row groups]
     [8 k pieces][8 rows][8 values], flat, rows M .. mpad - 1 zero; so the stage of (chunk c, rows
@@ -134,7 +161,8 @@ def simulate(
     wrote each element). ``dtype`` sets the rounding of the scaled A fragments of an ``sa``
     config (``round_a``); exact configs ignore it. A wgs config (``ws``) reads its stages' x from
     ``xt`` (``tile_x``'s layout, what the launcher's ``w4a16_tile_x`` wrote; made from x when None)
-    at the producer's offsets, one contiguous slice a chunk; its ring is modelled as wg's."""
+    at the producer's offsets, one contiguous slice a chunk (a tx config's copies read x itself,
+    ``stage_x_sw128``, and its wgmmas through the swizzled descriptor); its ring is modelled as wg's."""
     c = MTC_CONFIGS[cfg_name]
     k, n, g, kind = (int(v) for v in packed["meta"])
     m_rows = x.shape[0]
@@ -152,14 +180,16 @@ def simulate(
     nwarps = NT // 32
     xrow = WG_XROW_BYTES if c.wg else XROW
     mpad = mtiles * BM
-    if c.ws and xt is None:
+    if c.ws and not c.tx and xt is None:
         xt = tile_x(x, mpad)
 
     Stages = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
     def issue(stages: Stages, buf: int, chunk: int, geo: tuple[int, ...], m0: int) -> None:
         _issue(stages, buf, chunk, geo, W, SZ, x)
-        if c.ws:  # the producer's bulk copy of x: BM/8 x 1024 bytes from XT + (chunk * mpad + m0) * 64
+        if c.tx:  # the producer's tensor copy of x: one box, swizzled, straight from x
+            stage_x_sw128(stages[2][buf], x, chunk, BM, m0, m_rows)
+        elif c.ws:  # the producer's bulk copy of x: BM/8 x 1024 bytes from XT + (chunk * mpad + m0) * 64
             assert xt is not None
             start = (chunk * mpad + m0) * 64
             stages[2][buf] = xt[start : start + BM * 64]
@@ -234,7 +264,10 @@ def simulate(
                                                 a = round_a(a * round_a(sr, dtype), dtype)
                                             A[_a_index(r, e)] = a
                                     if c.wg:  # this warp's 16 rows of D = A . B (16 k x BM rows of x)
-                                        Bw = wgmma_b(stX[buf], s * 256, 128, 1024, BM)
+                                        if c.tx:  # step s 32 bytes further (wg_desc_sw)
+                                            Bw = wgmma_b_sw128(stX[buf], s * 32, BM)
+                                        else:
+                                            Bw = wgmma_b(stX[buf], s * 256, 128, 1024, BM)
                                         assert not np.isnan(A).any() and not np.isnan(Bw).any()
                                         D = A @ Bw
                                         for mt in range(MT):

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from anvil_kernels.cuda.tmap import XMap
+
 __all__ = [
     "PROGRAMMATIC_STREAM_SERIALIZATION",
     "LaunchAttribute",
@@ -56,7 +58,7 @@ class LaunchConfig(ctypes.Structure):
     ]
 
 
-def _ctype_arg(a: Any) -> ctypes._SimpleCData:
+def _ctype_arg(a: Any) -> ctypes._SimpleCData | ctypes.Array:
     """A kernel argument as the C value cuLaunchKernelEx points at: a device array is its pointer,
     numpy int32 / uint64 scalars keep their width; anything else is refused (no silent widening)."""
     if a is None:
@@ -69,7 +71,11 @@ def _ctype_arg(a: Any) -> ctypes._SimpleCData:
         return ctypes.c_int32(int(a))
     if isinstance(a, np.uint64):
         return ctypes.c_uint64(int(a))
-    raise TypeError(f"a PDL kernel argument must be a device array, np.int32 or np.uint64, got {type(a)!r}")
+    if isinstance(a, XMap):  # a tx kernel's tensor map, by value (its 128 bytes)
+        return a.ctype()
+    raise TypeError(
+        f"a PDL kernel argument must be a device array, np.int32, np.uint64 or an XMap, got {type(a)!r}"
+    )
 
 
 def _function_handle(fn: Any) -> int:

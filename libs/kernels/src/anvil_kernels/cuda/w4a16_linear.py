@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from anvil_kernels.activations import ACTIVATIONS
+from anvil_kernels.cuda import tmap
 from anvil_kernels.cuda.pdl import default_launcher
 from anvil_kernels.cuda.w4a16 import (
     _DT_CODE,
@@ -97,6 +98,9 @@ def load_module(path: str | Path | Sequence[str | Path]) -> Any:
     return ModuleSet([cupy.RawModule(path=str(p)) for p in path])
 
 
+X_MAPS_KEPT = 16  # x tensor maps a layer keeps (one per x buffer and M a plan launches it with)
+
+
 def _ptr(a: Any) -> np.uint64:
     return np.uint64(0 if a is None else a.data.ptr)
 
@@ -107,6 +111,7 @@ class _Launch:
     plan: LaunchPlan | TcPlan
     fn: Any
     xt_rows: int = 0  # a wgs kernel: rows of x retiled by w4a16_tile_x before it (0: x as it is)
+    tx: bool = False  # a tx wgs kernel: x through a tensor map (tmap.py), no w4a16_tile_x
 
 
 class W4A16Linear:
@@ -177,6 +182,7 @@ class W4A16Linear:
         self._counters = cupy.zeros(1, np.int32)
         self._xt = cupy.zeros(8, self.xdtype)  # x retiled for the wgs kernels, grown by set_kernel
         self._tile_x: Any = None
+        self._x_maps: dict[tuple[int, int, int], Any] = {}  # tx kernels: x's tensor maps, oldest first
         self._launches: dict[int, _Launch] = {}
         # programmatic dependent launch of the GEMV-like kernels (pdl.py), only of kernels that wait
         if pdl and not waits_for_predecessor(module):
@@ -304,8 +310,9 @@ class W4A16Linear:
         # grows with its plan's split-K: only ever raise it
         if plan.smem > 48 * 1024 and int(fn.max_dynamic_shared_size_bytes) < plan.smem:
             fn.max_dynamic_shared_size_bytes = plan.smem
-        xt_rows = tile_x_rows(m, plan.cfg) if isinstance(plan, TcPlan) and plan.cfg in MTC_CONFIGS else 0
-        launch = _Launch(ch, plan, fn, xt_rows)
+        mtc = isinstance(plan, TcPlan) and plan.cfg in MTC_CONFIGS
+        xt_rows = tile_x_rows(m, plan.cfg) if mtc else 0
+        launch = _Launch(ch, plan, fn, xt_rows, mtc and MTC_CONFIGS[plan.cfg].tx)
         self._launches[m] = launch
         return launch
 
@@ -351,7 +358,7 @@ class W4A16Linear:
             wq, wsz = (self.mq, self.msz) if plan.cfg in MTC_CONFIGS else (self.qweight, self.sz)
             xs = x
             # a wgs kernel and its x retiling wait for the kernel before them (where built so)
-            dependent = self.pdl and self._wgs_waits and bool(launch.xt_rows)
+            dependent = self.pdl and self._wgs_waits and (bool(launch.xt_rows) or launch.tx)
             if launch.xt_rows:  # a wgs kernel reads x retiled, rows past M zero
                 pieces = launch.xt_rows * (self.k // 8)
                 grid = (-(-pieces // TILE_X_THREADS),)
@@ -362,8 +369,22 @@ class W4A16Linear:
                 wq, wsz, xs, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
                 *dims, np.int32(self._act), np.int32(self._scale_flag),
             )  # fmt: skip
+            if launch.tx:  # the kernel's last parameter: x's tensor map, by value
+                args += (self._x_map(x, m, MTC_CONFIGS[plan.cfg].bm),)
             self._launch(dependent, launch.fn, plan.grid, (plan.block,), args, plan.smem)
         return out
+
+    def _x_map(self, x: Any, m: int, box_rows: int) -> Any:
+        """x's tensor map for a tx kernel (tmap.encode_x), kept for the last few (pointer, M)
+        (a plan's buffers are fixed: one encoding each, then none per call)."""
+        key = (int(x.data.ptr), m, box_rows)
+        xm = self._x_maps.pop(key, None)
+        if xm is None:
+            xm = tmap.encode_x(key[0], m, self.k, box_rows)
+        self._x_maps[key] = xm  # the most recent last
+        while len(self._x_maps) > X_MAPS_KEPT:
+            del self._x_maps[next(iter(self._x_maps))]
+        return xm
 
     def _launch(
         self, dependent: bool, fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0
@@ -373,7 +394,8 @@ class W4A16Linear:
         if dependent:
             (self._pdl_launch or default_launcher())(fn, grid, block, args, shared_mem=shared_mem)
         else:
-            fn(grid, block, args, shared_mem=shared_mem)
+            plain = tuple(a.param() if isinstance(a, tmap.XMap) else a for a in args)
+            fn(grid, block, plain, shared_mem=shared_mem)
 
 
 def int4_linear_cuda(x: Any, layer: W4A16Linear, out: Any, bias: Any = None, residual: Any = None) -> Any:

@@ -56,6 +56,10 @@ class MtcConfig:
     # and sum their partials through distributed shared memory, no workspace (w4a16_wgs.cu); it runs
     # at split kc only. 0: split-K through the workspace, any split
     kc: int = 0
+    # tx (a ws config without dq): the producer reads x through a TMA tensor map (128-byte swizzle,
+    # rows past M zero-filled), the stage's x first and each stage rounded up to 1024 bytes; no
+    # w4a16_tile_x launch before the kernel (w4a16_wgs.cu, WgsStage)
+    tx: bool = False
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (4, 8, 16)):
@@ -74,6 +78,8 @@ class MtcConfig:
         quads = self.ns * self.mt  # a thread's accumulator quads, shared out among the cluster's ranks
         if self.kc not in (0, 2, 4, 8) or (self.kc and (not self.ws or self.dq or quads % self.kc)):
             raise ValueError("kc: 0, or 2, 4, 8 for a wgs config (ws, no dq) whose ns * mt it divides")
+        if self.tx and (not self.ws or self.dq):
+            raise ValueError("tx (x through a tensor map) is a wgs config's: ws, no dq")
 
     @property
     def bm(self) -> int:
@@ -102,6 +108,8 @@ class MtcConfig:
         # ws: a full and an empty mbarrier (8 bytes each) per stage after the stages; dq: the A
         # stages (bn columns x 64 k, 16-bit) before them, and their two mbarriers each
         a_stages = self.ast * (self.bn * 128 + 16)
+        if self.tx:  # stages of whole 1024-byte swizzle atoms, and 1024 bytes to align the ring
+            return self.st * -(-self.stage_bytes // 1024) * 1024 + 16 * self.st + 1024
         return self.st * self.stage_bytes + (16 * self.st if self.ws else 0) + a_stages
 
     @property
@@ -147,6 +155,12 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "wgs64ndk2": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=2),
     # and with four: K = 14336 (N = 4096), where wgs64nd is fastest at split 4 (thirty-fourth session)
     "wgs64ndk4": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=4),
+    # x through a TMA tensor map (thirty-fourth session): wgs64nd and wgs64ndk2 without the
+    # w4a16_tile_x launch before them (1.9 µs alone at M = 64 of 8192², H100, thirty-third session)
+    "wgs64ndt": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=88, sa=True, minb=2, wg=True, ws=1, tx=True),
+    "wgs64ndk2t": MtcConfig(
+        mt=8, ns=1, wm=1, wn=8, st=8, regs=88, sa=True, minb=2, wg=True, ws=1, kc=2, tx=True
+    ),
     # taken out after measuring on an H100 (thirty-third session, docs/kernels_gpu.md "A deeper ring
     # and more warps, measured"): wgs64nx (wgs64nd at 16 stages, one block a SM; fb3d27c) and wgs64q
     # (64 x 256, 16 consumer warps; c050702), both slower than wgs64nd at their best splits
@@ -187,7 +201,7 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
         return f"ANVIL_W4A16_WGD_KERNEL({args})"
     if c.ws:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}, {c.kc}"
-        return f"ANVIL_W4A16_WGS_KERNEL({args})"
+        return f"ANVIL_W4A16_WGS{'T' if c.tx else ''}_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
         return f"ANVIL_W4A16_WG_KERNEL({args})"
@@ -203,9 +217,9 @@ TILE_X_THREADS = 256
 
 def tile_x_rows(m: int, cfg_name: str) -> int:
     """Rows of the retiled x a ws config reads for M = m (whole tiles of BM rows; the rows past m
-    are zero); 0 for any other config."""
+    are zero); 0 for any other config, and for a tx config (x through a tensor map, as it is)."""
     c = MTC_CONFIGS[cfg_name]
-    return -(-m // c.bm) * c.bm if c.ws else 0
+    return -(-m // c.bm) * c.bm if c.ws and not c.tx else 0
 
 
 def plan_mtc(

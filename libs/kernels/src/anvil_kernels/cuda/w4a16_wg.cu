@@ -77,6 +77,15 @@ __device__ __forceinline__ uint32_t wg_desc_lo(uint32_t saddr) {
 __device__ __forceinline__ uint64_t wg_desc(uint32_t lo) {
     return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(WG_SBO >> 4) << 32);
 }
+// The same for x as a tx tile's TMA wrote it: K-major with the 128-byte swizzle (rows of 64 values,
+// 128 bytes, 8-row groups 1024 bytes apart: SBO 1024; LBO unused, 1), layout type 1 in bits 62-63;
+// a k16 step starts 32 bytes further (2 in the low word)
+__device__ __forceinline__ uint32_t wg_desc_sw_lo(uint32_t saddr) {
+    return ((saddr & 0x3FFFFu) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t wg_desc_sw(uint32_t lo) {
+    return static_cast<uint64_t>(lo) | (static_cast<uint64_t>((1024u >> 4) | (1u << 30)) << 32);
+}
 
 }  // namespace anvil_w4a16
 
@@ -171,9 +180,10 @@ enum WgsAblation : int { WGS_AB_X = 1, WGS_AB_DEQUANT = 2, WGS_AB_MMA = 4, WGS_A
 // words w.x, w.y, which this half first loads from the stage, sW[j * 32] for strip j) or H = 1
 // (steps 2-3: a[2..3] from w.z, w.w): dequantize the half into its registers, then one wgmma group
 // over the two steps (B at 256-byte steps of the stage's x, whose descriptor's low word is dlo: step
-// s's is dlo + 16 s). The caller waits, before it, for the group that last read those registers
+// s's is dlo + 16 s; TX: x with the 128-byte swizzle, step s at dlo + 2 s, wg_desc_sw). The caller
+// waits, before it, for the group that last read those registers
 // (wg_wait<1>). AB: timing ablations (WGS_AB_* bits; 0: none).
-template <int H, int DT, int MT, int NS, int AB = 0>
+template <int H, int DT, int MT, int NS, int AB = 0, int TX = 0>
 __device__ __forceinline__ void wg_half(float (&acc)[NS][MT][4], uint32_t (&a)[4][NS][4], uint4 (&w)[NS],
                                         const uint4* sW, const MtcScales<DT, NS>& sc, uint32_t one,
                                         uint32_t dlo) {
@@ -198,7 +208,7 @@ __device__ __forceinline__ void wg_half(float (&acc)[NS][MT][4], uint32_t (&a)[4
         for (int j = 0; j < NS; ++j)
             if constexpr ((AB & WGS_AB_MMA) == 0)
                 Wgmma<DT, 8 * MT>::run(reinterpret_cast<float(&)[4 * MT]>(acc[j]), a[s][j],
-                                       wg_desc(dlo + 16 * s));
+                                       TX ? wg_desc_sw(dlo + 2 * s) : wg_desc(dlo + 16 * s));
     wg_commit();
 }
 

@@ -128,6 +128,37 @@ __device__ __forceinline__ void st_cluster_v4(uint32_t addr, float a, float b, f
                  : "memory");
 }
 
+// A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned), passed to a tx
+// kernel as a __grid_constant__ parameter: x (M rows x K, 16-bit values, row-major) with boxes of
+// 64 k x BM rows, 128-byte swizzle, rows past M read as zero (w4a16_linear encodes it per x and M)
+struct alignas(64) AnvilTmap {
+    unsigned long long v[16];
+};
+
+// Box (k0 .. k0 + 63, rows row0 .. row0 + BM - 1) of the map's x into shared dst (1024-byte
+// aligned), completed on the mbarrier bar with the box's bytes (rows past M zero-filled, counted)
+__device__ __forceinline__ void tma_x_g2s(uint32_t dst, const AnvilTmap* map, int k0, int row0, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+            dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(bar)
+        : "memory");
+}
+
+// Where the parts of a ring stage sit (T: the tile). TX = 0: weights, scale words, then the x tile
+// as w4a16_tile_x ordered it (no swizzle). TX = 1 (x by a tensor map): the x tile first, as the
+// TMA's 128-byte swizzle lays it (BM rows of 128 bytes; the swizzle pattern repeats every 1024
+// bytes, so the tile starts 1024-byte aligned), then weights and scale words, the stage rounded
+// up to 1024 bytes.
+template <class T, int TX>
+struct WgsStage {
+    static constexpr int X_OFF = TX ? 0 : T::W_BYTES + T::SZ_BYTES;
+    static constexpr int W_OFF = TX ? T::X_BYTES : 0;
+    static constexpr int SZ_OFF = W_OFF + T::W_BYTES;
+    static constexpr int BYTES = TX ? (T::STAGE + 1023) / 1024 * 1024 : T::STAGE;
+    static_assert(!TX || T::X_BYTES % 1024 == 0, "whole swizzle atoms of x");
+};
+
 // Where a thread of a wgs or wgd block works: its lane and warp, its tile's first row of x and
 // first strip, and the block's chunks (first, count) of split z = blockIdx.z.
 struct WgsBlock {
@@ -174,10 +205,12 @@ __device__ __forceinline__ void mbar_ring_init(uint32_t full0, uint32_t empty0) 
 // smem_s (T: the tile), chunks c0 .. c0 + nck - 1 of this block: each stage's weights, scale words
 // (a group's first chunk) and x tile in three bulk copies on its full barrier, refilled once its
 // empty barrier has every reader's arrival. Shared by the wgs and wgd kernels.
-template <class T, int ST, int CPG, int AB = 0>
+template <class T, int ST, int CPG, int AB = 0, int TX = 0>
 __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                             const uint16_t* __restrict__ XT, uint32_t smem_s, uint32_t full0,
-                                            uint32_t empty0, int N, int c0, int nck, int m0, int strip0) {
+                                            uint32_t empty0, int N, int c0, int nck, int m0, int strip0,
+                                            const AnvilTmap* tmx = nullptr) {
+    using S = WgsStage<T, TX>;
     const int strips = N >> 4;
     const int vs = min(T::BS, strips - strip0);  // strips of this tile inside N
     const uint32_t wbytes = vs * 512, szbytes = vs * 64, xbytes = T::X_BYTES;
@@ -194,16 +227,16 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
             // ST chunks no weights and scale words (WGS_AB_W) or no x (WGS_AB_X)
             const bool cw = !(AB & WGS_AB_W) || i < ST, cx = !(AB & WGS_AB_X) || i < ST;
             mbar_expect_tx(full, (cw ? wbytes + (first ? szbytes : 0u) : 0u) + (cx ? xbytes : 0u));
-            if (cw) bulk_g2s(st, w, wbytes, full);
-            if (cw && first) bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
+            if (cw) bulk_g2s(st + S::W_OFF, w, wbytes, full);
+            if (cw && first) bulk_g2s(st + S::SZ_OFF, sz, szbytes, full);
             if (first) sz += szstep;
             w += wstep;
             return;
         }
         mbar_expect_tx(full, wbytes + xbytes + (first ? szbytes : 0u));  // x's bytes too
-        bulk_g2s(st, w, wbytes, full);
+        bulk_g2s(st + S::W_OFF, w, wbytes, full);
         if (first) {
-            bulk_g2s(st + T::W_BYTES, sz, szbytes, full);
+            bulk_g2s(st + S::SZ_OFF, sz, szbytes, full);
             sz += szstep;
         }
         w += wstep;
@@ -211,22 +244,27 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
     // the first stages: weights and scale words now (each stage's full barrier expects its x
     // bytes too, so no consumer passes it before they land), x after the wait
     const int pro = min(ST, nck);
-    for (int i = 0; i < pro; ++i) copy_weights(i, smem_s + i * T::STAGE, full0 + 8 * i);
+    // chunk i's x tile into stage st: a slice of XT, or (TX) a box of x through the tensor map
+    auto copy_x = [&](int i, uint32_t st, uint32_t full) {
+        if constexpr (TX) {
+            tma_x_g2s(st + S::X_OFF, tmx, (c0 + i) * 64, m0, full);
+        } else {
+            bulk_g2s(st + S::X_OFF, xt, xbytes, full);
+            xt += xstep;
+        }
+    };
+    for (int i = 0; i < pro; ++i) copy_weights(i, smem_s + i * S::BYTES, full0 + 8 * i);
     pdl_launch_dependents();
-    pdl_wait();  // w4a16_tile_x has written XT
-    for (int i = 0; i < pro; ++i) {
-        bulk_g2s(smem_s + i * T::STAGE + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * i);
-        xt += xstep;
-    }
+    pdl_wait();  // x written (TX: by the kernel before; else w4a16_tile_x has written XT)
+    for (int i = 0; i < pro; ++i) copy_x(i, smem_s + i * S::BYTES, full0 + 8 * i);
     for (int i = pro; i < nck; ++i) {
         const int s = i % ST;
         // pass i / ST over the ring: wait for the consumers' release of pass i / ST - 1
         mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((i / ST + 1) & 1));
-        const uint32_t st = smem_s + s * T::STAGE;
+        const uint32_t st = smem_s + s * S::BYTES;
         copy_weights(i, st, full0 + 8 * s);
-        if constexpr ((AB & WGS_AB_X) == 0)
-            bulk_g2s(st + T::W_BYTES + T::SZ_BYTES, xt, xbytes, full0 + 8 * s);
-        xt += xstep;
+        if constexpr ((AB & WGS_AB_X) == 0) copy_x(i, st, full0 + 8 * s);
+        else if constexpr (!TX) xt += xstep;
     }
 }
 
@@ -234,13 +272,13 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
 // bench/wgs_ablate.py instantiates others): past the first ST chunks, AB & WGS_AB_X copies no x
 // (the stages keep the x of earlier chunks), AB & WGS_AB_W no weights or scale words.
 // blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0, int KC = 0>
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0, int KC = 0, int TX = 0>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
                                                const uint16_t* __restrict__ res, float* __restrict__ ws,
                                                int* __restrict__ counters, int M, int N, int K, int act,
-                                               int flags) {
+                                               int flags, const AnvilTmap* tmx = nullptr) {
     static_assert(WN % 4 == 0, "whole warpgroups");
     static_assert(MT == 4 || MT == 8 || MT == 16, "wgmma N = 8*MT: 32, 64 or 128");
     static_assert(ST >= 2, "a stage being multiplied and one being filled");
@@ -251,10 +289,16 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     static_assert(KC == 0 || (KCD - 1) * (NS * MT / KCD) * 32 * WN * 16 <= ST * MtcTile<MT, NS, 1, WN, true>::STAGE,
                   "the peers' partials fit in the ring");
     using T = MtcTile<MT, NS, 1, WN, true>;
+    using S = WgsStage<T, TX>;
     extern __shared__ uint4 smem4[];
     unsigned char* smem = reinterpret_cast<unsigned char*>(smem4);
-    const uint32_t smem_s = smem_u32(smem);
-    const uint32_t full0 = smem_s + ST * T::STAGE;  // full[s] = full0 + 8 s, empty[s] = full0 + 8 (ST + s)
+    uint32_t smem_s = smem_u32(smem);
+    if constexpr (TX) {  // the ring from the first 1024-byte boundary (the launch adds 1024 bytes)
+        const uint32_t pad = (1024u - (smem_s & 1023u)) & 1023u;
+        smem += pad;
+        smem_s += pad;
+    }
+    const uint32_t full0 = smem_s + ST * S::BYTES;  // full[s] = full0 + 8 s, empty[s] = full0 + 8 (ST + s)
     const uint32_t empty0 = full0 + 8 * ST;
     const auto [lane, wn, m0, strip0, c0, nck] = WgsBlock::of<T, CPG>(K);
 
@@ -274,7 +318,7 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         // rest (232: a 128 x 256 tile's 128 accumulators a thread without spilling)
         if constexpr (PW == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         if (wn == WN && lane == 0 && nck > 0) {
-            wgs_produce<T, ST, CPG, AB>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0);
+            wgs_produce<T, ST, CPG, AB, TX>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0, tmx);
             wgs_stamp<AB>(WGS_T_PROD);
         }
         if constexpr (KC > 1) {  // the consumers' two cluster barriers
@@ -295,8 +339,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     // stage s = i % ST and its parity (i / ST) & 1 advance by one, x's descriptor is stage 0's plus
     // s * STAGE / 16 (wg_half adds 16 per step), and a group's CPG chunks are one unrolled pass, so
     // the scale words load without a branch. nck is whole groups (mtc_split_chunks).
-    static_assert(T::STAGE % 16 == 0, "a stage's descriptor is stage 0's plus STAGE / 16");
-    const uint32_t dx0 = wg_desc_lo(smem_s + T::W_BYTES + T::SZ_BYTES);
+    static_assert(S::BYTES % 16 == 0, "a stage's descriptor is stage 0's plus STAGE / 16");
+    const uint32_t dx0 = TX ? wg_desc_sw_lo(smem_s + S::X_OFF) : wg_desc_lo(smem_s + S::X_OFF);
     int s = 0;         // i % ST
     uint32_t ph = 0;   // (i / ST) & 1
     int sp = ST - 1;   // (i - 1) % ST: the stage chunk i - 1 read
@@ -305,19 +349,19 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         for (int c = 0; c < CPG; ++c) {
             mbar_wait(full0 + 8 * s, ph);  // chunk i = i0 + c: its bytes have landed
             if (threadIdx.x == 0 && i0 == 0 && c == 0) wgs_stamp<AB>(WGS_T_FIRST);
-            const uint32_t so = static_cast<uint32_t>(s) * T::STAGE;
+            const uint32_t so = static_cast<uint32_t>(s) * S::BYTES;
             const unsigned char* st = smem + so;
-            if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + T::W_BYTES), wn * NS, lane >> 2, flags);
-            const uint4* sW = reinterpret_cast<const uint4*>(st) + wn * NS * 32 + lane;  // this warp's strips
+            if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + S::SZ_OFF), wn * NS, lane >> 2, flags);
+            const uint4* sW = reinterpret_cast<const uint4*>(st + S::W_OFF) + wn * NS * 32 + lane;  // this warp's strips
             const uint32_t dx = dx0 + (so >> 4);
             uint4 w[NS];
             wg_wait<1>();  // steps 0-1 of chunk i - 1 retired: a[0..1] free (its steps 2-3 may still run)
-            wg_half<0, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
+            wg_half<0, DT, MT, NS, AB, TX>(acc, a, w, sW, sc, one, dx);
             wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
             // every consumer thread arrives (a branch on the lane between the groups made ptxas
             // serialize the wgmmas: C7513)
             if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
-            wg_half<1, DT, MT, NS, AB>(acc, a, w, sW, sc, one, dx);
+            wg_half<1, DT, MT, NS, AB, TX>(acc, a, w, sW, sc, one, dx);
             sp = s;
             if (++s == ST) {
                 s = 0;
@@ -404,6 +448,17 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
              int M, int N, int K, int act, int flags) {                                                \
         anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC>(W, SZ, X, Y, bias, res, ws,     \
                                                                        counters, M, N, K, act, flags); \
+    }
+
+// The same with x read through a tensor map (TX = 1): no w4a16_tile_x before it; X is unused
+#define ANVIL_W4A16_WGST_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC)                            \
+    extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB) ANVIL_WGS_KC_##KC                \
+        NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
+             uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
+             const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
+             int M, int N, int K, int act, int flags, const __grid_constant__ anvil_w4a16::AnvilTmap tmx) { \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC, 1>(                             \
+            W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags, &tmx);                          \
     }
 
 // x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
