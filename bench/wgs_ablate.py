@@ -68,6 +68,10 @@ def source(cfgs: list[str]) -> str:
         c = MTC_CONFIGS[cfg]
         if not c.ws or c.dq:
             raise ValueError(f"{cfg}: the ablations are the wgs kernel's (a ws config without dq)")
+        # a tx tile's x tensor map: its last parameter, by value
+        tmap_param, tmap_arg = (
+            (", const __grid_constant__ anvil_w4a16::AnvilTmap tmx", ", &tmx") if c.tx else ("", "")
+        )
         for ab in (*ABLATIONS, TRACE_AB):
             out.append(
                 f'extern "C" __global__ void __launch_bounds__({32 * (c.wn + c.ws)}, {c.minb}) '
@@ -76,9 +80,9 @@ def source(cfgs: list[str]) -> str:
                 "const uint16_t* __restrict__ X, uint16_t* __restrict__ Y, "
                 "const uint16_t* __restrict__ bias, "
                 "const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters, "
-                "int M, int N, int K, int act, int flags) { anvil_w4a16::w4a16_wgs_body<0, "
-                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}, {c.kc}>"
-                "(W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags); }"
+                f"int M, int N, int K, int act, int flags{tmap_param}) {{ anvil_w4a16::w4a16_wgs_body<0, "
+                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}, {c.kc}, {int(c.tx)}>"
+                f"(W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags{tmap_arg}); }}"
             )
     return "\n".join(out) + "\n"
 
@@ -216,7 +220,7 @@ def _time_case(mod: Any, layers: list, wbfs: list, cfg: str, m: int, splits: lis
         def run_tile(i: int, f: Any = layers[0]._tile_x, g: tuple = tgrid, a: tuple = targs) -> None:
             f(g, (TILE_X_THREADS,), a)
 
-        tile_us = _graph_cupy(run_tile, r, 15)
+        tile_us = _graph_cupy(run_tile, r, 15) if rows_x else 0.0  # a tx tile: no tile_x launch
         for ab, what in ABLATIONS.items():
             _use_kernel(layers, base, m, mod.get_function(_abl_name(cfg, ab)))
             outs[0].fill(0xFFFF)

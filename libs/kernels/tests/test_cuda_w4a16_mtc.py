@@ -305,14 +305,15 @@ def test_mtc_ptxas_report_and_sass(
         cmd = [cuobjdump, "-sass", str(cubin)]
         sass = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         c = MTC_CONFIGS[cubin.stem.rsplit("_", 1)[0]]
-        if c.ws:  # bulk copies completed on mbarriers, no cp.async
-            ops: tuple[str, ...] = ("HGMMA.64x", "UBLKCP", "SYNCS")
+        if c.ws:  # bulk copies completed on mbarriers, no cp.async; tx: x by tensor copies
+            ops: tuple[str, ...] = ("HGMMA.64x", "UBLKCP", "SYNCS") + (("UTMALDG.2D",) if c.tx else ())
         elif c.wg:
             ops = ("HGMMA.64x", "LDGSTS.E.BYPASS.128")
         else:
             ops = ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDGSTS.E.BYPASS.128")
         for op in ops:
             assert op in sass, f"{cubin.name}: no {op}"
+        assert c.tx or "UTMALDG" not in sass, f"{cubin.name}: a tensor copy in a tile that reads XT"
         assert "LDL" not in sass and "STL" not in sass, f"{cubin.name}: local memory"
         if c.wg and not c.dq:  # a wait before each half's registers are written again: two per
             # chunk (a missing one lets a half's dequantization overwrite the A registers of a group

@@ -12,7 +12,11 @@
 //     chunk's x tile (BM/8 x 1024 B);
 //   - x is that tile contiguous in global memory because the launcher first runs w4a16_tile_x,
 //     which writes x in the stage's own order: XT [K/64 chunks][Mpad/8 row groups][8 k pieces]
-//     [8 rows][8 values], Mpad = gridDim.x * BM, rows past M zero. A stage is then one slice of XT;
+//     [8 rows][8 values], Mpad = gridDim.x * BM, rows past M zero. A stage is then one slice of XT.
+//     A tx tile (TX = 1, ANVIL_W4A16_WGST_KERNEL) has no XT: its producer copies each chunk's x
+//     box (64 k x BM rows) from x itself with one tensor copy through the map the launcher passes
+//     (tmap.py: 128-byte swizzle, rows past M zero-filled), and its wgmmas read the stage through
+//     a swizzled descriptor (wg_desc_sw; the stage layout is WgsStage's);
 //   - per stage two mbarriers: full (the producer's expect_tx, completed by the copies' bytes) and
 //     empty (every consumer thread arrives once the wgmma groups that read the stage are retired).
 //     No __syncthreads in the loop: each consumer warp waits only for the chunk it multiplies, and
