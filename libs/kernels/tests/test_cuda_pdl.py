@@ -305,14 +305,15 @@ def _sass_functions(tmp_path: Path, params: W4A16Params, cuobjdump: str) -> dict
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 @pytest.mark.timeout(600)
 def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump: str | None) -> None:
-    """The wgs tiles (one producer warp, and a producer warpgroup) and w4a16_tile_x, bf16 g128: the
-    consumers' code loads and stores nothing global before its wait (ACQBULK); the producer's bulk
-    copies (UBLKCP) before its wait are two (the prologue's weights and scale words), then
-    launch_dependents (PREEXIT), the wait, and the x copies after it; w4a16_tile_x waits before its
-    first load and store, and only then lets its dependent launch (one layer ahead at most)."""
+    """The wgs tiles (one producer warp, and a producer warpgroup; and a tx tile) and w4a16_tile_x,
+    bf16 g128: the consumers' code loads and stores nothing global before its wait (ACQBULK); the
+    producer's bulk copies (UBLKCP) before its wait are two (the prologue's weights and scale words),
+    then launch_dependents (PREEXIT), the wait, and the x copies after it (a tx tile's tensor copies,
+    UTMALDG, only there); w4a16_tile_x waits before its first load and store, and only then lets its
+    dependent launch (one layer ahead at most)."""
     if cuobjdump is None:
         pytest.skip("no cuobjdump")
-    cfgs = ("wgs64n", "wgs128w")
+    cfgs = ("wgs64n", "wgs128w", "wgs64ndt")
     assert all(MTC_CONFIGS[c].ws for c in cfgs)
     params = W4A16Params(dtypes=("bf16",), groups=(128,), tc_configs=(), mtc_configs=cfgs)
     bodies = _sass_functions(tmp_path, params, cuobjdump)
@@ -326,7 +327,9 @@ def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump
         wait = prod.index("ACQBULK")
         assert prod[:wait].count("UBLKCP.S.G") == 2, (cfg, prod[: wait + 1])
         assert "PREEXIT" in prod[:wait], cfg
-        assert "UBLKCP.S.G" in prod[wait:], cfg  # x
+        x_copy = "UTMALDG.2D" if MTC_CONFIGS[cfg].tx else "UBLKCP.S.G"
+        assert x_copy in prod[wait:], cfg
+        assert "UTMALDG.2D" not in ops[: ops.index("UBLKCP.S.G") + wait], cfg  # no x before the wait
     tx = _ops(bodies["w4a16_tile_x"])
     wait = tx.index("ACQBULK")
     assert "PREEXIT" in tx[wait:] and "PREEXIT" not in tx[:wait], tx  # its wgs kernel launches after
