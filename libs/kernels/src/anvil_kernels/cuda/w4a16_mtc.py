@@ -171,6 +171,11 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # epilogue through the workspace took 10 µs (median block) of its 62 at M = 256, split 2 on an
     # H100 (thirty-second session's timeline)
     "wgs128wk": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=2),
+    # both with x through a TMA tensor map (tx, thirty-fourth session; not yet on a GPU)
+    "wgs128wt": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, tx=True),
+    "wgs128wkt": MtcConfig(
+        mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=2, tx=True
+    ),
     # wgs128wk4 (the same at kc = 4, for N = 4096) measured slower than wgs128w at every shape and M
     # = 64-256 on an H100 (thirty-fourth session; code in 6dbf8f0) and was taken out
     # 32 rows (twenty-sixth session): wgmma m64n32k16. x reaches the tensor cores from the stage
