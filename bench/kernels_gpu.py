@@ -355,9 +355,9 @@ def bench_shape(
         best_cfg = min(res["sweeps"], key=lambda c_: ok(min(res["sweeps"][c_].values()), tiles[c_]["err"]))
         sweep = res["sweeps"][best_cfg]
         best_split = min(sweep, key=lambda s_: sweep[s_])
-        # a wgs best tile also as programmatic dependents (w4a16_tile_x and the tile wait for the
-        # kernel before them, the tile's producer after copying its first weights): beside the plain
-        # launches, never in the table
+        # a wgs best tile also as programmatic dependents (w4a16_tile_x, none before a tx tile, and
+        # the tile wait for the kernel before them, the tile's producer after copying its first
+        # weights): beside the plain launches, never in the table
         if best_cfg in MTC_CONFIGS and MTC_CONFIGS[best_cfg].ws:
             t, e = anvil(best_cfg, best_split, pdl=True)
             res["tile_pdl"] = {"cfg": best_cfg, "split": best_split, "us": round(t, 2), "err": e}
@@ -424,9 +424,9 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
         f"{GV_MAX_M}). `-`: not measured. PDL = each launch a programmatic dependent of the one before "
         "(W4A16Linear(pdl=True)): the GEMV-like kernel streams its first weights, then waits for the "
         "previous kernel before it reads x; stream (PDL) = the streaming read launched so, waiting before "
-        "it reads; best tile, PDL = a wgs best tile so (w4a16_tile_x and the tile wait; the tile's "
-        "producer copies its first weights before). The dispatch table and best INT4 come from the "
-        "plain launches.",
+        "it reads; best tile, PDL = a wgs best tile so (w4a16_tile_x, none before a tx tile, and the "
+        "tile wait; the tile's producer copies its first weights before). The dispatch table and best "
+        "INT4 come from the plain launches.",
         "",
         "| K x N | M | stream | stream (PDL) | gemv | gv best (cfg) | gv best, PDL (cfg) | mtc (cfg/split) | "
         "tc old (cfg/split) | best tile (cfg/split) | best tile, PDL | dispatch (kernel) | cuBLAS bf16 | "
