@@ -81,7 +81,8 @@ def source(cfgs: list[str]) -> str:
                 "const uint16_t* __restrict__ bias, "
                 "const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters, "
                 f"int M, int N, int K, int act, int flags{tmap_param}) {{ anvil_w4a16::w4a16_wgs_body<0, "
-                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}, {c.kc}, {int(c.tx)}>"
+                f"{c.mt}, {c.ns}, {c.wn}, {c.st}, {GROUP // 64}, {c.ws}, {ab}, {c.kc}, "
+                f"{int(c.tx)}, {int(c.ur)}>"
                 f"(W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags{tmap_arg}); }}"
             )
     return "\n".join(out) + "\n"

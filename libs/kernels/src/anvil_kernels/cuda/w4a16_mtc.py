@@ -60,6 +60,9 @@ class MtcConfig:
     # rows past M zero-filled), the stage's x first and each stage rounded up to 1024 bytes; no
     # w4a16_tile_x launch before the kernel (w4a16_wgs.cu, WgsStage)
     tx: bool = False
+    # ur (a ws config without dq, st a multiple of the group's chunks): the consumers' loop unrolled
+    # over the ring's st stages, each chunk's stage, addresses and descriptor constants (w4a16_wgs.cu)
+    ur: bool = False
 
     def __post_init__(self) -> None:
         if self.wg and (self.wm != 1 or self.wn % 4 or not self.sa or self.mt not in (4, 8, 16)):
@@ -80,6 +83,10 @@ class MtcConfig:
             raise ValueError("kc: 0, or 2, 4, 8 for a wgs config (ws, no dq) whose ns * mt it divides")
         if self.tx and (not self.ws or self.dq):
             raise ValueError("tx (x through a tensor map) is a wgs config's: ws, no dq")
+        if self.ur and (not self.ws or self.dq or self.st % 4):
+            raise ValueError(
+                "ur (the loop unrolled over the ring) is a wgs config's whose st is a multiple of 4"
+            )
 
     @property
     def bm(self) -> int:
@@ -161,6 +168,11 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "wgs64ndk2t": MtcConfig(
         mt=8, ns=1, wm=1, wn=8, st=8, regs=88, sa=True, minb=2, wg=True, ws=1, kc=2, tx=True
     ),
+    # wgs64ndk2 with its loop unrolled over the ring (ur, thirty-fourth session; not yet on a GPU):
+    # 93 instructions a chunk a warp in SASS against 124 (the stage's descriptor and addresses constants)
+    "wgs64ndk2u": MtcConfig(
+        mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=2, ur=True
+    ),
     # taken out after measuring on an H100 (thirty-third session, docs/kernels_gpu.md "A deeper ring
     # and more warps, measured"): wgs64nx (wgs64nd at 16 stages, one block a SM; fb3d27c) and wgs64q
     # (64 x 256, 16 consumer warps; c050702), both slower than wgs64nd at their best splits
@@ -205,7 +217,9 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
         args = f"{name}, {dt_code}, {c.mt}, {c.wn}, {c.st}, {c.ast}, {cpg}, {c.minb}"
         return f"ANVIL_W4A16_WGD_KERNEL({args})"
     if c.ws:
-        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}, {c.kc}"
+        args = (
+            f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}, {c.kc}, {int(c.ur)}"
+        )
         return f"ANVIL_W4A16_WGS{'T' if c.tx else ''}_KERNEL({args})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"

@@ -276,7 +276,7 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
 // bench/wgs_ablate.py instantiates others): past the first ST chunks, AB & WGS_AB_X copies no x
 // (the stages keep the x of earlier chunks), AB & WGS_AB_W no weights or scale words.
 // blockDim.x = 32*(WN + PW); dynamic shared memory ST * STAGE bytes, then 2*ST mbarriers (8 B each).
-template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0, int KC = 0, int TX = 0>
+template <int DT, int MT, int NS, int WN, int ST, int CPG, int PW, int AB = 0, int KC = 0, int TX = 0, int UR = 0>
 __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                                const uint16_t* __restrict__ XT, uint16_t* __restrict__ Y,
                                                const uint16_t* __restrict__ bias,
@@ -345,17 +345,23 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
     // the scale words load without a branch. nck is whole groups (mtc_split_chunks).
     static_assert(S::BYTES % 16 == 0, "a stage's descriptor is stage 0's plus STAGE / 16");
     const uint32_t dx0 = TX ? wg_desc_sw_lo(smem_s + S::X_OFF) : wg_desc_lo(smem_s + S::X_OFF);
+    // UR: the loop unrolled over the ring's ST stages (a trip is a pass over the ring, whole groups),
+    // so that each chunk's stage, addresses, descriptor and previous stage are constants
+    static_assert(!UR || ST % CPG == 0, "a pass over the ring is whole groups");
+    constexpr int TRIP = UR ? ST : CPG;  // chunks a trip of the outer loop
     int s = 0;         // i % ST
     uint32_t ph = 0;   // (i / ST) & 1
     int sp = ST - 1;   // (i - 1) % ST: the stage chunk i - 1 read
-    for (int i0 = 0; i0 < nck; i0 += CPG) {
+    for (int i0 = 0; i0 < nck; i0 += TRIP) {
 #pragma unroll
-        for (int c = 0; c < CPG; ++c) {
-            mbar_wait(full0 + 8 * s, ph);  // chunk i = i0 + c: its bytes have landed
+        for (int c = 0; c < TRIP; ++c) {
+            if (UR && i0 + c >= nck) break;
+            const int cs = UR ? c : s, csp = UR ? (c + ST - 1) % ST : sp;
+            mbar_wait(full0 + 8 * cs, ph);  // chunk i = i0 + c: its bytes have landed
             if (threadIdx.x == 0 && i0 == 0 && c == 0) wgs_stamp<AB>(WGS_T_FIRST);
-            const uint32_t so = static_cast<uint32_t>(s) * S::BYTES;
+            const uint32_t so = static_cast<uint32_t>(cs) * S::BYTES;
             const unsigned char* st = smem + so;
-            if (c == 0) sc.load(reinterpret_cast<const uint2*>(st + S::SZ_OFF), wn * NS, lane >> 2, flags);
+            if (c % CPG == 0) sc.load(reinterpret_cast<const uint2*>(st + S::SZ_OFF), wn * NS, lane >> 2, flags);
             const uint4* sW = reinterpret_cast<const uint4*>(st + S::W_OFF) + wn * NS * 32 + lane;  // this warp's strips
             const uint32_t dx = dx0 + (so >> 4);
             uint4 w[NS];
@@ -364,14 +370,17 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
             wg_wait<1>();  // chunk i - 1's groups retired (a[2..3] free): its stage may be refilled
             // every consumer thread arrives (a branch on the lane between the groups made ptxas
             // serialize the wgmmas: C7513)
-            if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * sp);
+            if (c > 0 || i0 > 0) mbar_arrive(empty0 + 8 * csp);
             wg_half<1, DT, MT, NS, AB, TX>(acc, a, w, sW, sc, one, dx);
-            sp = s;
-            if (++s == ST) {
-                s = 0;
-                ph ^= 1u;
+            if constexpr (!UR) {
+                sp = s;
+                if (++s == ST) {
+                    s = 0;
+                    ph ^= 1u;
+                }
             }
         }
+        if constexpr (UR) ph ^= 1u;
     }
     wg_wait<0>();
 #pragma unroll
@@ -444,24 +453,24 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 #define ANVIL_WGS_KC_2 __cluster_dims__(1, 1, 2)
 #define ANVIL_WGS_KC_4 __cluster_dims__(1, 1, 4)
 #define ANVIL_WGS_KC_8 __cluster_dims__(1, 1, 8)
-#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC)                             \
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC, UR)                         \
     extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB) ANVIL_WGS_KC_##KC                \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC>(W, SZ, X, Y, bias, res, ws,     \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC, 0, UR>(W, SZ, X, Y, bias, res, ws, \
                                                                        counters, M, N, K, act, flags); \
     }
 
 // The same with x read through a tensor map (TX = 1): no w4a16_tile_x before it; X is unused
-#define ANVIL_W4A16_WGST_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC)                            \
+#define ANVIL_W4A16_WGST_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC, UR)                        \
     extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB) ANVIL_WGS_KC_##KC                \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
              int M, int N, int K, int act, int flags, const __grid_constant__ anvil_w4a16::AnvilTmap tmx) { \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC, 1>(                             \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC, 1, UR>(                         \
             W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags, &tmx);                          \
     }
 
