@@ -104,11 +104,15 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> Callable[[np.ndarray], DevArra
         zeros=lambda shape, dtype=None: _dev(np.zeros(shape, dtype=dtype)),
     )
     monkeypatch.setitem(sys.modules, "cupy", fake)
+
     # x's tensor map for the tx tiles: what the map describes, for the kernel stand-in to check
-    monkeypatch.setattr(
-        "anvil_kernels.cuda.tmap.encode_x",
-        lambda ptr, m, k, box_rows: SimpleNamespace(ptr=ptr, m=m, k=k, box_rows=box_rows),
-    )
+    # (passed as itself where the real one passes CuPy's pointer to its bytes)
+    def fake_map(ptr: int, m: int, k: int, box_rows: int) -> SimpleNamespace:
+        xm = SimpleNamespace(ptr=ptr, m=m, k=k, box_rows=box_rows)
+        xm.param = lambda: xm
+        return xm
+
+    monkeypatch.setattr("anvil_kernels.cuda.tmap.encode_x", fake_map)
     return _dev
 
 

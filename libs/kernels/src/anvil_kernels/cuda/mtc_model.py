@@ -16,7 +16,7 @@ lane T receives in register j the elements 2 (T & 3) and 2 (T & 3) + 1 of row T 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
@@ -56,14 +56,7 @@ def stage_x_wg(
 ) -> None:
     """``stage_x`` for a wg config: piece (row r, 16-byte piece p) at x_off(r, p) = (r >> 3) * 1024
     + p * 128 + (r & 7) * 16 bytes (8-row x 16-byte core matrices), zeros past M."""
-    p = np.arange(BM * 8)
-    r, piece = p >> 3, p & 7
-    m = m0 + r
-    ok = m < m_rows
-    dst = ((r >> 3) * 1024 + piece * 128 + (r & 7) * 16) // 2
-    kk = chunk * 64 + piece * 8
-    vals = x[np.where(ok, m, 0)[:, None], kk[:, None] + np.arange(8)]
-    stage[dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)
+    _stage_pieces(stage, x, chunk, BM, m0, m_rows, lambda r, p: (r >> 3) * 1024 + p * 128 + (r & 7) * 16)
 
 
 def stage_x_sw128(
@@ -72,11 +65,25 @@ def stage_x_sw128(
     """A tx config's x tile as its producer's TMA box writes it (tmap.encode_x: 64 values x BM rows,
     128-byte swizzle): row r's 16-byte piece p at r * 128 + (p ^ (r & 7)) * 16 bytes, zeros past M
     (the copy's out-of-bounds fill)."""
+    _stage_pieces(stage, x, chunk, BM, m0, m_rows, lambda r, p: r * 128 + (p ^ (r & 7)) * 16)
+
+
+def _stage_pieces(
+    stage: NDArray[np.float64],
+    x: NDArray[np.float64],
+    chunk: int,
+    BM: int,
+    m0: int,
+    m_rows: int,
+    offset: Callable[[NDArray[np.int64], NDArray[np.int64]], NDArray[np.int64]],
+) -> None:
+    """Chunk ``chunk``'s x rows m0 .. m0 + BM - 1 into a stage, 16-byte piece p of row r at byte
+    offset(r, p), zeros past M."""
     p = np.arange(BM * 8)
     r, piece = p >> 3, p & 7
     m = m0 + r
     ok = m < m_rows
-    dst = (r * 128 + (piece ^ (r & 7)) * 16) // 2
+    dst = offset(r, piece) // 2
     kk = chunk * 64 + piece * 8
     vals = x[np.where(ok, m, 0)[:, None], kk[:, None] + np.arange(8)]
     stage[dst[:, None] + np.arange(8)] = np.where(ok[:, None], vals, 0.0)

@@ -39,18 +39,20 @@ def _encoder() -> Any:
 class XMap:
     """One encoded map of x: 128 bytes at a 64-byte aligned host address (its own buffer)."""
 
-    def __init__(self, ptr: int, m: int, k: int, box_rows: int) -> None:
-        self.ptr, self.m, self.k, self.box_rows = ptr, m, k, box_rows
+    def __init__(self) -> None:
         self._buf = ctypes.create_string_buffer(MAP_BYTES + MAP_ALIGN)
         base = ctypes.addressof(self._buf)
         self.address = base + (-base % MAP_ALIGN)
+        self._param: Any = None
 
     def param(self) -> Any:
         """The kernel argument CuPy passes by value: a pointer to the map's bytes (its size is the
-        kernel's parameter's, 128)."""
-        from cupy.cuda.function import CPointer
+        kernel's parameter's, 128); made once."""
+        if self._param is None:
+            from cupy.cuda.function import CPointer
 
-        return CPointer(self.address)
+            self._param = CPointer(self.address)
+        return self._param
 
     def ctype(self) -> ctypes.Array:
         """The same for cuLaunchKernelEx (pdl.py): the 128 bytes as a ctypes object at the map."""
@@ -63,7 +65,7 @@ def encode_x(ptr: int, m: int, k: int, box_rows: int) -> XMap:
     (misaligned, K not whole chunks) and RuntimeError with the driver's code if it refuses."""
     if ptr % 16 or k % BOX_K or not 1 <= m < 2**31 or not 1 <= box_rows <= 256:
         raise ValueError(f"no tensor map for x at {ptr:#x}, M={m}, K={k}, box rows {box_rows}")
-    xm = XMap(ptr, m, k, box_rows)
+    xm = XMap()
     dims = (ctypes.c_uint64 * 2)(k, m)
     strides = (ctypes.c_uint64 * 1)(2 * k)  # bytes between rows (the innermost stride is the value's)
     box = (ctypes.c_uint32 * 2)(BOX_K, box_rows)

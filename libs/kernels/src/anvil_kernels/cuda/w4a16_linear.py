@@ -369,8 +369,10 @@ class W4A16Linear:
                 wq, wsz, xs, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
                 *dims, np.int32(self._act), np.int32(self._scale_flag),
             )  # fmt: skip
-            if launch.tx:  # the kernel's last parameter: x's tensor map, by value
-                args += (self._x_map(x, m, MTC_CONFIGS[plan.cfg].bm),)
+            if launch.tx:  # the kernel's last parameter: x's tensor map, by value (CuPy's pointer
+                # to its bytes for a plain launch, the map itself for the PDL launcher)
+                xm = self._x_map(x, m, MTC_CONFIGS[plan.cfg].bm)
+                args += (xm if dependent else xm.param(),)
             self._launch(dependent, launch.fn, plan.grid, (plan.block,), args, plan.smem)
         return out
 
@@ -394,8 +396,7 @@ class W4A16Linear:
         if dependent:
             (self._pdl_launch or default_launcher())(fn, grid, block, args, shared_mem=shared_mem)
         else:
-            plain = tuple(a.param() if isinstance(a, tmap.XMap) else a for a in args)
-            fn(grid, block, plain, shared_mem=shared_mem)
+            fn(grid, block, args, shared_mem=shared_mem)
 
 
 def int4_linear_cuda(x: Any, layer: W4A16Linear, out: Any, bias: Any = None, residual: Any = None) -> Any:

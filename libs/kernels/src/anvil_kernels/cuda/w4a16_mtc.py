@@ -217,10 +217,8 @@ def mtc_instantiation(dt_code: int, dtype: str, cfg_name: str, cpg: int) -> str:
         args = f"{name}, {dt_code}, {c.mt}, {c.wn}, {c.st}, {c.ast}, {cpg}, {c.minb}"
         return f"ANVIL_W4A16_WGD_KERNEL({args})"
     if c.ws:
-        args = (
-            f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}, {c.kc}, {int(c.ur)}"
-        )
-        return f"ANVIL_W4A16_WGS{'T' if c.tx else ''}_KERNEL({args})"
+        args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.ws}, {c.minb}, {c.kc}"
+        return f"ANVIL_W4A16_WGS_KERNEL({args}, {int(c.tx)}, {int(c.ur)})"
     if c.wg:
         args = f"{name}, {dt_code}, {c.mt}, {c.ns}, {c.wn}, {c.st}, {cpg}, {c.minb}"
         return f"ANVIL_W4A16_WG_KERNEL({args})"

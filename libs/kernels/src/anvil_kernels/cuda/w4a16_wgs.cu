@@ -13,7 +13,7 @@
 //   - x is that tile contiguous in global memory because the launcher first runs w4a16_tile_x,
 //     which writes x in the stage's own order: XT [K/64 chunks][Mpad/8 row groups][8 k pieces]
 //     [8 rows][8 values], Mpad = gridDim.x * BM, rows past M zero. A stage is then one slice of XT.
-//     A tx tile (TX = 1, ANVIL_W4A16_WGST_KERNEL) has no XT: its producer copies each chunk's x
+//     A tx tile (TX = 1) has no XT: its producer copies each chunk's x
 //     box (64 k x BM rows) from x itself with one tensor copy through the map the launcher passes
 //     (tmap.py: 128-byte swizzle, rows past M zero-filled), and its wgmmas read the stage through
 //     a swizzled descriptor (wg_desc_sw; the stage layout is WgsStage's);
@@ -453,25 +453,20 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
 #define ANVIL_WGS_KC_2 __cluster_dims__(1, 1, 2)
 #define ANVIL_WGS_KC_4 __cluster_dims__(1, 1, 4)
 #define ANVIL_WGS_KC_8 __cluster_dims__(1, 1, 8)
-#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC, UR)                         \
+// TX: 0, or 1 (x through a tensor map, no w4a16_tile_x before the kernel: its map the last
+// parameter, by value; X unused)
+#define ANVIL_WGS_TX_PARAM_0
+#define ANVIL_WGS_TX_PARAM_1 , const __grid_constant__ anvil_w4a16::AnvilTmap tmx
+#define ANVIL_WGS_TX_ARG_0
+#define ANVIL_WGS_TX_ARG_1 , &tmx
+#define ANVIL_W4A16_WGS_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC, TX, UR)                     \
     extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB) ANVIL_WGS_KC_##KC                \
         NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
              uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
              const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
-             int M, int N, int K, int act, int flags) {                                                \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC, 0, UR>(W, SZ, X, Y, bias, res, ws, \
-                                                                       counters, M, N, K, act, flags); \
-    }
-
-// The same with x read through a tensor map (TX = 1): no w4a16_tile_x before it; X is unused
-#define ANVIL_W4A16_WGST_KERNEL(NAME, DT, MT, NS, WN, ST, CPG, PW, MINB, KC, UR)                        \
-    extern "C" __global__ void __launch_bounds__(32 * (WN + PW), MINB) ANVIL_WGS_KC_##KC                \
-        NAME(const uint4* __restrict__ W, const uint4* __restrict__ SZ, const uint16_t* __restrict__ X, \
-             uint16_t* __restrict__ Y, const uint16_t* __restrict__ bias,                              \
-             const uint16_t* __restrict__ res, float* __restrict__ ws, int* __restrict__ counters,     \
-             int M, int N, int K, int act, int flags, const __grid_constant__ anvil_w4a16::AnvilTmap tmx) { \
-        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC, 1, UR>(                         \
-            W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags, &tmx);                          \
+             int M, int N, int K, int act, int flags ANVIL_WGS_TX_PARAM_##TX) {                        \
+        anvil_w4a16::w4a16_wgs_body<DT, MT, NS, WN, ST, CPG, PW, 0, KC, TX, UR>(                        \
+            W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags ANVIL_WGS_TX_ARG_##TX);          \
     }
 
 // x (M x K, 16-bit values) -> XT, the wgs stages' order: [K/64][mpad/8][8 k pieces][8 rows][8 values],
