@@ -345,6 +345,7 @@ def test_mtc_ptxas_report_and_sass(
         ("wgs128wt", "bf16", 130, 256, 288, 128, 1),
         ("wgs128wkt", "fp16", 37, 512, 544, 128, 2),
         ("wgs64ndk2u", "bf16", 33, 640, 160, 64, 2),  # the loop unrolled over the ring: 5 chunks a split
+        ("wgs64ndk2tu", "fp16", 70, 640, 160, 64, 2),  # both: a tensor map and the unrolled loop
         ("wgs32", "fp16", 3, 256, 288, 64, 1),
         ("wgd64", "bf16", 70, 512, 288, 128, 2),
     ],

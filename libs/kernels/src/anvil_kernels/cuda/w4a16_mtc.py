@@ -173,6 +173,10 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "wgs64ndk2u": MtcConfig(
         mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=2, ur=True
     ),
+    # both: x through the tensor map and the loop unrolled (thirty-fifth session; not yet on a GPU)
+    "wgs64ndk2tu": MtcConfig(
+        mt=8, ns=1, wm=1, wn=8, st=8, regs=88, sa=True, minb=2, wg=True, ws=1, kc=2, tx=True, ur=True
+    ),
     # taken out after measuring on an H100 (thirty-third session, docs/kernels_gpu.md "A deeper ring
     # and more warps, measured"): wgs64nx (wgs64nd at 16 stages, one block a SM; fb3d27c) and wgs64q
     # (64 x 256, 16 consumer warps; c050702), both slower than wgs64nd at their best splits
