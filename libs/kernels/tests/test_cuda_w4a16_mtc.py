@@ -338,13 +338,12 @@ def test_mtc_ptxas_report_and_sass(
         ("wgs64n", "fp16", 5, 256, 160, 64, 1),
         ("wgs128w", "bf16", 40, 256, 288, 128, 2),
         ("wgs128wk", "fp16", 130, 512, 544, 128, 2),  # split-K in a cluster: no workspace
-        ("wgs64ndk4", "bf16", 70, 1024, 288, 128, 4),
+        ("wgs64ndk2", "bf16", 70, 1024, 288, 128, 2),
         ("wgs64ndk2", "bf16", 33, 512, 160, 64, 2),
         ("wgs64ndt", "fp16", 70, 256, 288, 128, 2),  # x through a tensor map: no w4a16_tile_x
-        ("wgs64ndk2t", "bf16", 5, 512, 160, 64, 2),
+        ("wgs64ndk2tu", "bf16", 5, 512, 160, 64, 2),
         ("wgs128wt", "bf16", 130, 256, 288, 128, 1),
         ("wgs128wkt", "fp16", 37, 512, 544, 128, 2),
-        ("wgs64ndk2u", "bf16", 33, 640, 160, 64, 2),  # the loop unrolled over the ring: 5 chunks a split
         ("wgs64ndk2tu", "fp16", 70, 640, 160, 64, 2),  # both: a tensor map and the unrolled loop
         ("wgs32", "fp16", 3, 256, 288, 64, 1),
         ("wgd64", "bf16", 70, 512, 288, 128, 2),

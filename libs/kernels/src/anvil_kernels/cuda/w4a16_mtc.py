@@ -160,23 +160,19 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1),
     # wgs64nd with its two splits in one cluster (split-K on chip, as wgs128wk): M = 64 at split 2
     "wgs64ndk2": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=2),
-    # and with four: K = 14336 (N = 4096), where wgs64nd is fastest at split 4 (thirty-fourth session)
-    "wgs64ndk4": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=4),
-    # x through a TMA tensor map (thirty-fourth session): wgs64nd and wgs64ndk2 without the
-    # w4a16_tile_x launch before them (1.9 µs alone at M = 64 of 8192², H100, thirty-third session)
+    # x through a TMA tensor map (tx, thirty-fourth session): no w4a16_tile_x launch before the tile
+    # (1.9 µs alone at M = 64 of 8192², H100, thirty-third session). Faster than wgs64nd at every
+    # shape and M = 64-256 on an H100 (thirty-fifth session)
     "wgs64ndt": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=88, sa=True, minb=2, wg=True, ws=1, tx=True),
-    "wgs64ndk2t": MtcConfig(
-        mt=8, ns=1, wm=1, wn=8, st=8, regs=88, sa=True, minb=2, wg=True, ws=1, kc=2, tx=True
-    ),
-    # wgs64ndk2 with its loop unrolled over the ring (ur, thirty-fourth session; not yet on a GPU):
-    # 93 instructions a chunk a warp in SASS against 124 (the stage's descriptor and addresses constants)
-    "wgs64ndk2u": MtcConfig(
-        mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=2, ur=True
-    ),
-    # both: x through the tensor map and the loop unrolled (thirty-fifth session; not yet on a GPU)
+    # wgs64ndk2 with x through the tensor map and the consumers' loop unrolled over the ring (ur: each
+    # chunk's stage, addresses and descriptor constants, 93 SASS instructions a chunk a warp against
+    # 124): M = 64 of 8192² 24.4 µs against wgs64ndk2's 27.4 (H100, thirty-fifth session)
     "wgs64ndk2tu": MtcConfig(
         mt=8, ns=1, wm=1, wn=8, st=8, regs=88, sa=True, minb=2, wg=True, ws=1, kc=2, tx=True, ur=True
     ),
+    # taken out after measuring on an H100 (thirty-fifth session; code in f7c0b9f): wgs64ndk4 (kc = 4,
+    # slower than wgs64nd at split 4 everywhere), wgs64ndk2t and wgs64ndk2u (tx alone and ur alone,
+    # both slower than wgs64ndk2tu at every shape and M)
     # taken out after measuring on an H100 (thirty-third session, docs/kernels_gpu.md "A deeper ring
     # and more warps, measured"): wgs64nx (wgs64nd at 16 stages, one block a SM; fb3d27c) and wgs64q
     # (64 x 256, 16 consumer warps; c050702), both slower than wgs64nd at their best splits

@@ -36,7 +36,7 @@
 // next wgs grid's blocks parked on the SMs, copying their weights, while this one ran), which cost
 // 10 µs at 64 rows on the H200 (twenty-fifth session).
 
-// Split-K in a cluster (KC = 2, 4 or 8, `__cluster_dims__(1, 1, KC)`: wgs128wk, wgs64ndk2, wgs64ndk4): the
+// Split-K in a cluster (KC = 2, 4 or 8, `__cluster_dims__(1, 1, KC)`: wgs128wk, wgs64ndk2): the
 // KC splits of a tile are one cluster and never touch the workspace. After every CTA's loop (a
 // cluster barrier: each ring is idle), rank r stores each accumulator quad (acc[j][mt], 4 floats a
 // thread) it does not own into its owner's shared memory (quad q = j * MT + mt is rank q % KC's; the
