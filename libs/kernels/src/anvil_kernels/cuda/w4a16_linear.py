@@ -310,9 +310,9 @@ class W4A16Linear:
         # grows with its plan's split-K: only ever raise it
         if plan.smem > 48 * 1024 and int(fn.max_dynamic_shared_size_bytes) < plan.smem:
             fn.max_dynamic_shared_size_bytes = plan.smem
-        mc = MTC_CONFIGS.get(plan.cfg) if isinstance(plan, TcPlan) else None
-        xt_rows = tile_x_rows(m, plan.cfg) if mc is not None and isinstance(plan, TcPlan) else 0
-        launch = _Launch(ch, plan, fn, xt_rows, mc is not None and mc.tx)
+        mtc = plan.cfg if isinstance(plan, TcPlan) and plan.cfg in MTC_CONFIGS else None
+        xt_rows = tile_x_rows(m, mtc) if mtc else 0
+        launch = _Launch(ch, plan, fn, xt_rows, mtc is not None and MTC_CONFIGS[mtc].tx)
         self._launches[m] = launch
         return launch
 

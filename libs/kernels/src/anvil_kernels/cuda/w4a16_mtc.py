@@ -171,8 +171,8 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
         mt=8, ns=1, wm=1, wn=8, st=8, regs=88, sa=True, minb=2, wg=True, ws=1, kc=2, tx=True, ur=True
     ),
     # taken out after measuring on an H100 (thirty-fifth session; code in f7c0b9f): wgs64ndk4 (kc = 4,
-    # slower than wgs64nd at split 4 everywhere), wgs64ndk2t and wgs64ndk2u (tx alone and ur alone,
-    # both slower than wgs64ndk2tu at every shape and M)
+    # never the fastest tile; on 14336 x 4096, its shape, slower than wgs64nd at split 4), wgs64ndk2t
+    # and wgs64ndk2u (tx alone and ur alone, both slower than wgs64ndk2tu at every shape and M)
     # taken out after measuring on an H100 (thirty-third session, docs/kernels_gpu.md "A deeper ring
     # and more warps, measured"): wgs64nx (wgs64nd at 16 stages, one block a SM; fb3d27c) and wgs64q
     # (64 x 256, 16 consumer warps; c050702), both slower than wgs64nd at their best splits
@@ -183,7 +183,8 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # epilogue through the workspace took 10 µs (median block) of its 62 at M = 256, split 2 on an
     # H100 (thirty-second session's timeline)
     "wgs128wk": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=2),
-    # both with x through a TMA tensor map (tx, thirty-fourth session; not yet on a GPU)
+    # both with x through a TMA tensor map (tx, thirty-fourth session): faster than wgs128w and
+    # wgs128wk at every shape and M = 64-256 on an H100 (thirty-fifth session)
     "wgs128wt": MtcConfig(mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, tx=True),
     "wgs128wkt": MtcConfig(
         mt=16, ns=2, wm=1, wn=8, st=6, regs=168, sa=True, minb=1, wg=True, ws=4, kc=2, tx=True
