@@ -285,10 +285,12 @@ def bench_shape(
             outs: list = outs,
             layers: list = layers,
             pdl: bool = False,
+            late: bool = False,
         ) -> tuple[float, float]:
             for layer in layers:
                 layer.set_kernel(kernel, split)
                 layer.pdl = pdl  # the GEMV-like kernels as programmatic dependent launches
+                layer.late_trigger = late  # a wgs tile's producer triggers after its wait
             try:
                 outs[0].fill(0xFFFF)
                 layers[0](x_cp, outs[0])
@@ -297,6 +299,7 @@ def bench_shape(
             finally:
                 for layer in layers:
                     layer.pdl = False
+                    layer.late_trigger = False
             return t, relerr(got)
 
         def ok(us: float, err: float) -> float:  # NaN errors (unwritten outputs) fail too
@@ -361,6 +364,10 @@ def bench_shape(
         if best_cfg in MTC_CONFIGS and MTC_CONFIGS[best_cfg].ws:
             t, e = anvil(best_cfg, best_split, pdl=True)
             res["tile_pdl"] = {"cfg": best_cfg, "split": best_split, "us": round(t, 2), "err": e}
+            # the same with the producer letting the next launch be scheduled after its wait
+            # (W4A16Linear.late_trigger): at most two launches in flight
+            t, e = anvil(best_cfg, best_split, pdl=True, late=True)
+            res["tile_pdl_late"] = {"cfg": best_cfg, "split": best_split, "us": round(t, 2), "err": e}
         res["mtc"] = {c_: v for c_, v in tiles.items() if c_ in mtc_cfgs}
         res["tc"] = {c_: v for c_, v in tiles.items() if c_ in tc_cfgs}
         res["tc_best"] = {"cfg": best_cfg, "split": best_split, "us": sweep[best_split], "splits": sweep}
@@ -399,7 +406,8 @@ def bench_shape(
             f"gemv {res['gemv_us']:8.2f} | "
             f"gemv-like best {gemv_best} {res['gemv_best']['us']} (PDL {pb_.get('cfg')} {pb_.get('us')}) | "
             f"mtc {mb.get('cfg')}/s{mb.get('split')} {mb.get('us')} | best tile {best_cfg}/s{best_split} "
-            f"{sweep[best_split]:8.2f} (PDL {res.get('tile_pdl', {}).get('us')}) | "
+            f"{sweep[best_split]:8.2f} (PDL {res.get('tile_pdl', {}).get('us')}, "
+            f"late {res.get('tile_pdl_late', {}).get('us')}) | "
             f"dispatch {res['dispatch_us']:8.2f} "
             f"({res['dispatch_choice']['kernel']}) | cuBLAS {res['cublas_us']:8.2f} | tinygemm "
             f"{res['tinygemm_us']:8.2f} | err best {tiles[best_cfg]['err']:.1e}",
@@ -425,13 +433,15 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
         "(W4A16Linear(pdl=True)): the GEMV-like kernel streams its first weights, then waits for the "
         "previous kernel before it reads x; stream (PDL) = the streaming read launched so, waiting before "
         "it reads; best tile, PDL = a wgs best tile so (w4a16_tile_x, none before a tx tile, and the "
-        "tile wait; the tile's producer copies its first weights before). The dispatch table and best "
-        "INT4 come from the plain launches.",
+        "tile wait; the tile's producer copies its first weights before, and lets the next launch be "
+        "scheduled before its wait); PDL late = the same with that after its wait "
+        "(W4A16Linear.late_trigger). The dispatch table and best INT4 come from the plain launches.",
         "",
         "| K x N | M | stream | stream (PDL) | gemv | gv best (cfg) | gv best, PDL (cfg) | mtc (cfg/split) | "
-        "tc old (cfg/split) | best tile (cfg/split) | best tile, PDL | dispatch (kernel) | cuBLAS bf16 | "
-        "tinygemm | best INT4 / cuBLAS | best INT4 / stream | PDL / stream | rel err best |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "tc old (cfg/split) | best tile (cfg/split) | best tile, PDL | best tile, PDL late | dispatch "
+        "(kernel) | cuBLAS bf16 | tinygemm | best INT4 / cuBLAS | best INT4 / stream | PDL / stream | "
+        "rel err best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(d: dict | None) -> str:
@@ -450,7 +460,8 @@ def _markdown(meta: dict, rows: list[dict]) -> str:
             f"| {r['K']} x {r['N']} | {r['M']} | {r['stream_us']} | {r.get('stream_pdl_us', '-')} | "
             f"{r['gemv_us']} | {gvb} | {pdl} | "
             f"{cell(r.get('mtc_best'))} | {cell(r.get('tc_old_best'))} | {cell(tb)} | "
-            f"{r.get('tile_pdl', {}).get('us', '-')} | {r['dispatch_us']} "
+            f"{r.get('tile_pdl', {}).get('us', '-')} | {r.get('tile_pdl_late', {}).get('us', '-')} | "
+            f"{r['dispatch_us']} "
             f"({r['dispatch_choice']['kernel']}) | {r['cublas_us']} | {r['tinygemm_us']} | "
             f"{best / r['cublas_us']:.2f} | {best / r['stream_us']:.2f} | {pdl_ratio} | {err:.1e} |"
         )

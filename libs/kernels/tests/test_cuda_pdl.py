@@ -35,7 +35,7 @@ from anvil_kernels.cuda.pdl import (
     LaunchConfig,
     PdlLauncher,
 )
-from anvil_kernels.cuda.w4a16 import w4a16_source
+from anvil_kernels.cuda.w4a16 import FLAG_LATE_TRIGGER, w4a16_source
 from anvil_kernels.cuda.w4a16_linear import PDL_MARKER, PDL_MARKERS, WGS_PDL_MARKER
 from anvil_kernels.format import bf16_bits_to_f32, f32_to_bf16_bits
 
@@ -250,6 +250,40 @@ def test_w4a16_linear_sends_wgs_tiles_through_the_launcher_where_they_wait(
         assert np.array_equal(outs[1], outs[0]) and np.array_equal(outs[2], outs[0]), cfg
 
 
+def test_late_trigger_sets_its_flag_on_the_wgs_launches_only(
+    fake_cupy: Callable[[np.ndarray], Any], rng: np.random.Generator, model_module: SimpleNamespace
+) -> None:
+    """late_trigger=True: the wgs kernel's flags argument carries FLAG_LATE_TRIGGER (and only with
+    it), w4a16_tile_x's arguments are the same, and the output does not change."""
+    from anvil_kernels.cuda import W4A16Linear
+
+    dev = fake_cupy
+    w = prepack(random_weight(rng, 512, 256, 128, "bf16"))
+    x = dev(f32_to_bf16_bits(rng.standard_normal((37, 512)).astype(np.float32)))
+    flags: dict[str, list[int]] = {}
+
+    def running(fn: Any, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0) -> None:
+        if fn.name == "w4a16_tile_x":
+            assert len(args) == 5, args  # (x, XT, M, rows, K): no flags
+        else:  # the wgs or wgd kernel: (W, SZ, X, Y, bias, res, ws, counters, M, N, K, act, flags, ...)
+            flags.setdefault(fn.name, []).append(int(args[12]))
+        fn(grid, block, args, shared_mem=shared_mem)
+
+    for cfg in (c for c in MTC_CONFIGS if MTC_CONFIGS[c].ws):
+        outs = []
+        for late in (False, True):
+            flags.clear()
+            layer = W4A16Linear(
+                model_module, w, 37, sm_count=132, kernel=cfg, pdl=True, late_trigger=late, launcher=running
+            )
+            out = dev(np.full((37, 256), 0xFFFF, np.uint16))
+            layer(x, out)
+            outs.append(np.asarray(out).copy())
+            (got,) = flags.values()
+            assert [bool(f & FLAG_LATE_TRIGGER) for f in got] == [late], (cfg, got)
+        assert np.array_equal(outs[0], outs[1]), cfg
+
+
 # ------------------------------------------------------------------------------------ SASS
 
 
@@ -308,9 +342,10 @@ def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump
     """The wgs tiles (one producer warp, and a producer warpgroup; and a tx tile) and w4a16_tile_x,
     bf16 g128: the consumers' code loads and stores nothing global before its wait (ACQBULK); the
     producer's bulk copies (UBLKCP) before its wait are two (the prologue's weights and scale words),
-    then launch_dependents (PREEXIT), the wait, and the x copies after it (a tx tile's tensor copies,
-    UTMALDG, only there); w4a16_tile_x waits before its first load and store, and only then lets its
-    dependent launch (one layer ahead at most)."""
+    then launch_dependents (PREEXIT) and the wait, in that order or (FLAG_LATE_TRIGGER) the other,
+    and the x copies after them (a tx tile's tensor copies, UTMALDG, only there); w4a16_tile_x
+    waits before its first load and store, and only then lets its dependent launch (one layer
+    ahead at most)."""
     if cuobjdump is None:
         pytest.skip("no cuobjdump")
     cfgs = ("wgs64n", "wgs128w", "wgs64ndt")
@@ -326,9 +361,14 @@ def test_wgs_kernels_copy_only_weights_before_the_wait(tmp_path: Path, cuobjdump
         prod = ops[ops.index("UBLKCP.S.G") :]
         wait = prod.index("ACQBULK")
         assert prod[:wait].count("UBLKCP.S.G") == 2, (cfg, prod[: wait + 1])
-        assert "PREEXIT" in prod[:wait], cfg
         x_copy = "UTMALDG.2D" if MTC_CONFIGS[cfg].tx else "UBLKCP.S.G"
         assert x_copy in prod[wait:], cfg
+        # two branches on FLAG_LATE_TRIGGER before the first x copy: launch_dependents, then the
+        # wait, and (late) the wait, then launch_dependents
+        sync = [o for o in prod[: prod.index(x_copy, wait)] if o in ("ACQBULK", "PREEXIT")]
+        assert len(sync) == 4, (cfg, sync)
+        orders = sorted([tuple(sync[:2]), tuple(sync[2:])])
+        assert orders == [("ACQBULK", "PREEXIT"), ("PREEXIT", "ACQBULK")], (cfg, sync)
         assert "UTMALDG.2D" not in ops[: ops.index("UBLKCP.S.G") + wait], cfg  # no x before the wait
     tx = _ops(bodies["w4a16_tile_x"])
     wait = tx.index("ACQBULK")
@@ -369,14 +409,27 @@ def test_dependent_wgs_chain_gives_the_same_bits(
     _chain_same_bits(module, rng, kernel, m)
 
 
-def _chain_same_bits(module: object, rng: np.random.Generator, kernel: str, m: int) -> None:
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [c for c in MTC_CONFIGS if MTC_CONFIGS[c].ws])
+def test_dependent_wgs_chain_with_the_late_trigger_gives_the_same_bits(
+    module: object, rng: np.random.Generator, kernel: str
+) -> None:
+    """The same chain with ``late_trigger`` (FLAG_LATE_TRIGGER: each producer lets the next launch be
+    scheduled only after its own wait): the same bits as the plain launches."""
+    _chain_same_bits(module, rng, kernel, 64, late_trigger=True)
+
+
+def _chain_same_bits(
+    module: object, rng: np.random.Generator, kernel: str, m: int, late_trigger: bool = False
+) -> None:
     import cupy as cp
 
     from anvil_kernels.cuda import W4A16Linear
 
     k = 1024
     weights = [prepack(random_weight(rng, k, k, 128, "bf16")) for _ in range(4)]
-    layers = [W4A16Linear(module, w, m, kernel=kernel) for w in weights]
+    layers = [W4A16Linear(module, w, m, kernel=kernel, late_trigger=late_trigger) for w in weights]
     x0 = cp.asarray(f32_to_bf16_bits((0.05 * rng.standard_normal((m, k))).astype(np.float32)))
 
     def chain(pdl: bool, sync: bool) -> Any:

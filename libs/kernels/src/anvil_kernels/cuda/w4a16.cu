@@ -33,7 +33,9 @@
 namespace anvil_w4a16 {
 
 enum { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU_ERF = 2, ACT_GELU_TANH = 3, ACT_SILU = 4 };
-enum { FLAG_SCALE_BF16 = 1, FLAG_EVICT_FIRST = 2 };
+// FLAG_LATE_TRIGGER (wgs and wgd kernels): the producer lets the next kernel be scheduled
+// (launch_dependents) only after its own wait, not before it (w4a16_wgs.cu, wgs_produce)
+enum { FLAG_SCALE_BF16 = 1, FLAG_EVICT_FIRST = 2, FLAG_LATE_TRIGGER = 4 };
 
 template <int DT>
 struct Dt;

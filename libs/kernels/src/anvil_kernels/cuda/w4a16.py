@@ -43,6 +43,7 @@ _DT_CODE: dict[str, int] = {"bf16": 0, "fp16": 1}
 SUPPORTED_GROUPS: tuple[int, ...] = (64, 128, 256)
 FLAG_SCALE_BF16 = 1
 FLAG_EVICT_FIRST = 2
+FLAG_LATE_TRIGGER = 4  # wgs/wgd: launch_dependents after the producer's wait (w4a16.cu)
 SCALE_FP16, SCALE_BF16 = 0, 1
 _SRC_PATH = Path(__file__).with_name("w4a16.cu")
 _TC_SRC_PATH = Path(__file__).with_name("w4a16_tc.cu")

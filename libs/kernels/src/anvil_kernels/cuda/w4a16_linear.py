@@ -25,6 +25,7 @@ from anvil_kernels.cuda.pdl import default_launcher
 from anvil_kernels.cuda.w4a16 import (
     _DT_CODE,
     FLAG_EVICT_FIRST,
+    FLAG_LATE_TRIGGER,
     FLAG_SCALE_BF16,
     SCALE_BF16,
     ActDType,
@@ -133,7 +134,10 @@ class W4A16Linear:
     stream serialization (``pdl.PdlLauncher``): each may start while the kernel before it on the
     stream drains, streams its first weights, and waits (``griddepcontrol.wait``) before it reads x;
     so are the wgs tiles and the x retiling before them where the module's build waits there too
-    (``WGS_PDL_MARKER``); every other tile launches as before. ``launcher``: a stand-in for the PDL
+    (``WGS_PDL_MARKER``); every other tile launches as before. ``late_trigger``: a wgs tile's producer
+    lets the next kernel be scheduled only after its own wait, not before it (``FLAG_LATE_TRIGGER``:
+    at most two wgs launches in flight; without it a chain of tx tiles, which have no
+    ``w4a16_tile_x`` between them, can run two layers ahead). ``launcher``: a stand-in for the PDL
     launcher (tests).
     """
 
@@ -152,6 +156,7 @@ class W4A16Linear:
         split: int | None = None,
         keep_host: bool = False,
         pdl: bool = False,
+        late_trigger: bool = False,
         launcher: Any = None,
     ) -> None:
         import cupy
@@ -191,6 +196,7 @@ class W4A16Linear:
                 f"from a w4a16.cu without them (no {PDL_MARKER})"
             )
         self.pdl = pdl
+        self.late_trigger = late_trigger
         self._wgs_waits = waits_for_predecessor(module, WGS_PDL_MARKER)  # else wgs launches stay plain
         self._pdl_launch: Any = launcher
         self.set_kernel(kernel, split, overrides)
@@ -367,7 +373,8 @@ class W4A16Linear:
                 xs = self._xt
             args = (
                 wq, wsz, xs, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
-                *dims, np.int32(self._act), np.int32(self._scale_flag),
+                *dims, np.int32(self._act),
+                np.int32(self._scale_flag | (FLAG_LATE_TRIGGER if self.late_trigger else 0)),
             )  # fmt: skip
             if launch.tx:  # the kernel's last parameter: x's tensor map, by value (CuPy's pointer
                 # to its bytes for a plain launch, the map itself for the PDL launcher)

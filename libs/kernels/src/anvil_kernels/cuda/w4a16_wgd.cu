@@ -95,7 +95,8 @@ __device__ __forceinline__ void w4a16_wgd_body(const uint4* __restrict__ W, cons
     __syncthreads();
 
     if (wn >= 2 * WN) {  // the producer
-        if (lane == 0 && nck > 0) wgs_produce<T, ST, CPG>(W, SZ, XT, st_s, full0, empty0, N, c0, nck, m0, strip0);
+        if (lane == 0 && nck > 0)
+            wgs_produce<T, ST, CPG>(W, SZ, XT, st_s, full0, empty0, N, c0, nck, m0, strip0, nullptr, flags);
         return;
     }
 

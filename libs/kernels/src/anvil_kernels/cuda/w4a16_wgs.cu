@@ -213,7 +213,7 @@ template <class T, int ST, int CPG, int AB = 0, int TX = 0>
 __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const uint4* __restrict__ SZ,
                                             const uint16_t* __restrict__ XT, uint32_t smem_s, uint32_t full0,
                                             uint32_t empty0, int N, int c0, int nck, int m0, int strip0,
-                                            const AnvilTmap* tmx = nullptr) {
+                                            const AnvilTmap* tmx = nullptr, int flags = 0) {
     using S = WgsStage<T, TX>;
     const int strips = N >> 4;
     const int vs = min(T::BS, strips - strip0);  // strips of this tile inside N
@@ -258,8 +258,17 @@ __device__ __forceinline__ void wgs_produce(const uint4* __restrict__ W, const u
         }
     };
     for (int i = 0; i < pro; ++i) copy_weights(i, smem_s + i * S::BYTES, full0 + 8 * i);
-    pdl_launch_dependents();
-    pdl_wait();  // x written (TX: by the kernel before; else w4a16_tile_x has written XT)
+    // x written (TX: by the kernel before; else w4a16_tile_x has written XT). The next kernel may
+    // be scheduled before this wait (its blocks then take SM room and stream their first weights
+    // while the kernel before this one drains: a tx chain can run two layers ahead) or, with
+    // FLAG_LATE_TRIGGER, only after it (at most this kernel and the next in flight)
+    if (flags & FLAG_LATE_TRIGGER) {
+        pdl_wait();
+        pdl_launch_dependents();
+    } else {
+        pdl_launch_dependents();
+        pdl_wait();
+    }
     for (int i = 0; i < pro; ++i) copy_x(i, smem_s + i * S::BYTES, full0 + 8 * i);
     for (int i = pro; i < nck; ++i) {
         const int s = i % ST;
@@ -322,7 +331,8 @@ __device__ __forceinline__ void w4a16_wgs_body(const uint4* __restrict__ W, cons
         // rest (232: a 128 x 256 tile's 128 accumulators a thread without spilling)
         if constexpr (PW == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;" ::: "memory");
         if (wn == WN && lane == 0 && nck > 0) {
-            wgs_produce<T, ST, CPG, AB, TX>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0, tmx);
+            wgs_produce<T, ST, CPG, AB, TX>(W, SZ, XT, smem_s, full0, empty0, N, c0, nck, m0, strip0, tmx,
+                                            flags);
             wgs_stamp<AB>(WGS_T_PROD);
         }
         if constexpr (KC > 1) {  // the consumers' two cluster barriers
