@@ -285,7 +285,7 @@ def bench_shape(
             outs: list = outs,
             layers: list = layers,
             pdl: bool = False,
-            late: bool = False,
+            late: bool | None = None,
         ) -> tuple[float, float]:
             for layer in layers:
                 layer.set_kernel(kernel, split)
@@ -299,7 +299,7 @@ def bench_shape(
             finally:
                 for layer in layers:
                     layer.pdl = False
-                    layer.late_trigger = False
+                    layer.late_trigger = None  # W4A16Linear's default (late for the tx tiles)
             return t, relerr(got)
 
         def ok(us: float, err: float) -> float:  # NaN errors (unwritten outputs) fail too
@@ -362,7 +362,7 @@ def bench_shape(
         # the tile wait for the kernel before them, the tile's producer after copying its first
         # weights): beside the plain launches, never in the table
         if best_cfg in MTC_CONFIGS and MTC_CONFIGS[best_cfg].ws:
-            t, e = anvil(best_cfg, best_split, pdl=True)
+            t, e = anvil(best_cfg, best_split, pdl=True, late=False)
             res["tile_pdl"] = {"cfg": best_cfg, "split": best_split, "us": round(t, 2), "err": e}
             # the same with the producer letting the next launch be scheduled after its wait
             # (W4A16Linear.late_trigger): at most two launches in flight

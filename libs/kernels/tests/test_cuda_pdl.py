@@ -253,8 +253,9 @@ def test_w4a16_linear_sends_wgs_tiles_through_the_launcher_where_they_wait(
 def test_late_trigger_sets_its_flag_on_the_wgs_launches_only(
     fake_cupy: Callable[[np.ndarray], Any], rng: np.random.Generator, model_module: SimpleNamespace
 ) -> None:
-    """late_trigger=True: the wgs kernel's flags argument carries FLAG_LATE_TRIGGER (and only with
-    it), w4a16_tile_x's arguments are the same, and the output does not change."""
+    """late_trigger=True: the wgs kernel's flags argument carries FLAG_LATE_TRIGGER, False: not, None
+    (the default): a tx tile's does and no other's; w4a16_tile_x's arguments are the same, and the
+    output does not change."""
     from anvil_kernels.cuda import W4A16Linear
 
     dev = fake_cupy
@@ -271,7 +272,7 @@ def test_late_trigger_sets_its_flag_on_the_wgs_launches_only(
 
     for cfg in (c for c in MTC_CONFIGS if MTC_CONFIGS[c].ws):
         outs = []
-        for late in (False, True):
+        for late in (False, True, None):
             flags.clear()
             layer = W4A16Linear(
                 model_module, w, 37, sm_count=132, kernel=cfg, pdl=True, late_trigger=late, launcher=running
@@ -280,8 +281,9 @@ def test_late_trigger_sets_its_flag_on_the_wgs_launches_only(
             layer(x, out)
             outs.append(np.asarray(out).copy())
             (got,) = flags.values()
-            assert [bool(f & FLAG_LATE_TRIGGER) for f in got] == [late], (cfg, got)
-        assert np.array_equal(outs[0], outs[1]), cfg
+            want = MTC_CONFIGS[cfg].tx if late is None else late
+            assert [bool(f & FLAG_LATE_TRIGGER) for f in got] == [want], (cfg, late, got)
+        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2]), cfg
 
 
 # ------------------------------------------------------------------------------------ SASS
@@ -412,16 +414,17 @@ def test_dependent_wgs_chain_gives_the_same_bits(
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", [c for c in MTC_CONFIGS if MTC_CONFIGS[c].ws])
-def test_dependent_wgs_chain_with_the_late_trigger_gives_the_same_bits(
+def test_dependent_wgs_chain_with_the_other_trigger_gives_the_same_bits(
     module: object, rng: np.random.Generator, kernel: str
 ) -> None:
-    """The same chain with ``late_trigger`` (FLAG_LATE_TRIGGER: each producer lets the next launch be
-    scheduled only after its own wait): the same bits as the plain launches."""
-    _chain_same_bits(module, rng, kernel, 64, late_trigger=True)
+    """The same chain with the trigger the tile does not use by default (``late_trigger``: a tx
+    tile's producer lets the next launch be scheduled before its own wait, any other tile's after
+    it): the same bits as the plain launches."""
+    _chain_same_bits(module, rng, kernel, 64, late_trigger=not MTC_CONFIGS[kernel].tx)
 
 
 def _chain_same_bits(
-    module: object, rng: np.random.Generator, kernel: str, m: int, late_trigger: bool = False
+    module: object, rng: np.random.Generator, kernel: str, m: int, late_trigger: bool | None = None
 ) -> None:
     import cupy as cp
 

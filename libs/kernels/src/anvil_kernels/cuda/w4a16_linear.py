@@ -136,9 +136,10 @@ class W4A16Linear:
     so are the wgs tiles and the x retiling before them where the module's build waits there too
     (``WGS_PDL_MARKER``); every other tile launches as before. ``late_trigger``: a wgs tile's producer
     lets the next kernel be scheduled only after its own wait, not before it (``FLAG_LATE_TRIGGER``:
-    at most two wgs launches in flight; without it a chain of tx tiles, which have no
-    ``w4a16_tile_x`` between them, can run two layers ahead). ``launcher``: a stand-in for the PDL
-    launcher (tests).
+    at most two wgs launches in flight; before it, a chain of tx tiles, which have no
+    ``w4a16_tile_x`` between them, can run two layers ahead); ``None`` (the default): late for the
+    tx tiles, where it was measured faster as dependents (docs/kernels_gpu.md), early for the
+    others. ``launcher``: a stand-in for the PDL launcher (tests).
     """
 
     def __init__(
@@ -156,7 +157,7 @@ class W4A16Linear:
         split: int | None = None,
         keep_host: bool = False,
         pdl: bool = False,
-        late_trigger: bool = False,
+        late_trigger: bool | None = None,
         launcher: Any = None,
     ) -> None:
         import cupy
@@ -371,10 +372,10 @@ class W4A16Linear:
                 targs = (x, self._xt, np.int32(m), np.int32(launch.xt_rows), np.int32(self.k))
                 self._launch(dependent, self._tile_x, grid, (TILE_X_THREADS,), targs)
                 xs = self._xt
+            late = launch.tx if self.late_trigger is None else self.late_trigger
             args = (
                 wq, wsz, xs, out, _ptr(bias), _ptr(residual), self._ws, self._counters,
-                *dims, np.int32(self._act),
-                np.int32(self._scale_flag | (FLAG_LATE_TRIGGER if self.late_trigger else 0)),
+                *dims, np.int32(self._act), np.int32(self._scale_flag | (FLAG_LATE_TRIGGER if late else 0)),
             )  # fmt: skip
             if launch.tx:  # the kernel's last parameter: x's tensor map, by value (CuPy's pointer
                 # to its bytes for a plain launch, the map itself for the PDL launcher)
