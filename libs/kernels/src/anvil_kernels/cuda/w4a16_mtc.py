@@ -152,11 +152,11 @@ MTC_CONFIGS: dict[str, MtcConfig] = {
     # warp-specialized wg tiles (issue #17, twentieth session): 8 consumer warps and a producer
     # warp; no block-wide barrier in the loop, st - 1 chunks of copies in flight. 288 threads leave
     # ptxas 168 registers a thread: too few for a 128-row tile, hence wgs128w's producer warpgroup
-    "wgs64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=156, sa=True, minb=1, wg=True, ws=1),  # 64 x 256
+    "wgs64": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=8, regs=157, sa=True, minb=1, wg=True, ws=1),  # 64 x 256
     "wgs64n": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=6, regs=80, sa=True, minb=2, wg=True, ws=1),  # 64 x 128
     # deeper rings of the same two: 64 x 256 at 12 stages (209 KiB), 64 x 128 at 8 (100 KiB, still
     # two blocks a SM)
-    "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=156, sa=True, minb=1, wg=True, ws=1),
+    "wgs64d": MtcConfig(mt=8, ns=2, wm=1, wn=8, st=12, regs=157, sa=True, minb=1, wg=True, ws=1),
     "wgs64nd": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1),
     # wgs64nd with its two splits in one cluster (split-K on chip, as wgs128wk): M = 64 at split 2
     "wgs64ndk2": MtcConfig(mt=8, ns=1, wm=1, wn=8, st=8, regs=80, sa=True, minb=2, wg=True, ws=1, kc=2),
