@@ -184,6 +184,10 @@ for (k, n) in ((8192, 8192), (4096, 14336), (14336, 4096)):
     print("  ".join(t))
 print("INT4 slower than cuBLAS bf16 (the table marks bf16_faster) at:", ", ".join(slower) or "none")
 EOF
+# what the run would change in the packaged dispatch table (bench/refresh_table.py writes it on
+# the build machine; it refuses a run on any device but an H200)
+[ -f "$OUT/w4a16_dispatch.json" ] && { echo "== the packaged table, if refreshed from this run =="
+  python3 bench/refresh_table.py "$OUT/w4a16_dispatch.json" --dry-run 2>&1 | tail -30 || true; }
 echo "wg smoke rc=$WG_RC  wgs smoke rc=$WGS_RC  tx smoke rc=$TX_RC  wgd smoke rc=$WGD_RC  gv smoke rc=$GV_RC  bench rc=$BENCH_RC  tests rc=$TEST_RC  total $((SECONDS - T0)) s  (outputs in $OUT)"
 # a device call brings back at most 8 files: the three smaller logs as one (logs.txt), so that the
 # results (kernels_gpu.{json,md}, w4a16_dispatch.json) and the bench and test logs always fit
