@@ -10,7 +10,8 @@ changed per shape and M (old kernel/split -> new, and where cuBLAS bf16 now wins
 It refuses a run of another arch, a run whose device does not match ``--device`` (default "H200": the
 table the compiler reads was measured there, and an H100's ``bf16_faster`` decisions do not carry
 over: cuBLAS bf16 is bandwidth-bound at M = 64-128 and the H200 has 43% more bandwidth), a shape
-with a gap in its M values compared with what the table held, and an empty run.
+with a gap in its M values compared with what the table held, an empty run, and a table the
+package would not load (``DispatchTable.from_json``: an unknown kernel, a split on a GEMV-like one).
 
     python3 bench/refresh_table.py RUN_DIR/w4a16_dispatch.json [--device H200] [--dry-run]
 
@@ -26,9 +27,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from anvil_kernels.cuda.w4a16_dispatch import TABLES, DispatchTable
+
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "bench" / "results" / "w4a16_dispatch.json"
-TABLES = ROOT / "libs" / "kernels" / "src" / "anvil_kernels" / "cuda" / "tables"
 
 Shape = tuple[int, int]
 
@@ -79,6 +81,10 @@ def merge(old: dict[str, Any], new: dict[str, Any], device: str) -> tuple[dict[s
         "commit": provenance,
         "entries": [e for rows in news.values() for e in rows] + kept,
     }
+    try:  # what the package loads: known kernels, a split only after a tile (KernelChoice checks)
+        DispatchTable.from_json(json.dumps(merged))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the merged table does not load: {exc!r}") from exc
     return merged, changes
 
 

@@ -1,6 +1,6 @@
 """bench/refresh_table.py: a device run's measured shapes replace the packaged table's, the others
 stay, and a run that must not go into the package (another device or arch, an M missing, nothing
-measured) is refused."""
+measured, a kernel the package does not know) is refused."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def test_measured_shapes_are_replaced_and_the_others_kept() -> None:
         (_run(arch="sm_100"), "sm_100"),
         (_run(entries=[_e(8192, 8192, 1, "gvb8w"), _e(8192, 8192, 64, "wgs64nd", 4)]), r"M = \[128\]"),
         (_run(entries=[]), "measured nothing"),
+        (  # a kernel the package no longer builds (taken out after the thirty-fifth session)
+            _run(entries=[_e(8192, 8192, m, "wgs64ndk4", 4) for m in (1, 64, 128)]),
+            "does not load",
+        ),
     ],
 )
 def test_a_run_that_must_not_go_into_the_package_is_refused(run: dict[str, Any], match: str) -> None:
